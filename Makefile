@@ -1,0 +1,19 @@
+# `make check` and `make test` each build .venv on first use (scripts/bootstrap.sh).
+PY := .venv/bin/python
+OH := .venv/bin/overlap-harness
+
+.PHONY: check test run bench venv
+venv:
+	@bash scripts/bootstrap.sh
+
+check: venv
+	$(OH) check
+
+run: venv
+	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: venv
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

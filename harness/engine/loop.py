@@ -1,0 +1,261 @@
+"""The serving loops: the normal loop and the overlap loop, on three streams.
+
+- schedule stream: the scheduler's small GPU ops (slot-table writes, batch inputs);
+- forward stream: the step's passes;
+- copy stream: the step's tokens to a pinned host buffer.
+
+After launching a step, the schedule stream waits on the event the step records
+right after its last read of the shared tables (the fence), so everything the
+scheduler queues for the next step runs behind those reads.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from harness.device.stream import Device, Event
+from harness.engine.config import EngineConfig, ModelConfig
+from harness.engine.memory import KVPool, PrefixCache, Rows
+from harness.engine.model import Model, pad_rows
+from harness.engine.relay import Relay
+from harness.engine.request import Request, State
+from harness.engine.sampling import sample
+from harness.engine.scheduler import Batch, Scheduler
+
+RING = 2  # step inputs and outputs are double-buffered: step N+1 is prepared while step N runs
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, mcfg: ModelConfig, model: Model, dev: Device, detok=None):
+        self.cfg, self.mcfg, self.model, self.dev = cfg, mcfg, model, dev
+        self.L = cfg.max_context or mcfg.max_context
+        n, maxb = cfg.max_running, pad_rows(cfg.max_running)
+        self.maxb = maxb
+        self.max_tokens = pad_rows(max(cfg.max_prefill_tokens, maxb))
+        self.schedule = dev.stream("schedule")
+        self.forward = dev.stream("forward")
+        self.copy = dev.stream("copy")
+        # shared tables (written by the schedule stream, read by the forward stream)
+        self.req_to_token = dev.alloc("req_to_token", (n + 1, self.L), torch.int64)  # [rows + 1, max_context]
+        self.relay = Relay(dev, n)
+        self.kv_k = [dev.alloc(f"kv[{i}].k", (cfg.pool_slots, mcfg.kv_heads, mcfg.head_dim)) for i in range(mcfg.layers)]
+        self.kv_v = [dev.alloc(f"kv[{i}].v", (cfg.pool_slots, mcfg.kv_heads, mcfg.head_dim)) for i in range(mcfg.layers)]
+        # step inputs, written by the schedule stream (ring of RING)
+        ring = 1 if "single_input_buffer" in cfg.faults else RING
+        self.ring = ring
+        self.b_tokens = [dev.alloc(f"batch[{s}].input_ids", (self.max_tokens,), torch.int64) for s in range(ring)]
+        self.b_pos = [dev.alloc(f"batch[{s}].positions", (self.max_tokens,), torch.int64) for s in range(ring)]
+        self.b_rows = [dev.alloc(f"batch[{s}].rows", (maxb,), torch.int64) for s in range(ring)]
+        self.b_entries = [dev.alloc(f"batch[{s}].entries", (maxb,), torch.int64) for s in range(ring)]
+        self.b_samp = [dev.alloc(f"batch[{s}].sampling", (3, maxb)) for s in range(ring)]  # temperature, top_p, seed
+        # forward-stream scratch
+        self.f_ids = dev.alloc("fwd.input_ids", (self.max_tokens,), torch.int64)
+        self.f_kvidx = dev.alloc("fwd.kv_indices", (maxb, self.L), torch.int64)  # [batch, max_context]
+        self.f_loc = dev.alloc("fwd.out_loc", (self.max_tokens,), torch.int64)
+        self.f_logits = dev.alloc("fwd.logits", (maxb, mcfg.vocab_size))
+        self.f_last_pos = dev.alloc("fwd.sample_pos", (maxb,), torch.int64)
+        # step outputs: device buffer and pinned host buffer, ring of RING
+        self.o_tokens = [dev.alloc(f"out[{s}].tokens", (maxb,), torch.int64) for s in range(RING)]
+        self.h_tokens = [dev.pinned(f"host[{s}].tokens", (maxb,), torch.int64) for s in range(RING)]
+
+        self.pool = KVPool(cfg.pool_slots, cfg.page_size)
+        self.cache = PrefixCache(self.pool, cfg.prefix_cache)
+        self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n), self.relay.entries, self.cache, detok)
+        self.steps = 0
+        self.iteration = 0
+        self.accounting_log: list[tuple[int, int, int, int]] = []
+
+    # -- validation -----------------------------------------------------------------
+    def check_fits(self, r: Request) -> str | None:
+        """Why a request can never run here, or None."""
+        need_pos = len(r.prompt_ids) + r.max_new_tokens + 2 * self.sched.window + 1
+        if need_pos > self.L:
+            return (f"request {r.rid}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new tokens "
+                    f"does not fit a row of {self.L} positions (--max-context)")
+        ps = self.pool.page_size
+        if -(-need_pos // ps) > self.pool.total:
+            return (f"request {r.rid}: needs {need_pos} KV slots but the pool holds "
+                    f"{self.pool.total * ps} (--pool-slots)")
+        if len(r.prompt_ids) > self.cfg.max_prefill_tokens:
+            return f"request {r.rid}: prompt of {len(r.prompt_ids)} tokens exceeds --max-prefill-tokens"
+        if not r.prompt_ids:
+            return f"request {r.rid}: empty prompt"
+        return None
+
+    # -- the loops --------------------------------------------------------------------
+    def run(self, requests: list[Request], on_step=None) -> list[Request]:
+        for r in requests:
+            why = self.check_fits(r)
+            if why:
+                raise ValueError(why)
+        pending = sorted(requests, key=lambda r: r.arrival)
+        queue: deque[Batch] = deque()
+        while pending or not self.sched.idle or queue:
+            while pending and pending[0].arrival <= self.iteration:
+                self.sched.add(pending.pop(0))
+            batch = self._prepare()
+            if batch is not None:
+                self._launch(batch)
+                if not self.cfg.overlap:
+                    self._process(batch)
+                else:
+                    queue.append(batch)
+            # overlap: process step N only after step N+1 is in the queue
+            if queue and (len(queue) > 1 or batch is None):
+                self._process(queue.popleft())
+            if batch is None and not queue and pending and self.sched.idle:
+                self.iteration = pending[0].arrival  # nothing to do until the next arrival
+                continue
+            self.iteration += 1
+            if on_step is not None:
+                on_step(self)
+        self.dev.finish()
+        return requests
+
+    def abort(self, r: Request) -> None:
+        self.sched.abort(r)
+
+    # -- prepare: CPU picks the batch and queues its table writes --------------------------
+    def _prepare(self) -> Batch | None:
+        c = self.cfg.costs
+        self.dev.set_step(self.steps)
+        with self.dev.host_phase("prepare", c.prepare_ms):
+            batch = self.sched.next_batch(self.steps)
+            if batch is not None:
+                batch.ring = self.steps % self.ring
+            self._flush_row_writes()
+            if batch is not None:
+                self._write_inputs(batch)
+        return batch
+
+    def _flush_row_writes(self) -> None:
+        writes, self.sched.row_writes = self.sched.row_writes, []
+        if not writes:
+            return
+        rows = [(row, start, torch.tensor(slots, dtype=torch.int64)) for row, start, slots in writes]
+        table = self.req_to_token
+
+        def write():
+            for row, start, slots in rows:
+                table[row, start:start + slots.numel()] = slots
+
+        meta = {"rows": {row: start for row, start, _ in writes}}
+        self.schedule.launch("req_to_token.write", write, cost=self.cfg.costs.sched_op_ms, meta=meta)
+        if "blocking_copy" in self.cfg.faults:
+            # a blocking .to() on the schedule stream: the host waits behind the fence
+            self.schedule.synchronize()
+
+    def _write_inputs(self, b: Batch) -> None:
+        s = b.ring
+        ids = torch.tensor([t for seq in b.input_ids for t in seq] or [0], dtype=torch.int64)
+        pos = torch.tensor([p for ps in b.positions for p in ps], dtype=torch.int64)
+        rows = torch.tensor(b.rows, dtype=torch.int64)
+        entries = torch.tensor(b.entries, dtype=torch.int64)
+        samp = torch.tensor([b.temperature, b.top_p, [float(x) for x in b.seeds]], dtype=torch.float32)
+        dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s])
+
+        def h2d():
+            dst[0][:ids.numel()] = ids
+            dst[1][:pos.numel()] = pos
+            dst[2][:rows.numel()] = rows
+            dst[3][:entries.numel()] = entries
+            dst[4][:, :rows.numel()] = samp
+
+        self.schedule.launch("batch.h2d", h2d, cost=self.cfg.costs.sched_op_ms)
+
+    # -- launch: queue the step's device work --------------------------------------------
+    def _launch(self, b: Batch) -> None:
+        c, dev, fwd = self.cfg.costs, self.dev, self.forward
+        faults = self.cfg.faults
+        with dev.host_phase("launch", 0.0):
+            fwd.wait_stream(self.schedule)  # the step starts after whatever the scheduler queued
+            meta = {"rows": dict(zip(b.rows, [r.rid for r in b.reqs])), "kind": b.kind}
+            fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
+            fence_ev = fwd.record("shared_read_done")
+            cost = c.decode_ms if b.kind == "decode" else c.prefill_ms_per_token * b.n_tokens
+            fwd.launch(f"{b.kind}.forward", lambda: self._forward(b), cost=cost, meta=meta)
+            fwd.launch("sample", lambda: self._sample(b), meta=meta)
+            step_done = fwd.record("step_done")
+            if "copy_no_wait" not in faults:
+                self.copy.wait_event(step_done)
+            b.done = self.copy.copy_to_host("tokens.d2h", self.o_tokens[b.ring % RING],
+                                            self.h_tokens[b.ring % RING], cost=c.copy_ms)
+            b.fence_event = fence_ev
+            # the fence: the scheduler's later writes run behind this step's table reads
+            if "no_fence" not in faults:
+                if "fence_wait_forward" in faults:
+                    self.schedule.wait_stream(fwd)
+                else:
+                    self.schedule.wait_event(fence_ev)
+        self.steps += 1
+
+    # device side: each of these runs as one op on the forward stream ------------------------
+    def _attn_metadata(self, b: Batch) -> None:
+        """Read the shared tables: input tokens from the relay, slots from req_to_token.
+        Row numbers and lengths are the CPU's (plain decoding knows them), so this issues
+        no host sync on a real GPU and touches exactly the positions it needs."""
+        s, n, B = b.ring, b.n_tokens, b.size
+        if b.kind == "decode":
+            self.relay.read_tokens(self.b_entries[s][:B], self.f_ids[:B])
+        else:
+            self.f_ids[:n] = self.b_tokens[s][:n]
+        self.f_kvidx.zero_()
+        start = 0
+        for g, (row, ps) in enumerate(zip(b.rows, b.positions)):
+            last = ps[-1]
+            self.f_kvidx[g, :last + 1] = self.req_to_token[row, :last + 1]  # [last + 1] slots of the row
+            self.f_loc[start:start + len(ps)] = self.f_kvidx[g, ps[0]:last + 1]
+            self.f_last_pos[g] = last
+            start += len(ps)
+
+    def _groups(self, b: Batch) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for ps in b.positions:
+            out.append((start, len(ps)))
+            start += len(ps)
+        return out
+
+    def _forward(self, b: Batch) -> None:
+        s, n, B = b.ring, b.n_tokens, b.size
+        N = pad_rows(n)
+        groups = self._groups(b)
+        ids, pos, loc = self.f_ids[:N].clone(), self.b_pos[s][:N].clone(), self.f_loc[:N].clone()
+        if N > n:  # padded rows: token 0 at position 0 into the padding slot 0
+            ids[n:], pos[n:], loc[n:] = 0, 0, 0
+        if b.kind == "decode":
+            groups = groups + [(i, 1) for i in range(n, N)]
+            kvidx = self.f_kvidx[:N]
+        else:
+            kvidx = self.f_kvidx[:B]
+        hidden = self.model.forward(ids, pos, loc, groups, kvidx, self.kv_k, self.kv_v)
+        last = torch.tensor([st + c - 1 for st, c in groups[:B]], dtype=torch.int64)
+        M = pad_rows(B)
+        h = hidden[last]
+        if M > B:
+            h = torch.cat([h, h.new_zeros(M - B, h.shape[1])])
+        self.f_logits[:M] = self.model.logits(h)
+
+    def _sample(self, b: Batch) -> None:
+        s, B = b.ring, b.size
+        samp = self.b_samp[s][:, :B]
+        toks = sample(self.f_logits[:B], samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1)
+        entries = self.b_entries[s][:B]
+        self.relay.publish_tokens(entries, toks)
+        self.o_tokens[b.ring % RING][:B] = toks
+
+    # -- process: one step old under overlap ------------------------------------------------
+    def _process(self, b: Batch) -> None:
+        c, dev = self.cfg.costs, self.dev
+        if "early_process" not in self.cfg.faults:
+            b.done.synchronize()
+        with dev.host_phase("process", c.process_ms):
+            host = self.h_tokens[b.ring % RING]
+            dev.host_access(f"host[{b.ring % RING}].tokens", host[:b.size])
+            toks = host[:b.size].tolist()
+            self.sched.process(b, toks)
+            self._flush_row_writes()
+            for r in b.reqs:
+                if r.state is State.FINISHED and not r.text and self.sched.detok is not None:
+                    r.text = self.sched.detok(r.output_ids)
+        self.accounting_log.append(self.sched.accounting())

@@ -1,0 +1,179 @@
+"""KV slot pool (pages of slots), the slot table's row allocator, and the prefix cache.
+
+All of this is CPU bookkeeping; the device-side slot table `req_to_token` is only
+ever written by ops on the schedule stream (see loop.py). Every page is in
+exactly one place: the free list, the prefix cache, or one request's private
+list, so `free + cached + private == total` after every step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class PoolFull(Exception):
+    pass
+
+
+class KVPool:
+    """Pages of `page_size` slots; page 0 is the padding page (padded rows write there)."""
+
+    def __init__(self, num_slots: int, page_size: int):
+        if num_slots < 2 * page_size:
+            raise ValueError("pool must hold at least two pages")
+        self.page_size = page_size
+        self.num_pages = num_slots // page_size
+        # LIFO: a page freed now is the next handed out, which is the case that needs the fence.
+        self._free = list(range(self.num_pages - 1, 0, -1))
+
+    @property
+    def total(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise PoolFull(n)
+        out = [self._free.pop() for _ in range(n)]
+        return out
+
+    def release(self, pages: list[int]) -> None:
+        for p in reversed(pages):
+            self._free.append(p)
+
+    def slots(self, pages: list[int], start: int, end: int) -> list[int]:
+        """Slot numbers of positions [start, end) of a row whose pages are `pages`."""
+        ps = self.page_size
+        return [pages[i // ps] * ps + i % ps for i in range(start, end)]
+
+
+class Rows:
+    """A LIFO free list of small integers 1..n (rows of req_to_token, relay entries); 0 is padding."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._free = list(range(n, 0, -1))
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def release(self, i: int) -> None:
+        self._free.append(i)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+@dataclass
+class _Node:
+    page: int
+    parent: "_Node | None"
+    key: tuple
+    children: dict = field(default_factory=dict)
+    refs: int = 0
+    last_use: int = 0
+
+
+class PrefixCache:
+    """A trie over full pages of tokens: cached prompts share slots between requests."""
+
+    def __init__(self, pool: KVPool, enabled: bool = True):
+        self.pool = pool
+        self.enabled = enabled
+        self.root = _Node(page=-1, parent=None, key=())
+        self.pages = 0
+        self._tick = 0
+
+    def _chunks(self, tokens: list[int]):
+        ps = self.pool.page_size
+        for i in range(len(tokens) // ps):
+            yield tuple(tokens[i * ps:(i + 1) * ps])
+
+    def match(self, tokens: list[int]) -> list[_Node]:
+        """Longest cached prefix of whole pages, leaving at least one token to compute."""
+        if not self.enabled:
+            return []
+        nodes, node = [], self.root
+        limit = (len(tokens) - 1) // self.pool.page_size
+        for key in self._chunks(tokens):
+            if len(nodes) >= limit or key not in node.children:
+                break
+            node = node.children[key]
+            nodes.append(node)
+        return nodes
+
+    def lock(self, nodes: list[_Node]) -> None:
+        self._tick += 1
+        for n in nodes:
+            n.refs += 1
+            n.last_use = self._tick
+
+    def unlock(self, nodes: list[_Node]) -> None:
+        for n in nodes:
+            n.refs -= 1
+            assert n.refs >= 0
+
+    def insert(self, tokens: list[int], pages: list[int], have: int) -> tuple[list[_Node], list[tuple[int, int]]]:
+        """Cache the full pages of `tokens` (whose first `have` pages are already cached nodes).
+
+        `pages` are the request's pages for those positions. Returns the nodes now
+        covering the prefix and (index, cached_page) for each page that another
+        request cached first: the caller frees its own duplicate and rewrites its
+        row to the cached page.
+        """
+        if not self.enabled:
+            return [], []
+        node, nodes, dup = self.root, [], []
+        for i, key in enumerate(self._chunks(tokens)):
+            child = node.children.get(key)
+            if child is None:
+                child = _Node(page=pages[i], parent=node, key=key)
+                node.children[key] = child
+                self.pages += 1
+            elif i >= have and child.page != pages[i]:
+                dup.append((i, child.page))
+            nodes.append(child)
+            node = child
+        return nodes, dup
+
+    def evict(self, want: int) -> int:
+        """Free up to `want` pages of cached prompts no request uses, least recently used first."""
+        freed = 0
+        while freed < want:
+            leaves = [n for n in self._walk() if not n.children and n.refs == 0]
+            if not leaves:
+                break
+            leaves.sort(key=lambda n: (n.last_use, n.page))
+            for n in leaves:
+                if freed >= want:
+                    break
+                del n.parent.children[n.key]
+                self.pool.release([n.page])
+                self.pages -= 1
+                freed += 1
+        return freed
+
+    def evictable(self) -> int:
+        """Pages that evict() could free (nodes no request locks, whose subtree is unlocked too)."""
+        def count(n: _Node) -> tuple[int, bool]:
+            total, free_sub = 0, True
+            for c in n.children.values():
+                t, f = count(c)
+                total += t
+                free_sub = free_sub and f
+            if n is self.root:
+                return total, free_sub
+            if n.refs == 0 and free_sub:
+                return total + 1, True
+            return total, False
+        return count(self.root)[0]
+
+    def _walk(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())

@@ -1,0 +1,1 @@
+"""Happens-before hazard detection over the device layer's streams."""
