@@ -138,6 +138,12 @@ class Device:
         self.buffers[name] = t
         return t
 
+    def from_host(self, values, dtype=torch.int64) -> torch.Tensor:
+        """A host tensor holding `values`, for an op to copy to the device. On CUDA it is
+        pinned, so the copy (non_blocking) does not make the host wait for the stream."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory() if self.kind == "cuda" else t
+
     def stream(self, name: str) -> Stream:
         if name not in self.streams:
             self.streams[name] = Stream(self, name)

@@ -36,6 +36,8 @@ class Engine:
         self.schedule = dev.stream("schedule")
         self.forward = dev.stream("forward")
         self.copy = dev.stream("copy")
+        if "unfenced_row_reuse" in cfg.faults:
+            self.admit = dev.stream("admit")  # the defect: a second scheduler stream outside the fence
         # shared tables (written by the schedule stream, read by the forward stream)
         self.req_to_token = dev.alloc("req_to_token", (n + 1, self.L), torch.int64)  # [rows + 1, max_context]
         self.relay = Relay(dev, n)
@@ -49,6 +51,7 @@ class Engine:
         self.b_rows = [dev.alloc(f"batch[{s}].rows", (maxb,), torch.int64) for s in range(ring)]
         self.b_entries = [dev.alloc(f"batch[{s}].entries", (maxb,), torch.int64) for s in range(ring)]
         self.b_samp = [dev.alloc(f"batch[{s}].sampling", (3, maxb)) for s in range(ring)]  # temperature, top_p, seed
+        self.b_last = [dev.alloc(f"batch[{s}].last", (maxb,), torch.int64) for s in range(ring)]  # sampled row
         # forward-stream scratch
         self.f_ids = dev.alloc("fwd.input_ids", (self.max_tokens,), torch.int64)
         self.f_kvidx = dev.alloc("fwd.kv_indices", (maxb, self.L), torch.int64)  # [batch, max_context]
@@ -133,34 +136,40 @@ class Engine:
         writes, self.sched.row_writes = self.sched.row_writes, []
         if not writes:
             return
-        rows = [(row, start, torch.tensor(slots, dtype=torch.int64)) for row, start, slots in writes]
+        rows = [(row, start, self.dev.from_host(slots)) for row, start, slots in writes]
         table = self.req_to_token
 
         def write():
             for row, start, slots in rows:
-                table[row, start:start + slots.numel()] = slots
+                table[row, start:start + slots.numel()].copy_(slots, non_blocking=True)
 
         meta = {"rows": {row: start for row, start, _ in writes}}
-        self.schedule.launch("req_to_token.write", write, cost=self.cfg.costs.sched_op_ms, meta=meta)
+        stream = self.schedule
+        if "unfenced_row_reuse" in self.cfg.faults and any(start == 0 for _, start, _ in writes):
+            stream = self.admit
+        stream.launch("req_to_token.write", write, cost=self.cfg.costs.sched_op_ms, meta=meta)
         if "blocking_copy" in self.cfg.faults:
             # a blocking .to() on the schedule stream: the host waits behind the fence
             self.schedule.synchronize()
 
     def _write_inputs(self, b: Batch) -> None:
         s = b.ring
-        ids = torch.tensor([t for seq in b.input_ids for t in seq] or [0], dtype=torch.int64)
-        pos = torch.tensor([p for ps in b.positions for p in ps], dtype=torch.int64)
-        rows = torch.tensor(b.rows, dtype=torch.int64)
-        entries = torch.tensor(b.entries, dtype=torch.int64)
-        samp = torch.tensor([b.temperature, b.top_p, [float(x) for x in b.seeds]], dtype=torch.float32)
-        dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s])
+        host = self.dev.from_host
+        ids = host([t for seq in b.input_ids for t in seq] or [0])
+        pos = host([p for ps in b.positions for p in ps])
+        rows = host(b.rows)
+        entries = host(b.entries)
+        samp = host([b.temperature, b.top_p, [float(x) for x in b.seeds]], torch.float32)
+        last = host([sum(len(p) for p in b.positions[:i + 1]) - 1 for i in range(b.size)])
+        dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s], self.b_last[s])
 
         def h2d():
-            dst[0][:ids.numel()] = ids
-            dst[1][:pos.numel()] = pos
-            dst[2][:rows.numel()] = rows
-            dst[3][:entries.numel()] = entries
-            dst[4][:, :rows.numel()] = samp
+            dst[0][:ids.numel()].copy_(ids, non_blocking=True)
+            dst[1][:pos.numel()].copy_(pos, non_blocking=True)
+            dst[2][:rows.numel()].copy_(rows, non_blocking=True)
+            dst[3][:entries.numel()].copy_(entries, non_blocking=True)
+            dst[4][:, :rows.numel()].copy_(samp, non_blocking=True)
+            dst[5][:last.numel()].copy_(last, non_blocking=True)
 
         self.schedule.launch("batch.h2d", h2d, cost=self.cfg.costs.sched_op_ms)
 
@@ -170,9 +179,15 @@ class Engine:
         faults = self.cfg.faults
         with dev.host_phase("launch", 0.0):
             fwd.wait_stream(self.schedule)  # the step starts after whatever the scheduler queued
+            if "unfenced_row_reuse" in faults:
+                fwd.wait_stream(self.admit)
             meta = {"rows": dict(zip(b.rows, [r.rid for r in b.reqs])), "kind": b.kind}
-            fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
-            fence_ev = fwd.record("shared_read_done")
+            if "fence_before_read" in faults:
+                fence_ev = fwd.record("shared_read_done")
+                fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
+            else:
+                fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
+                fence_ev = fwd.record("shared_read_done")  # right after the last read of the shared tables
             cost = c.decode_ms if b.kind == "decode" else c.prefill_ms_per_token * b.n_tokens
             fwd.launch(f"{b.kind}.forward", lambda: self._forward(b), cost=cost, meta=meta)
             fwd.launch("sample", lambda: self._sample(b), meta=meta)
@@ -229,9 +244,8 @@ class Engine:
         else:
             kvidx = self.f_kvidx[:B]
         hidden = self.model.forward(ids, pos, loc, groups, kvidx, self.kv_k, self.kv_v)
-        last = torch.tensor([st + c - 1 for st, c in groups[:B]], dtype=torch.int64)
         M = pad_rows(B)
-        h = hidden[last]
+        h = hidden[self.b_last[s][:B]]  # each request's last token
         if M > B:
             h = torch.cat([h, h.new_zeros(M - B, h.shape[1])])
         self.f_logits[:M] = self.model.logits(h)
@@ -239,9 +253,16 @@ class Engine:
     def _sample(self, b: Batch) -> None:
         s, B = b.ring, b.size
         samp = self.b_samp[s][:, :B]
-        toks = sample(self.f_logits[:B], samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1)
-        entries = self.b_entries[s][:B]
-        self.relay.publish_tokens(entries, toks)
+        toks = sample(self.f_logits[:B], samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1,
+                      any_sampled=any(t > 0 for t in b.temperature))
+        # padded rows (as a CUDA graph replays them) publish into entry 0, which no request owns
+        M = pad_rows(B)
+        entries = self.b_entries[s][:M].clone()
+        entries[B:] = entries[0] if "pad_live_entry" in self.cfg.faults else 0
+        padded = torch.cat([toks, toks.new_zeros(M - B)]) if M > B else toks
+        if b.kind == "prefill" and "skip_prefill_publish" in self.cfg.faults:
+            entries, padded = entries[B:], padded[B:]
+        self.relay.publish_tokens(entries, padded)
         self.o_tokens[b.ring % RING][:B] = toks
 
     # -- process: one step old under overlap ------------------------------------------------

@@ -23,11 +23,14 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
-           positions: torch.Tensor) -> torch.Tensor:
+           positions: torch.Tensor, any_sampled: bool | None = None) -> torch.Tensor:
     """logits: [B, V]; temperature, top_p: [B] float32; seeds, positions: [B] int64 -> tokens [B] int64.
-    Rows with temperature 0 are greedy (first maximum on ties)."""
+    Rows with temperature 0 are greedy (first maximum on ties). `any_sampled` is the CPU's
+    knowledge of the batch; without it the check reads the device (a host sync on a GPU)."""
     greedy = torch.argmax(logits, dim=-1)
-    if not bool((temperature > 0).any()):
+    if any_sampled is None:
+        any_sampled = bool((temperature > 0).any())
+    if not any_sampled:
         return greedy
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     probs = torch.softmax(logits / t[:, None], dim=-1)

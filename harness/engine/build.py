@@ -1,0 +1,56 @@
+"""Build an engine for a model name: weights, tokenizer, device, config."""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from harness.device import make_device
+from harness.engine.config import TINY, EngineConfig, ModelConfig
+from harness.engine.loop import Engine
+from harness.engine.model import Model, init_tiny_weights
+from harness.engine.tokenizer import ByteTokenizer
+
+MODELS = ("tiny", "smollm2", "arith")
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(name: str, max_context: int | None = None):
+    """(ModelConfig, weights, tokenizer) for a model name; cached per process."""
+    if name == "tiny":
+        cfg = TINY if max_context is None else replace(TINY, max_context=max_context)
+        return cfg, init_tiny_weights(TINY, 0), ByteTokenizer()
+    if name == "smollm2":
+        try:
+            from harness.engine.smollm2 import load_smollm2
+        except ImportError as e:  # transformers / gguf missing
+            raise ModelUnavailable(f"smollm2 needs transformers and gguf ({e}); run `make venv`") from e
+        try:
+            return load_smollm2(max_context=max_context or 512)
+        except RuntimeError as e:
+            raise ModelUnavailable(str(e)) from e
+    if name == "arith":
+        try:
+            from fixtures.arith.loader import load_arith
+        except ImportError as e:
+            raise ModelUnavailable(f"the arith fixture is not available ({e})") from e
+        cfg, weights = load_arith()
+        if max_context is not None:
+            cfg = replace(cfg, max_context=max_context)
+        return cfg, weights, ByteTokenizer()
+    raise ModelUnavailable(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+
+
+def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:
+    mcfg, weights, tok = load_model(cfg.model, cfg.max_context)
+    c = cfg.costs
+    dev = make_device(cfg.device, cfg.policy, cfg.seed, launch_overhead=c.launch_ms / c.launches_per_step)
+    model = Model(mcfg, weights, dev.torch_device)
+    return Engine(cfg, mcfg, model, dev, tok.decode), tok
+
+
+def model_config(name: str) -> ModelConfig:
+    return load_model(name)[0]

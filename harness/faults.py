@@ -1,0 +1,46 @@
+"""The catalogue of injectable defects: each one a mistake the seed article warns about.
+
+A fault is a name in EngineConfig.faults; the engine checks for it at the one
+place the defect lives. Each entry says which suite must catch it; the kill
+matrix (`overlap-harness mutants`) runs every suite against every fault.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    section: str  # of the seed article
+    suite: str  # the suite that must catch it (races/<suite>.py or equivalence/...)
+    ordering: bool = True  # a missing order between streams (stress can provoke its corruption)
+
+
+CATALOGUE: dict[str, Fault] = {f.name: f for f in [
+    Fault("no_fence", "the schedule stream never waits for the running step's table reads", "7.3",
+          "test_war_slot_table"),
+    Fault("fence_before_read", "the fence event is recorded before the step's last read of req_to_token",
+          "7.4", "test_fence_placement"),
+    Fault("unfenced_row_reuse", "a finished request's row is handed to a new request and rewritten on a "
+          "stream the fence does not hold", "7.2", "test_war_slot_table"),
+    Fault("single_input_buffer", "step inputs live in one buffer, rewritten for step N+1 while step N "
+          "still reads them after the fence", "7.1", "test_war_slot_table"),
+    Fault("blocking_copy", "a blocking copy on the schedule stream: the host stalls a full forward", "7.5",
+          "test_nonblocking_copies", ordering=False),
+    Fault("copy_no_wait", "the copy stream does not wait for the forward before copying the tokens", "7.1",
+          "test_war_slot_table"),
+    Fault("early_process", "the result is processed before its copy-done event", "2.1",
+          "test_war_slot_table"),
+    Fault("skip_prefill_publish", "the prefill does not write its token into the relay, so the first decode "
+          "reads an entry before it was written for its request", "4.2", "test_relay_hygiene"),
+    Fault("pad_live_entry", "padded rows write a live relay entry instead of entry 0", "4.3",
+          "test_relay_hygiene"),
+]}
+
+
+def check_names(names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(CATALOGUE))
+    if unknown:
+        raise exc(f"unknown fault {', '.join(unknown)}; known: {', '.join(CATALOGUE)}")

