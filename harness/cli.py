@@ -38,6 +38,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-context", type=int, default=None, help="positions per slot-table row")
     g.add_argument("--max-prefill-tokens", type=int, default=1024, help="tokens one prefill step may process")
     _bool_flag(g, "prefix-cache", True, "share cached prompt slots between requests")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for small models)")
     g.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="inject a defect from the catalogue (repeatable); see `overlap-harness faults`")
 
@@ -46,7 +47,8 @@ def engine_config(a: argparse.Namespace):
     from harness.device.policies import PolicyError, parse_policy
     from harness.engine.config import EngineConfig
     for name, v, lo in (("--max-running", a.max_running, 1), ("--pool-slots", a.pool_slots, 2),
-                        ("--page-size", a.page_size, 1), ("--max-prefill-tokens", a.max_prefill_tokens, 1)):
+                        ("--page-size", a.page_size, 1), ("--max-prefill-tokens", a.max_prefill_tokens, 1),
+                        ("--threads", a.threads or 1, 1)):
         if v < lo:
             raise UsageError(f"{name} must be at least {lo}, got {v}")
     if a.max_context is not None and a.max_context < 8:
@@ -62,7 +64,7 @@ def engine_config(a: argparse.Namespace):
     return EngineConfig(model=a.model, overlap=a.overlap, device=a.device, policy=a.policy, seed=a.seed,
                         max_running=a.max_running, pool_slots=a.pool_slots, page_size=a.page_size,
                         prefix_cache=a.prefix_cache, max_prefill_tokens=a.max_prefill_tokens,
-                        max_context=a.max_context, faults=faults)
+                        max_context=a.max_context, faults=faults, threads=a.threads)
 
 
 def build(cfg):

@@ -37,14 +37,30 @@ def mixed(tok, n: int = 10, seed: int = 0) -> list[Request]:
     return reqs
 
 
-def row_reuse(tok, n: int = 16) -> list[Request]:
+def row_reuse(tok, n: int = 16, seed: int = 0) -> list[Request]:
     """Short prompts finishing early while long shared-prefix prompts wait: a freed row is
     handed at once to a request whose cached prefix covers the positions the extra step writes
     (the article's Figure 9, where a missing fence corrupts the cache)."""
+    rng = random.Random(seed)
     reqs = []
     for i in range(n):
         text = (SYSTEM + f"Q{i}?") if i % 2 else f"x{i}"
-        reqs.append(Request(rid=f"w{i}", prompt_ids=_ids(tok, text), max_new_tokens=2 + (i * 5) % 7))
+        mt = 2 + (i * 5) % 7 if seed == 0 else rng.randint(1, 9)
+        reqs.append(Request(rid=f"w{i}", prompt_ids=_ids(tok, text), max_new_tokens=mt))
+    return reqs
+
+
+def pressure(tok, n: int = 6, seed: int = 0) -> list[Request]:
+    """Long outputs that cannot all fit a small pool (run with about 120 slots and 4 rows):
+    decode growth forces retraction while a step with the victims is in flight."""
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5)))
+        r = Request(rid=f"g{i}", prompt_ids=_ids(tok, words), max_new_tokens=rng.randint(30, 45))
+        if i % 3 == 2:
+            r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
+        reqs.append(r)
     return reqs
 
 

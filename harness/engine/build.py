@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+
+import torch
 from dataclasses import replace
 
 from harness.device import make_device
@@ -11,6 +13,7 @@ from harness.engine.model import Model, init_tiny_weights
 from harness.engine.tokenizer import ByteTokenizer
 
 MODELS = ("tiny", "smollm2", "arith")
+_DEFAULT_THREADS = torch.get_num_threads()
 
 
 class ModelUnavailable(RuntimeError):
@@ -46,6 +49,10 @@ def load_model(name: str, max_context: int | None = None):
 
 def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:
     mcfg, weights, tok = load_model(cfg.model, cfg.max_context)
+    # Small models run faster on one thread, and far faster when the machine is shared:
+    # idle OpenMP workers spinning against other processes cost ~100x on 2 cores.
+    threads = cfg.threads or (1 if mcfg.hidden < 256 else _DEFAULT_THREADS)
+    torch.set_num_threads(threads)
     c = cfg.costs
     dev = make_device(cfg.device, cfg.policy, cfg.seed, launch_overhead=c.launch_ms / c.launches_per_step)
     model = Model(mcfg, weights, dev.torch_device)

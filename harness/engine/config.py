@@ -57,6 +57,7 @@ class EngineConfig:
     max_prefill_tokens: int = 1024  # tokens one prefill step may process
     max_context: int | None = None  # overrides the model's row width
     faults: frozenset[str] = frozenset()  # names from harness.faults
+    threads: int | None = None  # torch CPU threads; None: 1 for small models, else torch's default
     costs: Costs = field(default_factory=Costs)
 
     def with_(self, **kw) -> "EngineConfig":

@@ -136,16 +136,16 @@ class Engine:
         writes, self.sched.row_writes = self.sched.row_writes, []
         if not writes:
             return
-        rows = [(row, start, self.dev.from_host(slots)) for row, start, slots in writes]
+        rows = [(row, start, self.dev.from_host(slots)) for row, start, slots, _ in writes]
         table = self.req_to_token
 
         def write():
             for row, start, slots in rows:
                 table[row, start:start + slots.numel()].copy_(slots, non_blocking=True)
 
-        meta = {"rows": {row: start for row, start, _ in writes}}
+        meta = {"rows": {row: rid for row, _, _, rid in writes}}
         stream = self.schedule
-        if "unfenced_row_reuse" in self.cfg.faults and any(start == 0 for _, start, _ in writes):
+        if "unfenced_row_reuse" in self.cfg.faults and any(start == 0 for _, start, _, _ in writes):
             stream = self.admit
         stream.launch("req_to_token.write", write, cost=self.cfg.costs.sched_op_ms, meta=meta)
         if "blocking_copy" in self.cfg.faults:
@@ -181,7 +181,9 @@ class Engine:
             fwd.wait_stream(self.schedule)  # the step starts after whatever the scheduler queued
             if "unfenced_row_reuse" in faults:
                 fwd.wait_stream(self.admit)
-            meta = {"rows": dict(zip(b.rows, [r.rid for r in b.reqs])), "kind": b.kind}
+            rids = [r.rid for r in b.reqs]
+            meta = {"rows": dict(zip(b.rows, rids)), "entries": dict(zip(b.entries, rids)), "kind": b.kind,
+                    "padded": pad_rows(b.size) > b.size}
             if "fence_before_read" in faults:
                 fence_ev = fwd.record("shared_read_done")
                 fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)

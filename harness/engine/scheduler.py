@@ -52,10 +52,11 @@ class Scheduler:
         self.n_windows = 1 if "single_window" in cfg.faults else 2
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.row_writes: list[tuple[int, int, list[int]]] = []  # (row, start position, slots)
+        self.row_writes: list[tuple[int, int, list[int], str]] = []  # (row, start position, slots, request)
         self.finished: list[Request] = []
         self.n_retracted = 0
         self.n_discarded = 0  # rows of a step whose result was thrown away (finished or retracted)
+        self.n_row_rewrites = 0  # rows pointed at pages another request cached first
 
     # -- requests ------------------------------------------------------------------
     def add(self, r: Request) -> None:
@@ -91,7 +92,7 @@ class Scheduler:
         start = len(r.pages) * self.pool.page_size
         new = self.pool.alloc(need)
         r.pages.extend(new)
-        self.row_writes.append((r.row, start, self.pool.slots(r.pages, start, len(r.pages) * self.pool.page_size)))
+        self.row_writes.append((r.row, start, self.pool.slots(r.pages, start, len(r.pages) * self.pool.page_size), r.rid))
 
     def _free_pages_for(self, need: int, protect: set) -> bool:
         """Make `need` pages free: drop unused cached prompts, then retract requests."""
@@ -121,7 +122,7 @@ class Scheduler:
         held = sum(self._topup_need(r) for r in self.running)
         while self.waiting:
             r = self.waiting[0]
-            if len(self.running) + len(admitted) >= self.cfg.max_running:
+            if len(self.running) >= self.cfg.max_running:  # admitted ones are running already
                 break
             if self.rows.free == 0 or self.entries.free == 0:
                 break
@@ -166,7 +167,7 @@ class Scheduler:
         new = self._topup_need(r)
         r.pages.extend(self.pool.alloc(new))
         # the whole row: cached prefix pages and the new ones
-        self.row_writes.append((r.row, 0, self.pool.slots(r.pages, 0, len(r.pages) * self.pool.page_size)))
+        self.row_writes.append((r.row, 0, self.pool.slots(r.pages, 0, len(r.pages) * self.pool.page_size), r.rid))
         self.running.append(r)
 
     def _plan_decode(self, step: int) -> Batch | None:
@@ -241,7 +242,8 @@ class Scheduler:
         for i, page in dup:
             self.pool.release([r.pages[i]])
             r.pages[i] = page
-            self.row_writes.append((r.row, i * ps, self.pool.slots(r.pages, i * ps, (i + 1) * ps)))
+            self.row_writes.append((r.row, i * ps, self.pool.slots(r.pages, i * ps, (i + 1) * ps), r.rid))
+            self.n_row_rewrites += 1
         self.cache.lock(nodes)
         self.cache.unlock(r.cached_nodes)
         r.cached_nodes = nodes

@@ -1,0 +1,240 @@
+"""`overlap-harness check` (the gate) and `overlap-harness mutants` (the kill matrix).
+
+Both run the pytest suites in-process, so the model and torch load once, and read each
+case's outcome through a small collector plugin.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.faults import CATALOGUE
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE_DIRS = ("races", "equivalence", "evals")
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    cases: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    first_failure: str = ""
+    first_step: int | None = None
+
+
+@dataclass
+class GateResult:
+    suites: dict[str, SuiteResult] = field(default_factory=dict)
+    exit_code: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and all(s.failed == 0 for s in self.suites.values())
+
+
+class _Collector:
+    def __init__(self, progress):
+        self.res = GateResult()
+        self.progress = progress
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+            return
+        suite = Path(str(report.fspath)).stem
+        s = self.res.suites.setdefault(suite, SuiteResult(suite))
+        s.cases += 1
+        if report.passed:
+            s.passed += 1
+        elif report.skipped:
+            s.skipped += 1
+        else:
+            s.failed += 1
+            if not s.first_failure:
+                s.first_failure = _message(report)
+                s.first_step = dict(report.user_properties).get("first_step")
+        if self.progress:
+            self.progress(suite, report)
+
+
+def _message(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    msg = crash.message if crash is not None else str(report.longrepr)
+    line = msg.strip().splitlines()[0] if msg.strip() else "failed"
+    return line.removeprefix("AssertionError: ")
+
+
+def suite_paths(names=None) -> list[str]:
+    out = []
+    for d in names or SUITE_DIRS:
+        p = ROOT / d
+        if p.is_dir() and any(p.glob("test_*.py")):
+            out.append(str(p))
+    return out
+
+
+def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
+               suites=None, progress=None, quiet: bool = True) -> GateResult:
+    args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
+                                  "--oh-target", target]
+    for f in faults:
+        args += ["--oh-fault", f]
+    if seeds:
+        args += ["--oh-seeds", str(seeds)]
+    if junit:
+        args += ["--junitxml", junit]
+    col = _Collector(progress)
+    t = time.perf_counter()
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+        code = pytest.main(args, plugins=[col])
+    col.res.exit_code = int(code)
+    col.res.seconds = time.perf_counter() - t
+    if code not in (0, 1) and quiet:  # a collection or usage error: show what pytest said
+        sys.stderr.write(sink.getvalue()[-2000:])
+    return col.res
+
+
+# -- check ----------------------------------------------------------------------------
+def _progress_printer(stream=sys.stderr):
+    counts = {}
+
+    def show(suite, report):
+        counts[suite] = counts.get(suite, 0) + 1
+        mark = "." if report.passed else ("s" if report.skipped else "F")
+        stream.write(mark)
+        stream.flush()
+    return show
+
+
+def format_table(res: GateResult) -> str:
+    rows = [("suite", "cases", "passed", "failed", "first finding")]
+    for s in res.suites.values():
+        finding = s.first_failure[:110] if s.failed else ("skipped" if s.skipped == s.cases else "")
+        rows.append((s.suite, str(s.cases), str(s.passed), str(s.failed), finding))
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(r[i].ljust(w[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    lines.insert(1, "-" * min(120, max(len(x) for x in lines)))
+    return "\n".join(lines)
+
+
+def cmd_check(a) -> int:
+    from harness.cli import UsageError
+    from harness.faults import check_names
+    check_names(a.fault, UsageError)
+    if a.target != "ref" and a.fault:
+        raise UsageError("--fault injects into the ref engine only")
+    if a.junit:
+        d = os.path.dirname(os.path.abspath(a.junit))
+        if not os.access(d, os.W_OK):
+            raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+    hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
+    print(hdr + (f", seeds {a.seeds}" if a.seeds else ""), file=sys.stderr)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer())
+    print(file=sys.stderr)
+    if res.exit_code not in (0, 1):
+        print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
+        return 2
+    print(format_table(res))
+    verdict = "PASS" if res.ok else "FAIL"
+    print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
+          f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
+          + (f"; JUnit XML: {a.junit}" if a.junit else ""))
+    return 0 if res.ok else 1
+
+
+# -- mutants ----------------------------------------------------------------------------
+def kill_matrix(seeds: int | None = None, faults=None, progress=None) -> dict:
+    """Run every suite against the correct engine and against every fault."""
+    out = {"correct": None, "faults": {}}
+    names = list(faults or CATALOGUE)
+    for label, fs in [("correct", ())] + [(n, (n,)) for n in names]:
+        if progress:
+            progress(label)
+        res = run_suites("ref", fs, seeds)
+        row = {s.suite: {"caught": s.failed > 0, "failed": s.failed, "cases": s.cases,
+                         "first_step": s.first_step, "finding": s.first_failure} for s in res.suites.values()}
+        if label == "correct":
+            out["correct"] = row
+        else:
+            f = CATALOGUE[label]
+            out["faults"][label] = {"suites": row, "intended": f.suite, "section": f.section,
+                                    "caught_by_intended": row.get(f.suite, {}).get("caught", False)}
+    out["ok"] = (all(not v["caught"] for v in out["correct"].values())
+                 and all(v["caught_by_intended"] for v in out["faults"].values()))
+    return out
+
+
+def format_matrix(m: dict) -> str:
+    suites = sorted(m["correct"])
+    short = [s.removeprefix("test_") for s in suites]
+    w = max(len(n) for n in list(m["faults"]) + ["correct engine"]) + 2
+    cw = [max(len(s), 12) for s in short]
+    lines = ["fault".ljust(w) + "  ".join(s.ljust(c) for s, c in zip(short, cw))]
+
+    def cell(v, intended):
+        if v is None:
+            return "n/a"
+        if not v["caught"]:
+            return "MISSED" if intended else "-"
+        step = v["first_step"]
+        return "caught" + (f" @{step}" if isinstance(step, int) else "") + ("*" if intended else "")
+    c = m["correct"]
+    lines.append("correct engine".ljust(w) + "  ".join(
+        ("FALSE ALARM" if c[s]["caught"] else "clean").ljust(cw[i]) for i, s in enumerate(suites)))
+    for name, f in m["faults"].items():
+        lines.append(name.ljust(w) + "  ".join(cell(f["suites"].get(s), s == f["intended"]).ljust(cw[i])
+                                               for i, s in enumerate(suites)))
+    lines.append("\n* the suite that must catch the fault; @N: step of the first hazard")
+    lines.append("every fault caught by its intended suite, no false alarm: " + ("yes" if m["ok"] else "NO"))
+    return "\n".join(lines)
+
+
+def cmd_mutants(a) -> int:
+    from harness.cli import UsageError
+    from harness.faults import check_names
+    if a.fault:
+        check_names(a.fault, UsageError)
+
+    def progress(label):
+        print(f"running the suites against: {label}", file=sys.stderr)
+    m = kill_matrix(a.seeds, a.fault or None, progress)
+    if a.json:
+        print(json.dumps(m))
+    else:
+        print(format_matrix(m))
+    return 0 if m["ok"] else 1
+
+
+def cmd_faults(a) -> int:
+    for f in CATALOGUE.values():
+        print(f"{f.name:22} §{f.section:4} {f.suite:24} {f.description}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    from harness.targets import TARGETS
+    c = sub.add_parser("check", help="run the suites against a target and print a verdict table")
+    c.add_argument("--target", default="ref", choices=TARGETS)
+    c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
+    c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
+    c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
+    c.set_defaults(fn=cmd_check)
+    m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
+    m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")
+    m.add_argument("--seeds", type=int, default=None)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_mutants)
+    f = sub.add_parser("faults", help="list the fault catalogue")
+    f.set_defaults(fn=cmd_faults)

@@ -1,0 +1,53 @@
+"""The fault kill matrix: every fault in the catalogue is caught by the suite it names, and the
+correct engine passes every suite over 20 seeds. Run through the real CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.faults import CATALOGUE
+
+CLI = [sys.executable, "-m", "harness.cli"]
+
+
+def oh(*args, timeout=1200):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    r = oh("mutants", "--json")
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_correct_engine_is_clean_in_the_matrix(matrix):
+    assert matrix["correct"], "no suite ran"
+    noisy = [s for s, v in matrix["correct"].items() if v["caught"]]
+    assert not noisy, f"false alarm on the correct engine: {noisy}"
+
+
+@pytest.mark.parametrize("fault", sorted(CATALOGUE))
+def test_fault_caught_by_its_suite(matrix, fault):
+    f = matrix["faults"][fault]
+    assert f["caught_by_intended"], f"{fault} missed by {f['intended']}: {f['suites'].get(f['intended'])}"
+
+
+def test_matrix_exit_code_says_ok(matrix):
+    assert matrix["ok"] is True
+
+
+@pytest.mark.slow
+def test_correct_engine_passes_every_suite_over_20_seeds(tmp_path):
+    junit = tmp_path / "check.xml"
+    r = oh("check", "--seeds", "20", "--junit", str(junit))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "PASS" in r.stdout and junit.exists()
+
+
+def test_check_fails_with_a_fault_and_refuses_unknown_ones():
+    r = oh("check", "--fault", "no_fence")
+    assert r.returncode == 1 and "FAIL" in r.stdout and "WAR hazard on req_to_token" in r.stdout
+    r = oh("check", "--fault", "nosuch")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "known: no_fence" in r.stderr
