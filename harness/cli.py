@@ -122,6 +122,7 @@ def _requests(items, a, tok):
         reqs.append(Request(rid=str(it.get("id", f"req{i}")), prompt_ids=ids, max_new_tokens=mt, stop=stop,
                             temperature=float(it.get("temperature", a.temperature)),
                             top_p=float(it.get("top_p", a.top_p)), seed=it.get("seed"),
+                            repetition_penalty=float(it.get("repetition_penalty", a.repetition_penalty)),
                             arrival=int(it.get("arrival", 0)), abort_after=it.get("abort_after")))
     return reqs
 
@@ -190,6 +191,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-tokens", type=int, default=32)
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--repetition-penalty", type=float, default=1.0)
     r.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     _bool_flag(r, "chat", False, "wrap each --prompt in the model's chat template")
     r.add_argument("--timeline", metavar="DIR", help="write a Chrome trace and a PNG timeline into DIR")

@@ -68,4 +68,5 @@ def clone(reqs: list[Request]) -> list[Request]:
     """Fresh copies (a Request carries its run's state)."""
     return [Request(rid=r.rid, prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_new_tokens, stop=r.stop,
                     temperature=r.temperature, top_p=r.top_p, seed=r.seed, ignore_eos=r.ignore_eos,
+                    repetition_penalty=r.repetition_penalty,
                     arrival=r.arrival, abort_after=r.abort_after) for r in reqs]

@@ -36,15 +36,27 @@ def load_model(name: str, max_context: int | None = None):
         except RuntimeError as e:
             raise ModelUnavailable(str(e)) from e
     if name == "arith":
-        try:
-            from fixtures.arith.loader import load_arith
-        except ImportError as e:
-            raise ModelUnavailable(f"the arith fixture is not available ({e})") from e
-        cfg, weights = load_arith()
+        cfg, weights = _load_arith()
         if max_context is not None:
             cfg = replace(cfg, max_context=max_context)
         return cfg, weights, ByteTokenizer()
     raise ModelUnavailable(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+
+
+def _load_arith():
+    """The arithmetic fixture lives in the repository (fixtures/arith), not in the package."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "arith" / "loader.py"
+    if not path.exists():
+        raise ModelUnavailable(f"the arith fixture is missing ({path}); run from a checkout of the repository")
+    spec = importlib.util.spec_from_file_location("overlap_harness_arith_loader", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        return mod.load_arith()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelUnavailable(f"the arith fixture cannot be loaded: {e}") from e
 
 
 def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:

@@ -24,6 +24,7 @@ from harness.engine.sampling import sample
 from harness.engine.scheduler import Batch, Scheduler
 
 RING = 2  # step inputs and outputs are double-buffered: step N+1 is prepared while step N runs
+TOP_K = 5  # log-probabilities returned per position: the chosen token's and the top 5
 
 
 class Engine:
@@ -50,7 +51,8 @@ class Engine:
         self.b_pos = [dev.alloc(f"batch[{s}].positions", (self.max_tokens,), torch.int64) for s in range(ring)]
         self.b_rows = [dev.alloc(f"batch[{s}].rows", (maxb,), torch.int64) for s in range(ring)]
         self.b_entries = [dev.alloc(f"batch[{s}].entries", (maxb,), torch.int64) for s in range(ring)]
-        self.b_samp = [dev.alloc(f"batch[{s}].sampling", (3, maxb)) for s in range(ring)]  # temperature, top_p, seed
+        # [temperature, top_p, seed, repetition penalty] per row
+        self.b_samp = [dev.alloc(f"batch[{s}].sampling", (4, maxb)) for s in range(ring)]
         self.b_last = [dev.alloc(f"batch[{s}].last", (maxb,), torch.int64) for s in range(ring)]  # sampled row
         # forward-stream scratch
         self.f_ids = dev.alloc("fwd.input_ids", (self.max_tokens,), torch.int64)
@@ -58,15 +60,23 @@ class Engine:
         self.f_loc = dev.alloc("fwd.out_loc", (self.max_tokens,), torch.int64)
         self.f_logits = dev.alloc("fwd.logits", (maxb, mcfg.vocab_size))
         self.f_last_pos = dev.alloc("fwd.sample_pos", (maxb,), torch.int64)
+        # every token at every position of each row, kept on the device so the repetition
+        # penalty sees the newest token even when the CPU's view is one step old
+        self.history = dev.alloc("token_history", (n + 1, self.L), torch.int64)  # [rows + 1, max_context]
         # step outputs: device buffer and pinned host buffer, ring of RING
         self.o_tokens = [dev.alloc(f"out[{s}].tokens", (maxb,), torch.int64) for s in range(RING)]
         self.h_tokens = [dev.pinned(f"host[{s}].tokens", (maxb,), torch.int64) for s in range(RING)]
+        # [chosen logprob, top-K logprobs, top-K ids] per row, as float32
+        self.o_lp = [dev.alloc(f"out[{s}].logprobs", (maxb, 1 + 2 * TOP_K)) for s in range(RING)]
+        self.h_lp = [dev.pinned(f"host[{s}].logprobs", (maxb, 1 + 2 * TOP_K)) for s in range(RING)]
+        self.listener = None  # called with each request that got a token (or finished), for streaming
 
         self.pool = KVPool(cfg.pool_slots, cfg.page_size)
         self.cache = PrefixCache(self.pool, cfg.prefix_cache)
         self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n), self.relay.entries, self.cache, detok)
         self.steps = 0
         self.iteration = 0
+        self.queue: deque[Batch] = deque()  # launched, not yet processed (at most 2 under overlap)
         self.accounting_log: list[tuple[int, int, int, int]] = []
 
     # -- validation -----------------------------------------------------------------
@@ -88,36 +98,53 @@ class Engine:
 
     # -- the loops --------------------------------------------------------------------
     def run(self, requests: list[Request], on_step=None) -> list[Request]:
+        """Run a workload to completion; requests join at their `arrival` iteration."""
         for r in requests:
             why = self.check_fits(r)
             if why:
                 raise ValueError(why)
         pending = sorted(requests, key=lambda r: r.arrival)
-        queue: deque[Batch] = deque()
-        while pending or not self.sched.idle or queue:
+        while pending or self.has_work():
             while pending and pending[0].arrival <= self.iteration:
                 self.sched.add(pending.pop(0))
-            batch = self._prepare()
-            if batch is not None:
-                self._launch(batch)
-                if not self.cfg.overlap:
-                    self._process(batch)
-                else:
-                    queue.append(batch)
-            # overlap: process step N only after step N+1 is in the queue
-            if queue and (len(queue) > 1 or batch is None):
-                self._process(queue.popleft())
-            if batch is None and not queue and pending and self.sched.idle:
+            if not self.has_work():
                 self.iteration = pending[0].arrival  # nothing to do until the next arrival
                 continue
-            self.iteration += 1
+            self.step()
             if on_step is not None:
                 on_step(self)
         self.dev.finish()
         return requests
 
+    def submit(self, r: Request) -> None:
+        """Online use (the server): queue a request; the next step() may admit it."""
+        why = self.check_fits(r)
+        if why:
+            raise ValueError(why)
+        self.sched.add(r)
+
+    def has_work(self) -> bool:
+        return bool(self.queue) or not self.sched.idle
+
+    def step(self) -> None:
+        """One round of the loop: prepare and launch step N+1, then process step N (overlap),
+        or prepare, launch and process one step (no overlap)."""
+        batch = self._prepare()
+        if batch is not None:
+            self._launch(batch)
+            if not self.cfg.overlap:
+                self._process(batch)
+            else:
+                self.queue.append(batch)
+        # overlap: process step N only after step N+1 is in the queue
+        if self.queue and (len(self.queue) > 1 or batch is None):
+            self._process(self.queue.popleft())
+        self.iteration += 1
+
     def abort(self, r: Request) -> None:
         self.sched.abort(r)
+        if r.finished and self.listener is not None:
+            self.listener(r)
 
     # -- prepare: CPU picks the batch and queues its table writes --------------------------
     def _prepare(self) -> Batch | None:
@@ -159,7 +186,7 @@ class Engine:
         pos = host([p for ps in b.positions for p in ps])
         rows = host(b.rows)
         entries = host(b.entries)
-        samp = host([b.temperature, b.top_p, [float(x) for x in b.seeds]], torch.float32)
+        samp = host([b.temperature, b.top_p, [float(x) for x in b.seeds], b.penalty], torch.float32)
         last = host([sum(len(p) for p in b.positions[:i + 1]) - 1 for i in range(b.size)])
         dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s], self.b_last[s])
 
@@ -176,6 +203,8 @@ class Engine:
     # -- launch: queue the step's device work --------------------------------------------
     def _launch(self, b: Batch) -> None:
         c, dev, fwd = self.cfg.costs, self.dev, self.forward
+        if b.kind == "prefill":
+            b.history_ids = [dev.from_host(r.seq_at_admit) for r in b.reqs]
         faults = self.cfg.faults
         with dev.host_phase("launch", 0.0):
             fwd.wait_stream(self.schedule)  # the step starts after whatever the scheduler queued
@@ -196,6 +225,8 @@ class Engine:
             step_done = fwd.record("step_done")
             if "copy_no_wait" not in faults:
                 self.copy.wait_event(step_done)
+            self.copy.launch("logprobs.d2h", lambda o=self.o_lp[b.ring % RING], h=self.h_lp[b.ring % RING]:
+                             h.copy_(o, non_blocking=True), kind="copy")
             b.done = self.copy.copy_to_host("tokens.d2h", self.o_tokens[b.ring % RING],
                                             self.h_tokens[b.ring % RING], cost=c.copy_ms)
             b.fence_event = fence_ev
@@ -252,10 +283,35 @@ class Engine:
             h = torch.cat([h, h.new_zeros(M - B, h.shape[1])])
         self.f_logits[:M] = self.model.logits(h)
 
+    def _penalize(self, b: Batch, logits: torch.Tensor) -> torch.Tensor:
+        """Repetition penalty over each row's tokens so far (HF semantics), from the device history."""
+        s, B = b.ring, b.size
+        if b.kind == "prefill":  # the whole sequence, prefix-cache hits included
+            for row, seq in zip(b.rows, b.history_ids):
+                self.history[row, :seq.numel()].copy_(seq, non_blocking=True)
+        else:
+            for g, (row, ps) in enumerate(zip(b.rows, b.positions)):
+                self.history[row, ps[0]] = self.f_ids[g]  # this step's input token
+        if all(p == 1.0 for p in b.penalty):
+            return logits
+        seen = torch.zeros_like(logits, dtype=torch.bool)  # [B, vocab]
+        for g, (row, ps, pen) in enumerate(zip(b.rows, b.positions, b.penalty)):
+            if pen == 1.0:
+                continue
+            if "penalty_from_cpu" in self.cfg.faults:  # the CPU's tokens miss the newest one
+                toks = self.dev.from_host(b.cpu_tokens[g] or [0]).to(logits.device, non_blocking=True)
+            else:
+                toks = self.history[row, :ps[-1] + 1]
+            seen[g].index_fill_(0, toks, True)
+        pen = self.b_samp[s][3, :B][:, None]
+        hit = torch.where(logits > 0, logits / pen, logits * pen)
+        return torch.where(seen, hit, logits)
+
     def _sample(self, b: Batch) -> None:
         s, B = b.ring, b.size
         samp = self.b_samp[s][:, :B]
-        toks = sample(self.f_logits[:B], samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1,
+        logits = self._penalize(b, self.f_logits[:B])
+        toks = sample(logits, samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1,
                       any_sampled=any(t > 0 for t in b.temperature))
         # padded rows (as a CUDA graph replays them) publish into entry 0, which no request owns
         M = pad_rows(B)
@@ -266,6 +322,12 @@ class Engine:
             entries, padded = entries[B:], padded[B:]
         self.relay.publish_tokens(entries, padded)
         self.o_tokens[b.ring % RING][:B] = toks
+        lp = torch.log_softmax(logits, dim=-1)  # [B, vocab]
+        top = torch.topk(lp, TOP_K, dim=-1)
+        out = self.o_lp[b.ring % RING]
+        out[:B, 0] = lp.gather(1, toks[:, None])[:, 0]
+        out[:B, 1:1 + TOP_K] = top.values
+        out[:B, 1 + TOP_K:] = top.indices.to(torch.float32)
 
     # -- process: one step old under overlap ------------------------------------------------
     def _process(self, b: Batch) -> None:
@@ -276,8 +338,13 @@ class Engine:
             host = self.h_tokens[b.ring % RING]
             dev.host_access(f"host[{b.ring % RING}].tokens", host[:b.size])
             toks = host[:b.size].tolist()
-            self.sched.process(b, toks)
+            lp = self.h_lp[b.ring % RING]
+            dev.host_access(f"host[{b.ring % RING}].logprobs", lp[:b.size])
+            updated = self.sched.process(b, toks, lp[:b.size].tolist())
             self._flush_row_writes()
+            if self.listener is not None:
+                for r in updated:
+                    self.listener(r)
             for r in b.reqs:
                 if r.state is State.FINISHED and not r.text and self.sched.detok is not None:
                     r.text = self.sched.detok(r.output_ids)

@@ -20,12 +20,14 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: float = 1.0  # HF semantics, over the prompt and every token so far
     ignore_eos: bool = False
     arrival: int = 0  # loop iteration at which the client sends it
     abort_after: int | None = None  # the client aborts once it has seen this many tokens
 
     # CPU state
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list = field(default_factory=list)  # per token: (its logprob, [(token, logprob)] top-K)
     state: State = State.WAITING
     finish_reason: str | None = None
     text: str = ""

@@ -29,7 +29,10 @@ class Batch:
     temperature: list[float]
     top_p: list[float]
     seeds: list[int]
+    penalty: list[float]
+    cpu_tokens: list[list[int]]  # the CPU's view of each request's tokens (one step old under overlap)
     ring: int = 0
+    history_ids: list = None  # prefill: each request's whole sequence, for the device-side token history
     done: object = None  # copy-done event
     fence_event: object = None
 
@@ -40,6 +43,12 @@ class Batch:
     @property
     def n_tokens(self) -> int:
         return sum(len(p) for p in self.positions)
+
+
+def _unpack_logprobs(row: list[float]) -> tuple[float, list[tuple[int, float]]]:
+    """[chosen, top-K values, top-K ids] -> (chosen logprob, [(token, logprob), ...])."""
+    k = (len(row) - 1) // 2
+    return row[0], [(int(t), v) for v, t in zip(row[1:1 + k], row[1 + k:])]
 
 
 class Scheduler:
@@ -194,7 +203,10 @@ class Scheduler:
         return Batch(step=step, kind=kind, reqs=reqs, gens=[r.gen for r in reqs], rows=[r.row for r in reqs],
                      entries=[r.entry for r in reqs], positions=positions, input_ids=input_ids,
                      temperature=[float(r.temperature) for r in reqs], top_p=[float(r.top_p) for r in reqs],
-                     seeds=[self.sample_seed(r) for r in reqs], ring=step % 2)
+                     seeds=[self.sample_seed(r) for r in reqs],
+                     penalty=[float(r.repetition_penalty) for r in reqs],
+                     cpu_tokens=[r.prompt_ids + r.output_ids if r.repetition_penalty != 1.0 else [] for r in reqs],
+                     ring=step % 2)
 
     # -- leaving the batch -------------------------------------------------------------
     def _release(self, r: Request) -> None:
@@ -223,14 +235,20 @@ class Scheduler:
         self.finished.append(r)
 
     # -- results (one step old under overlap) ------------------------------------------
-    def process(self, batch: Batch, tokens: list[int]) -> None:
+    def process(self, batch: Batch, tokens: list[int], logprobs: list[list[float]] | None = None) -> list[Request]:
+        """Take a step's result; returns the requests that got a token."""
+        updated = []
         for i, r in enumerate(batch.reqs):
             if r.state is not State.RUNNING or r.gen != batch.gens[i]:
                 self.n_discarded += 1  # the extra step of a finished or retracted request
                 continue
             if batch.kind == "prefill":
                 self._cache_prompt(r)
+            if logprobs is not None:
+                r.output_logprobs.append(_unpack_logprobs(logprobs[i]))
             self._append(r, tokens[i])
+            updated.append(r)
+        return updated
 
     def _cache_prompt(self, r: Request) -> None:
         """Keep the prompt's full pages in the prefix cache; if another request cached a

@@ -1,0 +1,13 @@
+import pytest
+
+from harness.targets import make_target
+
+
+@pytest.fixture(scope="session")
+def target(oh_options):
+    return make_target(oh_options.target, oh_options.faults)
+
+
+@pytest.fixture(scope="session")
+def tok(target):
+    return target.tokenizer()
