@@ -112,7 +112,7 @@ def _requests(items, a, tok):
         else:
             text = it["prompt"]
         ids = tok.encode(text)
-        if tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        if getattr(tok, "add_bos", False) and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id] + ids
         mt = int(it.get("max_tokens", a.max_tokens))
         if mt < 1:

@@ -12,7 +12,7 @@ WORDS = "slot table relay fence window step stream token prefix cache batch entr
 
 def _ids(tok, text: str) -> list[int]:
     ids = tok.encode(text)
-    return ([tok.bos_id] if tok.bos_id is not None else []) + ids
+    return ([tok.bos_id] if getattr(tok, "add_bos", False) else []) + ids
 
 
 def mixed(tok, n: int = 10, seed: int = 0) -> list[Request]:

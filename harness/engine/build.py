@@ -32,7 +32,7 @@ def load_model(name: str, max_context: int | None = None):
         except ImportError as e:  # transformers / gguf missing
             raise ModelUnavailable(f"smollm2 needs transformers and gguf ({e}); run `make venv`") from e
         try:
-            return load_smollm2(max_context=max_context or 512)
+            return load_smollm2(max_context=max_context or 256)  # attention cost grows with it
         except RuntimeError as e:
             raise ModelUnavailable(str(e)) from e
     if name == "arith":

@@ -74,26 +74,64 @@ class Model:
         var = x.pow(2).mean(-1, keepdim=True)
         return w * (x * torch.rsqrt(var + self.cfg.rms_eps))
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [N, heads, head_dim]; HF rotate_half convention
+    def _attend(self, q, k, v, masked, padrow) -> torch.Tensor:
+        """q: [G, kv_heads, R, d] (R query rows, a multiple of 4); k, v: [G, kv_heads, L, d];
+        masked: [G, 1, R, L] keys a row may not see; padrow: [G, 1, R, 1] padding rows."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [G, kv, R, L]
+        scores = scores.masked_fill(masked, float("-inf")).masked_fill(padrow, 0.0)  # padded rows: any finite row
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+    def pass_context(self, positions, groups, kv_indices) -> dict:
+        """What every layer of one pass shares: RoPE tables, masks, gather indices (built once)."""
+        cfg, rep = self.cfg, self.n_rep
+        N, L = positions.shape[0], kv_indices.shape[1]
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        ctx = {"cos": emb.cos()[:, None, :], "sin": emb.sin()[:, None, :], "groups": groups,
+               "kv_indices": kv_indices, "positions": positions, "N": N}
+        keypos = torch.arange(L, device=positions.device)
+        ctx["decode"] = decode = all(c == 1 for _, c in groups) and len(groups) == N
+        if decode:  # one query per request: a kv group's rows are its rep query heads, padded to 4
+            R = pad_rows(rep)
+            qpos = positions[:, None].expand(N, R).clone()
+            qpos[:, rep:] = -1
+            ctx["flat"] = kv_indices[:N].reshape(-1)
+            ctx["masked"] = (keypos[None, None, :] > qpos[:, :, None])[:, None]  # [N, 1, R, L]
+            ctx["padrow"] = (qpos < 0)[:, None, :, None]
+            ctx["R"] = R
+        else:
+            ctx["per_group"] = []
+            for b, (start, n) in enumerate(groups):
+                R = pad_rows(n * rep)
+                qpos = torch.full((1, R), -1, dtype=torch.long, device=positions.device)
+                qpos[0, :n * rep] = positions[start:start + n].repeat_interleave(rep)
+                ctx["per_group"].append(((keypos[None, None, :] > qpos[:, :, None])[:, None],
+                                         (qpos < 0)[:, None, :, None], R))
+        return ctx
+
+    def _rope(self, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        # x: [N, heads, head_dim]; HF rotate_half convention
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+        return x * ctx["cos"] + rot * ctx["sin"]
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-        """q: [G, kv_heads, R, d] (R = query rows of a group, a multiple of 4);
-        k, v: [G, kv_heads, L, d]; qpos: [G, R] position of each query row (-1: padding).
-        Returns [G, kv_heads, R, d]."""
-        L = k.shape[2]
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [G, kv, R, L]
-        keypos = torch.arange(L, device=q.device)
-        masked = keypos[None, None, :] > qpos[:, :, None]  # [G, R, L]
-        scores = scores.masked_fill(masked[:, None], float("-inf"))
-        scores = scores.masked_fill((qpos < 0)[:, None, :, None], 0.0)  # padded rows: any finite row
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    def layer(self, p: str, x: torch.Tensor, ctx: dict, out_loc, k_pool, v_pool) -> torch.Tensor:
+        """One decoder layer (weights under prefix p) over x [N, hidden]; writes this pass's KV
+        at out_loc into the pools, then attends through the slots of each request's row."""
+        cfg, N = self.cfg, ctx["N"]
+        h = self._rms(x, self.w[p + "input_layernorm.weight"])
+        q = F.linear(h, self.w[p + "self_attn.q_proj.weight"]).view(N, cfg.heads, cfg.head_dim)
+        k = F.linear(h, self.w[p + "self_attn.k_proj.weight"]).view(N, cfg.kv_heads, cfg.head_dim)
+        v = F.linear(h, self.w[p + "self_attn.v_proj.weight"]).view(N, cfg.kv_heads, cfg.head_dim)
+        q, k = self._rope(q, ctx), self._rope(k, ctx)
+        k_pool.index_copy_(0, out_loc, k)
+        v_pool.index_copy_(0, out_loc, v)
+        attn = self._attention(q, ctx, k_pool, v_pool)
+        x = x + F.linear(attn, self.w[p + "self_attn.o_proj.weight"])
+        h = self._rms(x, self.w[p + "post_attention_layernorm.weight"])
+        g = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
+        u = F.linear(h, self.w[p + "mlp.up_proj.weight"])
+        return x + F.linear(F.silu(g) * u, self.w[p + "mlp.down_proj.weight"])
 
     # -- the pass ----------------------------------------------------------------
     def forward(self, input_ids, positions, out_loc, groups, kv_indices, kv_k, kv_v) -> torch.Tensor:
@@ -105,56 +143,33 @@ class Model:
         kv_k, kv_v: per layer [slots, kv_heads, head_dim] (the KV pool).
         Returns the final hidden states [N, hidden].
         """
-        cfg = self.cfg
-        N = input_ids.shape[0]
+        ctx = self.pass_context(positions, groups, kv_indices)
         x = F.embedding(input_ids, self.w["model.embed_tokens.weight"])
-        decode = all(c == 1 for _, c in groups) and len(groups) == N
-        for i in range(cfg.layers):
-            p = f"model.layers.{i}."
-            h = self._rms(x, self.w[p + "input_layernorm.weight"])
-            q = F.linear(h, self.w[p + "self_attn.q_proj.weight"]).view(N, cfg.heads, cfg.head_dim)
-            k = F.linear(h, self.w[p + "self_attn.k_proj.weight"]).view(N, cfg.kv_heads, cfg.head_dim)
-            v = F.linear(h, self.w[p + "self_attn.v_proj.weight"]).view(N, cfg.kv_heads, cfg.head_dim)
-            q, k = self._rope(q, positions), self._rope(k, positions)
-            kv_k[i].index_copy_(0, out_loc, k)
-            kv_v[i].index_copy_(0, out_loc, v)
-            attn = self._attention(q, positions, groups, kv_indices, kv_k[i], kv_v[i], decode)
-            x = x + F.linear(attn, self.w[p + "self_attn.o_proj.weight"])
-            h = self._rms(x, self.w[p + "post_attention_layernorm.weight"])
-            g = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
-            u = F.linear(h, self.w[p + "mlp.up_proj.weight"])
-            x = x + F.linear(F.silu(g) * u, self.w[p + "mlp.down_proj.weight"])
+        for i in range(self.cfg.layers):
+            x = self.layer(f"model.layers.{i}.", x, ctx, out_loc, kv_k[i], kv_v[i])
         return self._rms(x, self.w["model.norm.weight"])
 
-    def _attention(self, q, positions, groups, kv_indices, k_pool, v_pool, decode: bool) -> torch.Tensor:
-        cfg, rep = self.cfg, self.n_rep
-        N = q.shape[0]
-        out = q.new_zeros(N, cfg.heads * cfg.head_dim)
-        if decode:
-            # one query per request: rows of a kv group are its rep query heads, padded to 4
-            B = N
-            R = pad_rows(rep)
-            qq = q.view(B, cfg.kv_heads, rep, cfg.head_dim)
+    def _attention(self, q, ctx, k_pool, v_pool) -> torch.Tensor:
+        cfg, rep, N = self.cfg, self.n_rep, ctx["N"]
+        kvh, d = cfg.kv_heads, cfg.head_dim
+        if ctx["decode"]:
+            R, L = ctx["R"], ctx["kv_indices"].shape[1]
+            qq = q.view(N, kvh, rep, d)
             if R != rep:
-                qq = torch.cat([qq, qq.new_zeros(B, cfg.kv_heads, R - rep, cfg.head_dim)], dim=2)
-            k = k_pool[kv_indices[:B]].permute(0, 2, 1, 3)  # [B, kv, L, d]
-            v = v_pool[kv_indices[:B]].permute(0, 2, 1, 3)
-            qpos = positions[:, None].expand(B, R).clone()
-            qpos[:, rep:] = -1
-            o = self._attend(qq, k, v, qpos)[:, :, :rep]  # [B, kv, rep, d]
-            return o.reshape(B, cfg.heads * cfg.head_dim)
-        for b, (start, n) in enumerate(groups):
-            R = pad_rows(n * rep)
-            qq = q[start:start + n].view(n, cfg.kv_heads, rep, cfg.head_dim).permute(1, 0, 2, 3)
-            qq = qq.reshape(cfg.kv_heads, n * rep, cfg.head_dim)
-            qq = torch.cat([qq, qq.new_zeros(cfg.kv_heads, R - n * rep, cfg.head_dim)], dim=1)[None]
-            k = k_pool[kv_indices[b]].permute(1, 0, 2)[None]  # [1, kv, L, d]
-            v = v_pool[kv_indices[b]].permute(1, 0, 2)[None]
-            qpos = torch.full((1, R), -1, dtype=torch.long, device=q.device)
-            qpos[0, :n * rep] = positions[start:start + n].repeat_interleave(rep)
-            o = self._attend(qq, k, v, qpos)[0, :, :n * rep]  # [kv, n*rep, d]
-            o = o.view(cfg.kv_heads, n, rep, cfg.head_dim).permute(1, 0, 2, 3).reshape(n, -1)
-            out[start:start + n] = o
+                qq = torch.cat([qq, qq.new_zeros(N, kvh, R - rep, d)], dim=2)
+            k = k_pool.index_select(0, ctx["flat"]).view(N, L, kvh, d).permute(0, 2, 1, 3)  # [N, kv, L, d]
+            v = v_pool.index_select(0, ctx["flat"]).view(N, L, kvh, d).permute(0, 2, 1, 3)
+            o = self._attend(qq, k, v, ctx["masked"], ctx["padrow"])[:, :, :rep]  # [N, kv, rep, d]
+            return o.reshape(N, cfg.heads * d)
+        out = q.new_zeros(N, cfg.heads * d)
+        for b, ((start, n), (masked, padrow, R)) in enumerate(zip(ctx["groups"], ctx["per_group"])):
+            qq = q[start:start + n].view(n, kvh, rep, d).permute(1, 0, 2, 3).reshape(kvh, n * rep, d)
+            qq = torch.cat([qq, qq.new_zeros(kvh, R - n * rep, d)], dim=1)[None]
+            idx = ctx["kv_indices"][b]
+            k = k_pool[idx].permute(1, 0, 2)[None]  # [1, kv, L, d]
+            v = v_pool[idx].permute(1, 0, 2)[None]
+            o = self._attend(qq, k, v, masked, padrow)[0, :, :n * rep]  # [kv, n*rep, d]
+            out[start:start + n] = o.view(kvh, n, rep, d).permute(1, 0, 2, 3).reshape(n, -1)
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

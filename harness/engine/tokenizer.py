@@ -6,6 +6,7 @@ class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; 256 BOS, 257 EOS, 258 PAD."""
 
     bos_id, eos_id, pad_id = 256, 257, 258
+    add_bos = True  # prompts start with BOS (SmolLM2's tokenizer adds none)
     vocab_size = 259
 
     def encode(self, text: str) -> list[int]:
