@@ -38,6 +38,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-context", type=int, default=None, help="positions per slot-table row")
     g.add_argument("--max-prefill-tokens", type=int, default=1024, help="tokens one prefill step may process")
     _bool_flag(g, "prefix-cache", True, "share cached prompt slots between requests")
+    g.add_argument("--spec", choices=("oracle", "mtp", "ngram"), default=None,
+                   help="speculative decoding with this drafter (default: plain decoding)")
+    g.add_argument("--spec-k", type=int, default=3, help="draft tokens per window (default 3)")
+    g.add_argument("--spec-wrong", type=float, default=0.3,
+                   help="oracle drafter: chance a draft token is replaced by a wrong one (default 0.3)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for small models)")
     g.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="inject a defect from the catalogue (repeatable); see `overlap-harness faults`")
@@ -51,6 +56,11 @@ def engine_config(a: argparse.Namespace):
                         ("--threads", a.threads or 1, 1)):
         if v < lo:
             raise UsageError(f"{name} must be at least {lo}, got {v}")
+    from harness.engine.spec import MAX_SPEC_K
+    if not 1 <= a.spec_k <= MAX_SPEC_K:
+        raise UsageError(f"--spec-k must be between 1 and {MAX_SPEC_K}, got {a.spec_k}")
+    if not 0.0 <= a.spec_wrong <= 1.0:
+        raise UsageError(f"--spec-wrong must be between 0 and 1, got {a.spec_wrong}")
     if a.max_context is not None and a.max_context < 8:
         raise UsageError(f"--max-context must be at least 8, got {a.max_context}")
     try:
@@ -64,16 +74,18 @@ def engine_config(a: argparse.Namespace):
     return EngineConfig(model=a.model, overlap=a.overlap, device=a.device, policy=a.policy, seed=a.seed,
                         max_running=a.max_running, pool_slots=a.pool_slots, page_size=a.page_size,
                         prefix_cache=a.prefix_cache, max_prefill_tokens=a.max_prefill_tokens,
-                        max_context=a.max_context, faults=faults, threads=a.threads)
+                        max_context=a.max_context, faults=faults, threads=a.threads, spec=a.spec,
+                        spec_k=a.spec_k, spec_wrong=a.spec_wrong)
 
 
 def build(cfg):
     """Build the engine, turning a missing model or GPU into a one-line error."""
     from harness.device import DeviceError
     from harness.engine.build import ModelUnavailable, build_engine
+    from harness.engine.spec import SpecError
     try:
         return build_engine(cfg)
-    except (ModelUnavailable, DeviceError) as e:
+    except (ModelUnavailable, DeviceError, SpecError) as e:
         raise UsageError(str(e)) from None
 
 
@@ -143,7 +155,10 @@ def cmd_run(a) -> int:
     summary = step_summary(eng.dev)
     summary.update(overlap=cfg.overlap, device=cfg.device, policy=eng.dev.policy.spec() if hasattr(eng.dev, "policy")
                    else cfg.policy, seed=cfg.seed, retracted=eng.sched.n_retracted,
-                   discarded_rows=eng.sched.n_discarded, clock="virtual" if cfg.device == "sim" else "wall")
+                   discarded_rows=eng.sched.n_discarded, clock="virtual" if cfg.device == "sim" else "wall",
+                   spec=cfg.spec, spec_k=cfg.spec_k if cfg.spec else None,
+                   mean_accept_len=(sum(eng.spec.accept_lens) / len(eng.spec.accept_lens)
+                                    if eng.spec is not None and eng.spec.accept_lens else None))
     out = [{"id": r.rid, "text": _visible(r, tok), "token_ids": r.output_ids, "finish_reason": r.finish_reason,
             "prompt_tokens": len(r.prompt_ids)} for r in reqs]
     if a.timeline:
@@ -176,7 +191,9 @@ def _format_summary(s: dict) -> str:
             f"GPU idle gap {s['gpu_idle_gap_ms']:.3f}  host stall {s['host_stall_ms']:.3f}\n"
             f"CPU per step ({unit}): prepare {s['cpu_prepare_ms']:.3f}  launch {s['cpu_launch_ms']:.3f}  "
             f"process {s['cpu_process_ms']:.3f} | retracted {s['retracted']} | "
-            f"discarded rows {s['discarded_rows']}")
+            f"discarded rows {s['discarded_rows']}"
+            + (f"\nspeculative {s['spec']} k={s['spec_k']}: mean accept length {s['mean_accept_len']:.2f}"
+               if s.get("mean_accept_len") is not None else ""))
 
 
 # -- main -----------------------------------------------------------------------------

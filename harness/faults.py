@@ -37,6 +37,16 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
           "reads an entry before it was written for its request", "4.2", "test_relay_hygiene"),
     Fault("penalty_from_cpu", "the repetition penalty uses the CPU's one-step-old tokens, missing the "
           "newest one under overlap", "6", "test_overlap_equivalence", ordering=False),
+    Fault("single_window", "speculative: one window reserved instead of two, so a window that starts a full "
+          "window past the CPU's count runs off the reserved slots", "5.2", "test_reservation"),
+    Fault("cpu_count_for_len", "speculative: the step takes its length from the CPU's one-step-old count "
+          "instead of the relay", "4.1", "test_provoked_corruption"),
+    Fault("ngram_no_wait", "NGRAM looks up drafts without waiting for the accepted tokens' copy", "8.3",
+          "test_war_slot_table"),
+    Fault("lengths_on_schedule", "speculative: the lengths are copied to the host on the schedule stream, "
+          "behind the fence: the host stalls a full forward", "7.5", "test_nonblocking_copies", ordering=False),
+    Fault("draft_extend_after_fence", "mtp: the fence event is recorded before draft extend, which reads the "
+          "slot table again", "7.4", "test_fence_placement"),
     Fault("pad_live_entry", "padded rows write a live relay entry instead of entry 0", "4.3",
           "test_relay_hygiene"),
 ]}

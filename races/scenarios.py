@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness import workloads
 from harness.engine.request import Request
+from harness.engine.spec import FIXTURES
 
 
 def row_reuse(tok, seed=0):
@@ -27,7 +28,24 @@ def prefix_rewrite(tok, seed=0):
     return reqs, dict(max_running=6, page_size=4), lambda e: e.sched.n_row_rewrites > 0
 
 
-SCENARIOS = {"row_reuse": row_reuse, "retraction": retraction, "prefix_rewrite": prefix_rewrite}
+def _spec(algo, k=3):
+    def make(tok, seed=0):
+        """Speculative decoding: rows reused while a window is in flight; the oracle drafter's
+        full acceptance is the reservation's worst case (the article's Figure 7)."""
+        reqs = workloads.row_reuse(tok, n=10, seed=seed)
+        for r in reqs:
+            r.max_new_tokens += 6
+        if algo == "ngram":  # NGRAM waits for every step (no extra step) and rarely guesses a random model
+            return reqs, dict(max_running=3, spec=algo, spec_k=k), lambda e: len(e.spec.accept_lens) > 0
+        return reqs, dict(max_running=3, spec=algo, spec_k=k, spec_wrong=0.2), \
+            lambda e: e.sched.n_discarded > 0 and max(e.spec.accept_lens, default=0) > 1
+    return make
+
+
+SCENARIOS = {"row_reuse": row_reuse, "retraction": retraction, "prefix_rewrite": prefix_rewrite,
+             "spec_oracle": _spec("oracle"), "spec_ngram": _spec("ngram")}
+if (FIXTURES / "tiny_mtp.pt").exists():
+    SCENARIOS["spec_mtp"] = _spec("mtp")
 
 
 def seeds(oh_options, default: int = 2) -> range:

@@ -11,28 +11,32 @@ def test_relay_entries(target, tok, oh_options, scenario, record_property):
     for seed in seeds(oh_options):
         reqs, kw, _ = SCENARIOS[scenario](tok, seed)
         run = target.run(reqs, overlap=True, track=("relay.",), **kw)
-        owner: dict[int, str] = {}
+        owner: dict[tuple, str] = {}
         problems = []
+        bufs = run.engine.dev.buffers
         for a in run.tracker.log:
+            t = bufs[a.buffer]
+            width = t[0].numel() if t.dim() > 1 else 1  # the log counts elements: back to entries
+            units = sorted({u // width for u in a.units})
             entries = a.meta.get("entries")
             if a.thread != "forward" or entries is None:
                 continue
             if a.write:
                 expected = set(entries) | ({0} if a.meta.get("padded") else set())
-                if set(a.units) != expected:
-                    extra = sorted(set(a.units) - expected)
-                    missing = sorted(expected - set(a.units))
+                if set(units) != expected:
+                    extra = sorted(set(units) - expected)
+                    missing = sorted(expected - set(units))
                     problems.append((a.step, f"step {a.step} ({a.name}) wrote entries {extra or ''} "
                                      f"{'and not ' + str(missing) if missing else ''}: padded rows must use "
                                      f"entry 0, and every row its own entry"))
-                for e in a.units:
-                    owner[e] = entries.get(e, owner.get(e))
+                for e in units:
+                    owner[a.buffer, e] = entries.get(e, owner.get((a.buffer, e)))
             else:
-                for e in a.units:
+                for e in units:
                     rid = entries.get(e)
-                    if rid is not None and owner.get(e) != rid:
-                        problems.append((a.step, f"step {a.step} ({a.name}) read relay entry {e} for {rid}, "
-                                         f"but it was last written for {owner.get(e) or 'no request'}"))
+                    if rid is not None and owner.get((a.buffer, e)) != rid:
+                        problems.append((a.step, f"step {a.step} ({a.name}) read {a.buffer} entry {e} for {rid}, "
+                                         f"but it was last written for {owner.get((a.buffer, e)) or 'no request'}"))
             if problems:
                 break
         if problems:

@@ -41,6 +41,9 @@ class Costs:
     sched_op_ms: float = 0.005  # a small op on the schedule stream
     copy_ms: float = 0.01  # device-to-host copy of a step's tokens
     launches_per_step: int = 6  # ops a step issues; launch_ms is spread over them
+    verify_ms: float = 3.4  # speculative: the verify pass over the window
+    draft_ms: float = 0.2  # one pass of the drafter
+    extend_ms: float = 0.4  # draft extend (mtp)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class EngineConfig:
     max_prefill_tokens: int = 1024  # tokens one prefill step may process
     max_context: int | None = None  # overrides the model's row width
     faults: frozenset[str] = frozenset()  # names from harness.faults
+    spec: str | None = None  # speculative decoding: oracle | mtp | ngram
+    spec_k: int = 3  # draft tokens per window
+    spec_wrong: float = 0.3  # oracle drafter: chance that a draft token is replaced by a wrong one
     threads: int | None = None  # torch CPU threads; None: 1 for small models, else torch's default
     costs: Costs = field(default_factory=Costs)
 

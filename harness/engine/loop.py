@@ -73,7 +73,12 @@ class Engine:
 
         self.pool = KVPool(cfg.pool_slots, cfg.page_size)
         self.cache = PrefixCache(self.pool, cfg.prefix_cache)
-        self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n), self.relay.entries, self.cache, detok)
+        window = cfg.spec_k + 1 if cfg.spec else 1
+        self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n), self.relay.entries, self.cache, detok, window)
+        self.spec = None
+        if cfg.spec:
+            from harness.engine.spec import SpecDecoder
+            self.spec = SpecDecoder(self)
         self.steps = 0
         self.iteration = 0
         self.queue: deque[Batch] = deque()  # launched, not yet processed (at most 2 under overlap)
@@ -82,7 +87,8 @@ class Engine:
     # -- validation -----------------------------------------------------------------
     def check_fits(self, r: Request) -> str | None:
         """Why a request can never run here, or None."""
-        need_pos = len(r.prompt_ids) + r.max_new_tokens + 2 * self.sched.window + 1
+        # a finished request's extra step may run a window past a count that already overshot by one
+        need_pos = len(r.prompt_ids) + r.max_new_tokens + 3 * self.sched.window + 1
         if need_pos > self.L:
             return (f"request {r.rid}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new tokens "
                     f"does not fit a row of {self.L} positions (--max-context)")
@@ -94,6 +100,8 @@ class Engine:
             return f"request {r.rid}: prompt of {len(r.prompt_ids)} tokens exceeds --max-prefill-tokens"
         if not r.prompt_ids:
             return f"request {r.rid}: empty prompt"
+        if self.spec is not None and r.repetition_penalty != 1.0:
+            return f"request {r.rid}: the repetition penalty is not supported with speculative decoding"
         return None
 
     # -- the loops --------------------------------------------------------------------
@@ -129,6 +137,9 @@ class Engine:
     def step(self) -> None:
         """One round of the loop: prepare and launch step N+1, then process step N (overlap),
         or prepare, launch and process one step (no overlap)."""
+        if self.spec is not None and self.spec.algo == "ngram" and "ngram_no_wait" not in self.cfg.faults:
+            while self.queue:  # NGRAM's lookup needs the accepted tokens: the host waits for the step
+                self._process(self.queue.popleft())
         batch = self._prepare()
         if batch is not None:
             self._launch(batch)
@@ -198,14 +209,18 @@ class Engine:
             dst[4][:, :rows.numel()].copy_(samp, non_blocking=True)
             dst[5][:last.numel()].copy_(last, non_blocking=True)
 
+        if self.spec is not None and self.spec.algo == "ngram" and b.kind == "decode":
+            drafts, dd = host(self.spec.drafts_for(b)), self.spec.b_drafts[s]
+            self.schedule.launch("drafts.h2d", lambda: dd[:drafts.shape[0]].copy_(drafts, non_blocking=True),
+                                 cost=self.cfg.costs.sched_op_ms)
         self.schedule.launch("batch.h2d", h2d, cost=self.cfg.costs.sched_op_ms)
 
     # -- launch: queue the step's device work --------------------------------------------
     def _launch(self, b: Batch) -> None:
-        c, dev, fwd = self.cfg.costs, self.dev, self.forward
+        dev, fwd, faults = self.dev, self.forward, self.cfg.faults
         if b.kind == "prefill":
             b.history_ids = [dev.from_host(r.seq_at_admit) for r in b.reqs]
-        faults = self.cfg.faults
+        spec_step = self.spec is not None and b.kind == "decode"
         with dev.host_phase("launch", 0.0):
             fwd.wait_stream(self.schedule)  # the step starts after whatever the scheduler queued
             if "unfenced_row_reuse" in faults:
@@ -213,22 +228,18 @@ class Engine:
             rids = [r.rid for r in b.reqs]
             meta = {"rows": dict(zip(b.rows, rids)), "entries": dict(zip(b.entries, rids)), "kind": b.kind,
                     "padded": pad_rows(b.size) > b.size}
-            if "fence_before_read" in faults:
-                fence_ev = fwd.record("shared_read_done")
-                fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
-            else:
-                fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
-                fence_ev = fwd.record("shared_read_done")  # right after the last read of the shared tables
-            cost = c.decode_ms if b.kind == "decode" else c.prefill_ms_per_token * b.n_tokens
-            fwd.launch(f"{b.kind}.forward", lambda: self._forward(b), cost=cost, meta=meta)
-            fwd.launch("sample", lambda: self._sample(b), meta=meta)
+            fence_ev = self.spec.queue_passes(b, meta) if spec_step else self._queue_passes(b, meta)
             step_done = fwd.record("step_done")
             if "copy_no_wait" not in faults:
                 self.copy.wait_event(step_done)
-            self.copy.launch("logprobs.d2h", lambda o=self.o_lp[b.ring % RING], h=self.h_lp[b.ring % RING]:
-                             h.copy_(o, non_blocking=True), kind="copy")
-            b.done = self.copy.copy_to_host("tokens.d2h", self.o_tokens[b.ring % RING],
-                                            self.h_tokens[b.ring % RING], cost=c.copy_ms)
+            if spec_step:
+                b.done = self.spec.queue_copies(b)
+            else:
+                r = b.ring % RING
+                self.copy.launch("logprobs.d2h", lambda: self.h_lp[r].copy_(self.o_lp[r], non_blocking=True),
+                                 kind="copy")
+                b.done = self.copy.copy_to_host("tokens.d2h", self.o_tokens[r], self.h_tokens[r],
+                                                cost=self.cfg.costs.copy_ms)
             b.fence_event = fence_ev
             # the fence: the scheduler's later writes run behind this step's table reads
             if "no_fence" not in faults:
@@ -236,7 +247,25 @@ class Engine:
                     self.schedule.wait_stream(fwd)
                 else:
                     self.schedule.wait_event(fence_ev)
+            if spec_step:
+                self.spec.after_fence(b)
         self.steps += 1
+
+    def _queue_passes(self, b: Batch, meta: dict):
+        """A prefill or plain decode step on the forward stream; returns the fence event."""
+        c, fwd, faults = self.cfg.costs, self.forward, self.cfg.faults
+        if "fence_before_read" in faults:
+            fence_ev = fwd.record("shared_read_done")
+            fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
+        else:
+            fwd.launch("attn_metadata", lambda: self._attn_metadata(b), meta=meta)
+            fence_ev = fwd.record("shared_read_done")  # right after the last read of the shared tables
+        cost = c.decode_ms if b.kind == "decode" else c.prefill_ms_per_token * b.n_tokens
+        fwd.launch(f"{b.kind}.forward", lambda: self._forward(b), cost=cost, meta=meta)
+        fwd.launch("sample", lambda: self._sample(b), meta=meta)
+        if self.spec is not None and self.spec.algo == "mtp":  # the draft head over the prompt
+            fwd.launch("draft_extend", lambda: self.spec.prefill_extend(b), cost=c.extend_ms, meta=meta)
+        return fence_ev
 
     # device side: each of these runs as one op on the forward stream ------------------------
     def _attn_metadata(self, b: Batch) -> None:
@@ -277,6 +306,8 @@ class Engine:
         else:
             kvidx = self.f_kvidx[:B]
         hidden = self.model.forward(ids, pos, loc, groups, kvidx, self.kv_k, self.kv_v)
+        if self.spec is not None and self.spec.algo == "mtp":
+            self.spec.f_phid[:N] = hidden
         M = pad_rows(B)
         h = hidden[self.b_last[s][:B]]  # each request's last token
         if M > B:
@@ -321,6 +352,10 @@ class Engine:
         if b.kind == "prefill" and "skip_prefill_publish" in self.cfg.faults:
             entries, padded = entries[B:], padded[B:]
         self.relay.publish_tokens(entries, padded)
+        if self.spec is not None:  # the first window starts after the prompt (padded rows: entry 0)
+            lens = self.f_last_pos[:M] + 1
+            lens[B:] = 0
+            self.relay.seq_lens.index_copy_(0, entries, lens)
         self.o_tokens[b.ring % RING][:B] = toks
         lp = torch.log_softmax(logits, dim=-1)  # [B, vocab]
         top = torch.topk(lp, TOP_K, dim=-1)
@@ -334,6 +369,14 @@ class Engine:
         c, dev = self.cfg.costs, self.dev
         if "early_process" not in self.cfg.faults:
             b.done.synchronize()
+        if self.spec is not None and b.kind == "decode":
+            with dev.host_phase("process", c.process_ms):
+                toks, acc, lens = self.spec.results(b)
+                updated = self.sched.process_spec(b, toks, acc, lens, self.spec)
+                self._flush_row_writes()
+                self._notify(b, updated)
+            self.accounting_log.append(self.sched.accounting())
+            return
         with dev.host_phase("process", c.process_ms):
             host = self.h_tokens[b.ring % RING]
             dev.host_access(f"host[{b.ring % RING}].tokens", host[:b.size])
@@ -342,10 +385,16 @@ class Engine:
             dev.host_access(f"host[{b.ring % RING}].logprobs", lp[:b.size])
             updated = self.sched.process(b, toks, lp[:b.size].tolist())
             self._flush_row_writes()
-            if self.listener is not None:
-                for r in updated:
-                    self.listener(r)
-            for r in b.reqs:
-                if r.state is State.FINISHED and not r.text and self.sched.detok is not None:
-                    r.text = self.sched.detok(r.output_ids)
+            self._notify(b, updated)
         self.accounting_log.append(self.sched.accounting())
+
+    def _notify(self, b: Batch, updated: list[Request]) -> None:
+        if self.spec is not None and self.spec.index is not None:
+            for r in updated:  # NGRAM's index learns what the server produced
+                self.spec.index.add((r.prompt_ids + r.output_ids)[-(self.spec.k + 8):], self.spec.k)
+        for r in b.reqs:
+            if r.state is State.FINISHED and not r.text and self.sched.detok is not None:
+                r.text = self.sched.detok(r.output_ids)
+        if self.listener is not None:
+            for r in updated:
+                self.listener(r)

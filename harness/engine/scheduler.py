@@ -32,6 +32,7 @@ class Batch:
     penalty: list[float]
     cpu_tokens: list[list[int]]  # the CPU's view of each request's tokens (one step old under overlap)
     ring: int = 0
+    reserved: list = None  # decode: positions each row was filled to when the step was planned
     history_ids: list = None  # prefill: each request's whole sequence, for the device-side token history
     done: object = None  # copy-done event
     fence_event: object = None
@@ -66,6 +67,8 @@ class Scheduler:
         self.n_retracted = 0
         self.n_discarded = 0  # rows of a step whose result was thrown away (finished or retracted)
         self.n_row_rewrites = 0  # rows pointed at pages another request cached first
+        self.violations: list[str] = []
+        self.min_slack = 1 << 30  # fewest reserved positions left past a speculative window  # invariants the engine saw broken (a speculative window past its slots)
 
     # -- requests ------------------------------------------------------------------
     def add(self, r: Request) -> None:
@@ -194,10 +197,14 @@ class Scheduler:
         reqs = list(self.running)
         if not reqs:
             return None
-        positions = [[r.fill] for r in reqs]
-        for r in reqs:
-            r.fill += self.window
-        return self._batch(step, "decode", reqs, positions, [])
+        positions = [[r.fill] for r in reqs]  # speculative: the CPU's one-step-old count, not the position
+        reserved = [len(r.pages) * self.pool.page_size for r in reqs]
+        if self.window == 1:  # plain decoding: every step adds exactly one token, so the CPU knows
+            for r in reqs:
+                r.fill += 1
+        b = self._batch(step, "decode", reqs, positions, [])
+        b.reserved = reserved
+        return b
 
     def _batch(self, step, kind, reqs, positions, input_ids) -> Batch:
         return Batch(step=step, kind=kind, reqs=reqs, gens=[r.gen for r in reqs], rows=[r.row for r in reqs],
@@ -247,6 +254,30 @@ class Scheduler:
             if logprobs is not None:
                 r.output_logprobs.append(_unpack_logprobs(logprobs[i]))
             self._append(r, tokens[i])
+            updated.append(r)
+        return updated
+
+    def process_spec(self, batch: Batch, tokens: list[list[int]], accept: list[int], lens: list[int],
+                     spec) -> list[Request]:
+        """A speculative step's result: each request grew by its accept length (bonus included)."""
+        updated = []
+        for i, r in enumerate(batch.reqs):
+            if r.state is not State.RUNNING or r.gen != batch.gens[i]:
+                self.n_discarded += 1
+                continue
+            n = accept[i]
+            spec.accept_lens.append(n)
+            self.min_slack = min(self.min_slack, batch.reserved[i] - (r.fill + spec.w))
+            if r.fill + spec.w > batch.reserved[i]:  # the window ran past the reserved slots (Figure 7)
+                self.violations.append(f"step {batch.step}: {r.rid} wrote positions {r.fill}..{r.fill + spec.w - 1} "
+                                       f"but its row was reserved up to {batch.reserved[i] - 1}")
+            if lens[i] != r.fill + n:  # the lengths copied early from the relay must agree
+                self.violations.append(f"step {batch.step}: {r.rid} length {lens[i]} != {r.fill} + {n}")
+            r.fill = lens[i]
+            for t in tokens[i][:n]:
+                self._append(r, t)
+                if r.state is not State.RUNNING:
+                    break
             updated.append(r)
         return updated
 
