@@ -7,7 +7,7 @@ import torch
 from races.scenarios import SCENARIOS
 
 
-@pytest.mark.parametrize("scenario", ["row_reuse", "retraction"])
+@pytest.mark.parametrize("scenario", ["row_reuse", "retraction", "spec_oracle"])
 def test_no_blocking_call_on_schedule_stream(target, tok, scenario):
     reqs, kw, _ = SCENARIOS[scenario](tok)
     run = target.run(reqs, overlap=True, track=True, **kw)

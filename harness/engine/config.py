@@ -44,6 +44,7 @@ class Costs:
     verify_ms: float = 3.4  # speculative: the verify pass over the window
     draft_ms: float = 0.2  # one pass of the drafter
     extend_ms: float = 0.4  # draft extend (mtp)
+    ngram_lookup_ms: float = 0.03  # NGRAM: the CPU's index lookup, per request
 
 
 @dataclass(frozen=True)

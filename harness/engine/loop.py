@@ -165,6 +165,8 @@ class Engine:
             batch = self.sched.next_batch(self.steps)
             if batch is not None:
                 batch.ring = self.steps % self.ring
+                if self.spec is not None and self.spec.algo == "ngram" and batch.kind == "decode":
+                    self.dev._host_advance(c.ngram_lookup_ms * batch.size)  # one lookup per request
             self._flush_row_writes()
             if batch is not None:
                 self._write_inputs(batch)
