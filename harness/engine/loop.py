@@ -51,8 +51,10 @@ class Engine:
         self.b_pos = [dev.alloc(f"batch[{s}].positions", (self.max_tokens,), torch.int64) for s in range(ring)]
         self.b_rows = [dev.alloc(f"batch[{s}].rows", (maxb,), torch.int64) for s in range(ring)]
         self.b_entries = [dev.alloc(f"batch[{s}].entries", (maxb,), torch.int64) for s in range(ring)]
-        # [temperature, top_p, seed, repetition penalty] per row
+        # [temperature, top_p, unused, repetition penalty] per row; seeds apart, as int64 (a float
+        # would round seeds above 2**24 together)
         self.b_samp = [dev.alloc(f"batch[{s}].sampling", (4, maxb)) for s in range(ring)]
+        self.b_seed = [dev.alloc(f"batch[{s}].seeds", (maxb,), torch.int64) for s in range(ring)]
         self.b_last = [dev.alloc(f"batch[{s}].last", (maxb,), torch.int64) for s in range(ring)]  # sampled row
         # forward-stream scratch
         self.f_ids = dev.alloc("fwd.input_ids", (self.max_tokens,), torch.int64)
@@ -199,9 +201,11 @@ class Engine:
         pos = host([p for ps in b.positions for p in ps])
         rows = host(b.rows)
         entries = host(b.entries)
-        samp = host([b.temperature, b.top_p, [float(x) for x in b.seeds], b.penalty], torch.float32)
+        samp = host([b.temperature, b.top_p, [0.0] * b.size, b.penalty], torch.float32)
+        seeds = host(b.seeds)
         last = host([sum(len(p) for p in b.positions[:i + 1]) - 1 for i in range(b.size)])
-        dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s], self.b_last[s])
+        dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s], self.b_last[s],
+               self.b_seed[s])
 
         def h2d():
             dst[0][:ids.numel()].copy_(ids, non_blocking=True)
@@ -210,6 +214,7 @@ class Engine:
             dst[3][:entries.numel()].copy_(entries, non_blocking=True)
             dst[4][:, :rows.numel()].copy_(samp, non_blocking=True)
             dst[5][:last.numel()].copy_(last, non_blocking=True)
+            dst[6][:seeds.numel()].copy_(seeds, non_blocking=True)
 
         if self.spec is not None and self.spec.algo == "ngram" and b.kind == "decode":
             drafts, dd = host(self.spec.drafts_for(b)), self.spec.b_drafts[s]
@@ -344,7 +349,7 @@ class Engine:
         s, B = b.ring, b.size
         samp = self.b_samp[s][:, :B]
         logits = self._penalize(b, self.f_logits[:B])
-        toks = sample(logits, samp[0], samp[1], samp[2].to(torch.int64), self.f_last_pos[:B] + 1,
+        toks = sample(logits, samp[0], samp[1], self.b_seed[s][:B], self.f_last_pos[:B] + 1,
                       any_sampled=any(t > 0 for t in b.temperature))
         # padded rows (as a CUDA graph replays them) publish into entry 0, which no request owns
         M = pad_rows(B)

@@ -214,11 +214,12 @@ class SpecDecoder:
 
     def _samp(self, b, M, reps=1):
         samp = self.eng.b_samp[b.ring][:, :M].clone()
+        seeds = self.eng.b_seed[b.ring][:M].clone()
         samp[:, b.size:] = 0.0  # padded rows: greedy
         samp[1, b.size:] = 1.0
         if reps > 1:
-            samp = samp.repeat_interleave(reps, dim=1)
-        return samp[0], samp[1], samp[2].to(torch.int64)
+            samp, seeds = samp.repeat_interleave(reps, dim=1), seeds.repeat_interleave(reps)
+        return samp[0], samp[1], seeds
 
     def _draft(self, b):
         eng, model, M = self.eng, self.eng.model, pad_rows(b.size)
