@@ -69,6 +69,29 @@ def main() -> None:
     p, t = min(plain), min(tracked)
     print(f"steps={steps} hazards={nh} plain={p * 1e3:.1f}ms tracked={t * 1e3:.1f}ms "
           f"ratio={t / p:.2f}x wall (target <= 3x); cpu ratio={min(tracked_cpu) / min(plain_cpu):.2f}x")
+    schedules_per_minute()
+
+
+def schedules_per_minute(seconds: float = 20.0) -> None:
+    """How many schedules the provoked-corruption suite explores per minute: each is one
+    engine run of one of its scenarios under one of its policies."""
+    from harness.targets.ref import RefTarget
+    from races.scenarios import SCENARIOS
+    from races.test_provoked_corruption import policies
+    t = RefTarget()
+    tok = t.tokenizer()
+    n, start, seed = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        for name, make in SCENARIOS.items():
+            reqs, kw, _ = make(tok, seed)
+            for pol in policies(seed):
+                t.run(reqs, overlap=True, policy=pol, **kw)
+                n += 1
+        seed += 1
+    dt = time.perf_counter() - start
+    print(f"provoked corruption: {n} schedules in {dt:.0f} s = {60 * n / dt:.0f} schedules/min "
+          f"({len(SCENARIOS)} scenarios x 5 policies per seed)")
+
 
 if __name__ == "__main__":
     main()

@@ -247,4 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the package's own module, so `python -m harness.cli` and the sub-command modules
+    # share one UsageError class (a second copy of this file would not catch theirs)
+    from harness.cli import main as _main
+    sys.exit(_main())

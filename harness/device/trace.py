@@ -36,7 +36,10 @@ def chrome_trace(dev: Device, steps: tuple[int, int] | None = None) -> dict:
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
 
-def draw_png(dev: Device, path: str, steps: tuple[int, int] | None = None, title: str = "") -> None:
+def draw_png(dev: Device, path: str, steps: tuple[int, int] | None = None, title: str = "", *,
+             highlight: int | None = None, marks: tuple = ()) -> None:
+    """One lane for the host and one per stream; `highlight` shades a step (a failing one) and
+    `marks` (op ids, e.g. a hazard's two accesses) are outlined in red and labelled."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -52,6 +55,19 @@ def draw_png(dev: Device, path: str, steps: tuple[int, int] | None = None, title
             ax.barh(y["host"], h.end - h.start, left=h.start, height=0.6, color=colors.get(h.name, "#8172b2"),
                     edgecolor="black" if h.name == "blocking-call" else "none")
     palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b2", "#937860"]
+    if highlight is not None:
+        spans = [(op.start, op.end) for op in dev.ops if op.step == highlight and op.stream in y]
+        spans += [(h.start, h.end) for h in dev.host_spans if h.step == highlight]
+        if spans:
+            ax.axvspan(min(a for a, _ in spans), max(b for _, b in spans), color="#ffdd55", alpha=0.25, zorder=0)
+    marks = set(marks or ())
+    for op in dev.ops:
+        if op.id in marks and op.stream in y and keep(op.step):
+            w = max(op.end - op.start, 0.01)
+            ax.barh(y[op.stream], w, left=op.start, height=0.8, fill=False, edgecolor="red", linewidth=1.8,
+                    zorder=5)
+            ax.annotate(f"{op.name} #{op.id}", (op.start + w / 2, y[op.stream] - 0.42), color="red",
+                        fontsize=7, ha="center", va="top", zorder=6)
     for op in dev.ops:
         if not keep(op.step) or op.stream not in y:
             continue
@@ -71,11 +87,17 @@ def draw_png(dev: Device, path: str, steps: tuple[int, int] | None = None, title
     ax.set_title(title or "streams (red: fence event recorded / waited on)")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Description": "lanes: " + ",".join(lanes)})
     plt.close(fig)
 
 
-def write_timeline(dev: Device, outdir: str, steps: tuple[int, int] | None = None, title: str = "") -> dict:
+def png_size(n_lanes: int) -> tuple[int, int]:
+    """(width, height) in pixels of a timeline PNG with `n_lanes` lanes."""
+    return 1200, int(round(100 * (0.7 * n_lanes + 1.2)))
+
+
+def write_timeline(dev: Device, outdir: str, steps: tuple[int, int] | None = None, title: str = "", *,
+                   highlight: int | None = None, marks: tuple = ()) -> dict:
     os.makedirs(outdir, exist_ok=True)
     trace = os.path.join(outdir, "trace.json")
     with open(trace, "w") as f:
@@ -84,5 +106,5 @@ def write_timeline(dev: Device, outdir: str, steps: tuple[int, int] | None = Non
     if steps is None:  # a whole run is unreadable in one picture: show the first steady steps
         n = max((op.step for op in dev.ops), default=0)
         steps = (min(2, n), min(6, n))
-    draw_png(dev, png, steps, title)
+    draw_png(dev, png, steps, title, highlight=highlight, marks=marks)
     return {"trace": trace, "png": png}

@@ -356,12 +356,12 @@ class Engine:
         entries = self.b_entries[s][:M].clone()
         entries[B:] = entries[0] if "pad_live_entry" in self.cfg.faults else 0
         padded = torch.cat([toks, toks.new_zeros(M - B)]) if M > B else toks
+        lens = self.f_last_pos[:M] + 1  # speculative: the first window starts after the prompt
+        lens[B:] = 0
         if b.kind == "prefill" and "skip_prefill_publish" in self.cfg.faults:
-            entries, padded = entries[B:], padded[B:]
+            entries, padded, lens = entries[B:], padded[B:], lens[B:]
         self.relay.publish_tokens(entries, padded)
-        if self.spec is not None:  # the first window starts after the prompt (padded rows: entry 0)
-            lens = self.f_last_pos[:M] + 1
-            lens[B:] = 0
+        if self.spec is not None:
             self.relay.seq_lens.index_copy_(0, entries, lens)
         self.o_tokens[b.ring % RING][:B] = toks
         lp = torch.log_softmax(logits, dim=-1)  # [B, vocab]
