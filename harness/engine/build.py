@@ -13,7 +13,6 @@ from harness.engine.model import Model, init_tiny_weights
 from harness.engine.tokenizer import ByteTokenizer
 
 MODELS = ("tiny", "smollm2", "arith")
-_DEFAULT_THREADS = torch.get_num_threads()
 
 
 class ModelUnavailable(RuntimeError):
@@ -61,9 +60,9 @@ def _load_arith():
 
 def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:
     mcfg, weights, tok = load_model(cfg.model, cfg.max_context)
-    # Small models run faster on one thread, and far faster when the machine is shared:
-    # idle OpenMP workers spinning against other processes cost ~100x on 2 cores.
-    threads = cfg.threads or (1 if mcfg.hidden < 256 else _DEFAULT_THREADS)
+    # One thread unless asked: on a shared 2-core machine idle OpenMP workers spinning against
+    # other processes cost 15x (SmolLM2) to 100x (tiny); pass --threads on a machine of your own.
+    threads = cfg.threads or 1
     torch.set_num_threads(threads)
     c = cfg.costs
     dev = make_device(cfg.device, cfg.policy, cfg.seed, launch_overhead=c.launch_ms / c.launches_per_step)

@@ -1,0 +1,49 @@
+"""GSM8K-format accuracy, overlap on vs off on the same questions, judged by the exact McNemar
+test (harness.evals): the correct engine passes; an engine whose overlap silently costs
+accuracy is flagged.
+
+The questions are a held-out set of the arithmetic fixture's own GSM8K-format problems
+(generated here, never stored), asked through lm-eval's gsm8k task (zero-shot prompt, its
+stop sequences and answer filters). The workload is adversarial: the forward stream is held
+back (delay:forward:5), eight rows, and short requests from other clients after each
+question, so rows turn over while a finished request's extra step is in flight (the article's
+Figure 9)."""
+import pytest
+
+from harness.evals.gsm8k import lm_eval_available
+
+N_QUESTIONS = 80  # about 25 s a side on two shared cores; enough to rule out a 5-point drop
+MIN_EFFECT = 0.05
+ENGINE = dict(model="arith", policy="delay:forward:5", max_running=8, background=1)
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    from fixtures.arith import problems
+    path = tmp_path_factory.mktemp("gsm8k") / "heldout.jsonl"
+    problems.write_jsonl(path, problems.heldout(N_QUESTIONS))
+    return path
+
+
+def test_overlap_keeps_gsm8k_accuracy(oh_options, heldout):
+    if oh_options.target != "ref":
+        pytest.skip(f"the GSM8K gate against {oh_options.target} runs as `overlap-harness gsm8k --target openai`")
+    why = lm_eval_available()
+    if why:
+        pytest.skip(why)
+    from harness.engine.build import ModelUnavailable, load_model
+    try:
+        load_model("arith")
+    except ModelUnavailable as e:
+        pytest.skip(str(e))
+    from harness.evals.run import GateOptions, run_gate
+    from harness.stats import LOSS
+    r = run_gate(GateOptions(data=str(heldout), limit=N_QUESTIONS, min_effect=MIN_EFFECT,
+                             engine={**ENGINE, "faults": ",".join(sorted(oh_options.faults))}))
+    s = r["stats"]
+    summary = (f"overlap off {100 * s['acc_ref']:.1f}%, on {100 * s['acc_cand']:.1f}% on {r['n']} questions; "
+               f"{s['losses']} lost, {s['gains']} gained, McNemar p = {s['p_loss']:.2g}")
+    assert r["verdict"] != LOSS, f"silent accuracy loss: {summary}"
+    # the fixture must be able to show a loss: it answers most questions right
+    assert s["acc_ref"] >= 0.5, f"the arith fixture is too weak to judge accuracy: {summary}"
+    assert r["verdict"] == "pass", f"{r['verdict']}: {s['reason']}"

@@ -1,0 +1,122 @@
+"""The GSM8K gate: the same questions with overlap off (reference) and on (candidate),
+judged with the exact McNemar test on the discordant pairs (harness.stats.judge)."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from harness.evals.gsm8k import (EvalError, RunFailure, check_errors, make_task, pair_records, resolve_data,
+                                 run_side)
+
+
+@dataclass
+class GateOptions:
+    target: str = "ref"  # ref | openai
+    data: str | None = None  # None / "hub": openai/gsm8k; else a GSM8K-schema JSONL
+    train: str | None = None
+    limit: int | None = None
+    num_fewshot: int = 0
+    alpha: float = 0.05
+    min_effect: float = 0.03
+    # ref target
+    engine: dict = field(default_factory=dict)  # OverlapRefLM keyword arguments (model, policy, faults, ...)
+    # openai target
+    url_on: str | None = None
+    url_off: str | None = None
+    model_name: str | None = None
+    concurrency: int = 8
+    max_gen_toks: int = 256
+    progress: object = None  # progress(label, done, total)
+
+
+def _get_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def probe_endpoint(url: str) -> str:
+    """The first model an OpenAI-compatible endpoint lists; EvalError if it cannot be reached."""
+    base = url.rstrip("/").removesuffix("/v1/completions").removesuffix("/v1")
+    try:
+        models = _get_json(f"{base}/v1/models")
+    except urllib.error.HTTPError as e:
+        raise EvalError(f"endpoint {base} answered GET /v1/models with HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        raise EvalError(f"cannot reach endpoint {base}: {why}") from None
+    try:
+        return models["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        raise EvalError(f"endpoint {base}: GET /v1/models did not list a model") from None
+
+
+def _completions_url(url: str) -> str:
+    base = url.rstrip("/").removesuffix("/v1/completions").removesuffix("/v1")
+    return f"{base}/v1/completions"
+
+
+def make_lm(o: GateOptions, overlap: bool, label: str):
+    if o.target == "ref":
+        from harness.evals.lm import OverlapRefLM
+        prog = None if o.progress is None else (lambda d, t: o.progress(label, d, t))
+        return OverlapRefLM(overlap=overlap, progress=prog, max_gen_toks=o.max_gen_toks, **o.engine)
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    url = o.url_on if overlap else o.url_off
+    name = o.model_name or probe_endpoint(url)
+    return LocalCompletionsAPI(base_url=_completions_url(url), model=name, tokenizer_backend=None,
+                               num_concurrent=o.concurrency, max_retries=2, max_gen_toks=o.max_gen_toks,
+                               timeout=600)
+
+
+def validate(o: GateOptions) -> None:
+    if o.target not in ("ref", "openai"):
+        raise EvalError(f"unknown target {o.target!r}: expected ref or openai")
+    if o.limit is not None and o.limit < 1:
+        raise EvalError(f"--limit must be at least 1, got {o.limit}")
+    if not 0 < o.alpha < 1:
+        raise EvalError(f"--alpha must be between 0 and 1, got {o.alpha}")
+    if not 0 <= o.min_effect < 1:
+        raise EvalError(f"--min-effect must be a fraction in [0, 1), got {o.min_effect}")
+    if o.target == "openai":
+        if not o.url_on or not o.url_off:
+            raise EvalError("--target openai needs --url (overlap on) and --url-off (overlap off)")
+        for u in (o.url_on, o.url_off):
+            probe_endpoint(u)
+
+
+def run_gate(o: GateOptions) -> dict:
+    """Run both sides and judge. Raises EvalError (bad input) or RunFailure (target failed)."""
+    from harness.stats import judge
+    validate(o)
+    ds = resolve_data(o.data, o.train, o.num_fewshot)
+    task = make_task(ds, o.num_fewshot)
+    t0 = time.perf_counter()
+    sides = {}
+    for label, overlap in (("overlap off", False), ("overlap on", True)):
+        lm = make_lm(o, overlap, label)
+        side = run_side(lm, task, o.limit, label)
+        check_errors(side)
+        sides[label] = side
+    off, on = sides["overlap off"], sides["overlap on"]
+    ref, cand, pairs = pair_records(on.records, off.records)
+    v = judge(ref, cand, o.alpha, o.min_effect)
+    n = len(pairs)
+    return {
+        "verdict": v.verdict, "stats": v.to_dict(), "n": n, "target": o.target, "data": ds.describe(),
+        "limit": o.limit, "num_fewshot": o.num_fewshot,
+        "engine": {k: (sorted(x) if isinstance(x, (set, frozenset)) else x) for k, x in o.engine.items()}
+        if o.target == "ref" else {"url_on": o.url_on, "url_off": o.url_off},
+        "accuracy": {"off": off.accuracy, "on": on.accuracy},
+        "seconds": {"off": off.seconds, "on": on.seconds, "total": time.perf_counter() - t0},
+        "questions_per_minute": {"off": 60 * n / off.seconds if off.seconds else None,
+                                 "on": 60 * n / on.seconds if on.seconds else None},
+        "summary": {"off": off.summary, "on": on.summary},
+        "pairs": pairs,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+__all__ = ["GateOptions", "run_gate", "EvalError", "RunFailure", "probe_endpoint"]
