@@ -67,8 +67,8 @@ class Scheduler:
         self.n_retracted = 0
         self.n_discarded = 0  # rows of a step whose result was thrown away (finished or retracted)
         self.n_row_rewrites = 0  # rows pointed at pages another request cached first
-        self.violations: list[str] = []
-        self.min_slack = 1 << 30  # fewest reserved positions left past a speculative window  # invariants the engine saw broken (a speculative window past its slots)
+        self.violations: list[str] = []  # invariants seen broken (a speculative window past its slots)
+        self.min_slack = 1 << 30  # fewest reserved positions left past a speculative window
 
     # -- requests ------------------------------------------------------------------
     def add(self, r: Request) -> None:
@@ -104,7 +104,8 @@ class Scheduler:
         start = len(r.pages) * self.pool.page_size
         new = self.pool.alloc(need)
         r.pages.extend(new)
-        self.row_writes.append((r.row, start, self.pool.slots(r.pages, start, len(r.pages) * self.pool.page_size), r.rid))
+        end = len(r.pages) * self.pool.page_size
+        self.row_writes.append((r.row, start, self.pool.slots(r.pages, start, end), r.rid))
 
     def _free_pages_for(self, need: int, protect: set) -> bool:
         """Make `need` pages free: drop unused cached prompts, then retract requests."""
