@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from harness.jsonl import records
+
 EXIT_BAD_INPUT = 2
 
 
@@ -98,13 +100,7 @@ def _read_prompts(a) -> list[dict]:
                 lines = f.readlines()
         except OSError as e:
             raise UsageError(f"cannot read --prompts {a.prompts}: {e.strerror}") from None
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{a.prompts}:{i}: not JSON ({e.msg})") from None
+        for i, obj in records(lines, a.prompts, UsageError):
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt", obj.get("messages")), (str, list)):
                 raise UsageError(f"{a.prompts}:{i}: expected an object with \"prompt\" (string) or \"messages\"")
             items.append(obj)

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from harness.jsonl import records
+
 EXIT_PASS, EXIT_LOSS, EXIT_BAD, EXIT_FAILED, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
 DEFAULT_HISTORY = "out/gsm8k/history.jsonl"
 
@@ -76,13 +78,7 @@ def _read_runs(path: str) -> list[dict]:
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{i}: not JSON ({e.msg})") from None
+    for i, obj in records(lines, path, UsageError):
         if not isinstance(obj, dict) or not {"qhash", "correct", "response"} <= obj.keys():
             raise UsageError(f"{path}:{i}: not a per-question record (qhash, correct, response)")
         out.append(obj)

@@ -109,6 +109,3 @@ class SimDevice(Device):
                 return
             self._run(pol.pick(ready))
             n -= 1
-
-    def pending(self) -> int:
-        return sum(len(q) for q in self.queues.values())

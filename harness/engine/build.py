@@ -7,7 +7,7 @@ import torch
 from dataclasses import replace
 
 from harness.device import make_device
-from harness.engine.config import TINY, EngineConfig, ModelConfig
+from harness.engine.config import TINY, EngineConfig
 from harness.engine.loop import Engine
 from harness.engine.model import Model, init_tiny_weights
 from harness.engine.tokenizer import ByteTokenizer
@@ -69,6 +69,3 @@ def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:
     model = Model(mcfg, weights, dev.torch_device)
     return Engine(cfg, mcfg, model, dev, tok.decode), tok
 
-
-def model_config(name: str) -> ModelConfig:
-    return load_model(name)[0]

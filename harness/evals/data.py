@@ -3,8 +3,9 @@ JSONL files with GSM8K's schema, one {"question": str, "answer": str} object a l
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
+
+from harness.jsonl import records
 
 HUB = "hub"  # --data hub: lm-eval's own dataset_path (openai/gsm8k, config "main")
 
@@ -25,13 +26,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read data file {p}: {getattr(e, 'strerror', None) or e}") from None
     docs = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{p}:{i}: not JSON ({e.msg})") from None
+    for i, obj in records(lines, p, DataError):
         if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) \
                 or not isinstance(obj.get("answer"), str):
             raise DataError(f"{p}:{i}: expected an object with string fields \"question\" and \"answer\" "
