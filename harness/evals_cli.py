@@ -40,7 +40,7 @@ def _engine_kw(a, cfg) -> dict:
             "max_running": cfg.max_running, "page_size": cfg.page_size, "pool_slots": cfg.pool_slots,
             "max_context": cfg.max_context, "prefix_cache": cfg.prefix_cache,
             "max_prefill_tokens": cfg.max_prefill_tokens, "threads": cfg.threads, "device": cfg.device,
-            "background": a.background}
+            "background": a.background, "spec": cfg.spec, "spec_k": cfg.spec_k, "spec_wrong": cfg.spec_wrong}
 
 
 def format_result(r: dict) -> str:

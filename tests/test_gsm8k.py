@@ -210,3 +210,18 @@ def test_engine_crash_in_process_is_a_failure_not_a_loss(monkeypatch, capsys, sy
     cap = capsys.readouterr()
     assert code == 3, cap.out + cap.err
     assert "illegal memory access" in cap.err and "no accuracy verdict" in cap.err and cap.out == ""
+
+
+def test_spec_flags_are_honoured_not_dropped(tmp_path, synthetic, capsys):
+    """`gsm8k --spec oracle` runs speculative decoding (issue 10, item 9): the engine settings
+    and each side's summary say so; a drafter the model lacks is a one-line error."""
+    code = main(["gsm8k", *TINY, "--data", str(synthetic), "--limit", "2", "--history", "", "--json", "--quiet",
+                 "--spec", "oracle", "--spec-k", "2", "--spec-wrong", "0.5"])
+    out = json.loads(capsys.readouterr().out)
+    assert code in (0, 4), out
+    assert (out["engine"]["spec"], out["engine"]["spec_k"], out["engine"]["spec_wrong"]) == ("oracle", 2, 0.5)
+    for side in ("on", "off"):
+        s = out["summary"][side]
+        assert s["spec"] == "oracle" and s["spec_k"] == 2 and 1.0 <= s["mean_accept_len"] <= 3.0
+    line = one_line_error(capsys, 2, "gsm8k", "--model", "arith", "--data", str(synthetic), "--spec", "mtp")
+    assert "no draft head" in line

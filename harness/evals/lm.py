@@ -82,14 +82,17 @@ class OverlapRefLM(LM):
     def __init__(self, model: str = "arith", overlap=True, policy: str = "serial", seed=0, faults=None,
                  max_running=16, page_size=1, pool_slots=4096, max_context=None, prefix_cache=True,
                  max_prefill_tokens=1024, threads=None, device: str = "sim", max_gen_toks=DEFAULT_MAX_GEN_TOKS,
-                 background=0, progress=None, **_ignored):
+                 background=0, progress=None, spec=None, spec_k=3, spec_wrong=0.3, **_ignored):
         super().__init__()
         self.cfg = EngineConfig(model=model, overlap=_as_bool(overlap), device=device, policy=policy,
                                 seed=int(seed), max_running=int(max_running), pool_slots=int(pool_slots),
                                 page_size=int(page_size), prefix_cache=_as_bool(prefix_cache),
                                 max_prefill_tokens=int(max_prefill_tokens),
                                 max_context=None if max_context in (None, "", "None") else int(max_context),
-                                faults=_faults(faults), threads=None if threads in (None, "", "None") else int(threads))
+                                faults=_faults(faults), threads=None if threads in (None, "", "None") else int(threads),
+                                # speculative decoding is honoured, never dropped (issue 10, item 9)
+                                spec=None if spec in (None, "", "None") else str(spec), spec_k=int(spec_k),
+                                spec_wrong=float(spec_wrong))
         self.max_gen_toks = int(max_gen_toks)
         self.background = int(background)
         self.progress = progress  # called as progress(done, total)
@@ -170,6 +173,10 @@ class OverlapRefLM(LM):
         from harness.device.timeline import step_summary
         try:
             self.last_summary = step_summary(eng.dev)
+            if eng.spec is not None:  # the run was speculative: say how well it drafted
+                acc = eng.spec.accept_lens
+                self.last_summary.update(spec=self.cfg.spec, spec_k=self.cfg.spec_k,
+                                         mean_accept_len=sum(acc) / len(acc) if acc else None)
         except Exception:  # noqa: BLE001 - the summary is informative only
             self.last_summary = {}
         out = []
