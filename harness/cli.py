@@ -147,6 +147,8 @@ def cmd_run(a) -> int:
         why = eng.check_fits(r)
         if why:
             raise UsageError(why)
+    from harness.workloads import clone
+    fresh = clone(reqs)  # the same workload again, overlap off, for the overlap verdict
     eng.run(reqs)
     summary = step_summary(eng.dev)
     summary.update(overlap=cfg.overlap, device=cfg.device, policy=eng.dev.policy.spec() if hasattr(eng.dev, "policy")
@@ -155,6 +157,10 @@ def cmd_run(a) -> int:
                    spec=cfg.spec, spec_k=cfg.spec_k if cfg.spec else None,
                    mean_accept_len=(sum(eng.spec.accept_lens) / len(eng.spec.accept_lens)
                                     if eng.spec is not None and eng.spec.accept_lens else None))
+    from harness.overlap import judge, off_summary
+    ngram = cfg.spec == "ngram"
+    verdict = judge(eng, off_summary(cfg, fresh, build) if cfg.overlap and not ngram else None, ngram)
+    summary.update(overlap_verdict=verdict.to_dict(), overlap_line=verdict.line)
     out = [{"id": r.rid, "text": _visible(r, tok), "token_ids": r.output_ids, "finish_reason": r.finish_reason,
             "prompt_tokens": len(r.prompt_ids)} for r in reqs]
     if a.timeline:
@@ -189,7 +195,8 @@ def _format_summary(s: dict) -> str:
             f"process {s['cpu_process_ms']:.3f} | retracted {s['retracted']} | "
             f"discarded rows {s['discarded_rows']}"
             + (f"\nspeculative {s['spec']} k={s['spec_k']}: mean accept length {s['mean_accept_len']:.2f}"
-               if s.get("mean_accept_len") is not None else ""))
+               if s.get("mean_accept_len") is not None else "")
+            + (f"\n{s['overlap_line']}" if s.get("overlap_line") else ""))
 
 
 # -- main -----------------------------------------------------------------------------

@@ -47,6 +47,9 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
           "behind the fence: the host stalls a full forward", "7.5", "test_nonblocking_copies", ordering=False),
     Fault("draft_extend_after_fence", "mtp: the fence event is recorded before draft extend, which reads the "
           "slot table again", "7.4", "test_fence_placement"),
+    Fault("wait_before_issue", "the host waits for step N's result before issuing step N+1: tokens stay "
+          "right, the GPU idles between steps again (overlap silently lost)", "2.1", "test_overlap_effective",
+          ordering=False),
     Fault("pad_live_entry", "padded rows write a live relay entry instead of entry 0", "4.3",
           "test_relay_hygiene"),
 ]}

@@ -133,6 +133,16 @@ def format_table(res: GateResult) -> str:
     return "\n".join(lines)
 
 
+def overlap_line(res: GateResult) -> str:
+    """"overlap: effective / LOST", from the suite that judges it (races/test_overlap_effective)."""
+    s = res.suites.get("test_overlap_effective")
+    if s is None or s.cases == 0:
+        return ""
+    if s.failed:
+        return s.first_failure if s.first_failure.startswith("overlap: LOST") else f"overlap: LOST: {s.first_failure}"
+    return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
+
+
 def cmd_check(a) -> int:
     from harness.cli import UsageError
     from harness.faults import check_names
@@ -151,6 +161,9 @@ def cmd_check(a) -> int:
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
     print(format_table(res))
+    line = overlap_line(res)
+    if line:
+        print(line)
     verdict = "PASS" if res.ok else "FAIL"
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"

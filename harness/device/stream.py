@@ -63,6 +63,8 @@ class HostSpan:
     end: float
     site: str = ""
     stream: str = ""  # for waits: what the host waited on
+    seq: int = -1  # ops issued before the span began: places it in program order among the ops
+    event: int | None = None  # for waits: the record op of the event waited on
 
 
 class Event:
@@ -162,11 +164,11 @@ class Device:
     @contextlib.contextmanager
     def host_phase(self, name: str, cost: float = 0.0) -> Iterator[None]:
         """A span of host work (prepare / launch / process); `cost` is its virtual ms in the sim."""
-        start = self.host_time()
+        start, seq = self.host_time(), self._next_id
         yield
         self._host_advance(cost)
         if self.keep_ops:
-            self.host_spans.append(HostSpan(name, self.step, start, self.host_time()))
+            self.host_spans.append(HostSpan(name, self.step, start, self.host_time(), seq=seq))
 
     def synchronize(self) -> None:
         for s in list(self.streams.values()):
@@ -203,13 +205,14 @@ class Device:
 
     def _host_wait_event(self, ev: Event, blocking_call: bool = False) -> None:
         site = issue_site()
-        start = self.host_time()
+        start, seq = self.host_time(), self._next_id
         self._do_host_wait(ev)
         self.host_clock.join(ev.clock)
         self.host_clock.tick(HOST)
         if self.keep_ops or blocking_call:
             self.host_spans.append(HostSpan("blocking-call" if blocking_call else "wait", self.step, start,
-                                            self.host_time(), site, ev.stream.name))
+                                            self.host_time(), site, ev.stream.name, seq,
+                                            ev.rec.id if ev.rec is not None else None))
         if self.tracker is not None:
             self.tracker.host_sync(ev, blocking_call, site, self.step)
 

@@ -144,6 +144,9 @@ class Engine:
                 self._process(self.queue.popleft())
         batch = self._prepare()
         if batch is not None:
+            if "wait_before_issue" in self.cfg.faults:  # the defect: step N's result before N+1 is issued
+                while self.queue:
+                    self._process(self.queue.popleft())
             self._launch(batch)
             if not self.cfg.overlap:
                 self._process(batch)
