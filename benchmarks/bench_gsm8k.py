@@ -38,7 +38,7 @@ def power_table(n: int = 1319) -> str:
 
 def throughput(model: str, n: int) -> str:
     from harness.engine.config import EngineConfig
-    from harness.engine.server import make_server
+    from harness.serve import make_server
     from harness.evals.gsm8k import make_task, resolve_data, run_side
     from harness.evals.lm import OverlapRefLM
     from harness.evals.run import make_lm, GateOptions

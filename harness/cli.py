@@ -226,7 +226,7 @@ def _extra_commands():
     """Sub-commands that live in their own modules (check, mutants, stress, replay, serve, gsm8k)."""
     out = []
     import importlib
-    for mod in ("harness.gate", "harness.stress", "harness.engine.server", "harness.evals_cli",
+    for mod in ("harness.gate", "harness.stress", "harness.serve.command", "harness.evals_cli",
                 "harness.sanitize", "harness.setup_cmd"):
         try:
             m = importlib.import_module(mod)

@@ -94,7 +94,7 @@ def test_unreachable_endpoint_and_bad_flags_are_one_line_errors(capsys, syntheti
 @pytest.fixture
 def servers():
     from harness.engine.config import EngineConfig
-    from harness.engine.server import make_server
+    from harness.serve import make_server
     on = make_server(EngineConfig(model="tiny", overlap=True, max_context=1024)).start()
     off = make_server(EngineConfig(model="tiny", overlap=False, max_context=1024)).start()
     yield on, off

@@ -33,7 +33,6 @@ class SimDevice(Device):
         self.t = 0.0
         self.queues: dict[str, deque[_Pending]] = {}
         self.free_at: dict[str, float] = {}
-        self.ev_time: dict[int, float] = {}
 
     # -- virtual clock -------------------------------------------------------
     def host_time(self) -> float:
@@ -59,12 +58,11 @@ class SimDevice(Device):
         rec = ev.rec
         rec.issue_t = self.t
         rec.start = rec.end = max(self.t, self.free_at.get(stream.name, 0.0))
-        self.ev_time[rec.id] = rec.end
         self._enqueue(stream, _Pending(rec, None, None))
         self._progress()
 
     def _do_wait(self, stream, ev: Event, rec: OpRecord):
-        t = max(self.free_at.get(stream.name, 0.0), self.ev_time[ev.rec.id])
+        t = max(self.free_at.get(stream.name, 0.0), ev.rec.end)  # an event's time is its record's end
         rec.issue_t, rec.start, rec.end = self.t, t, t
         self.free_at[stream.name] = t
         self._enqueue(stream, _Pending(rec, None, ev.rec))
@@ -75,7 +73,7 @@ class SimDevice(Device):
             ready = self._ready()
             assert ready, "sim deadlock: nothing ready but the event is not reached"
             self._run(self.policy.pick(ready))
-        self.t = max(self.t, self.ev_time[ev.rec.id])
+        self.t = max(self.t, ev.rec.end)
         self._progress()
 
     # -- the executor ----------------------------------------------------------

@@ -24,6 +24,7 @@ from harness.engine.sampling import sample
 from harness.engine.scheduler import Batch, Scheduler
 
 RING = 2  # step inputs and outputs are double-buffered: step N+1 is prepared while step N runs
+ACCOUNTING_WINDOW = 4096  # steps of pool accounting kept (engine.accounting_log)
 TOP_K = 5  # log-probabilities returned per position: the chosen token's and the top 5
 
 
@@ -84,7 +85,9 @@ class Engine:
         self.steps = 0
         self.iteration = 0
         self.queue: deque[Batch] = deque()  # launched, not yet processed (at most 2 under overlap)
-        self.accounting_log: list[tuple[int, int, int, int]] = []
+        # (free, cached, in use, total) after each processed step: a window, so a long-lived
+        # server does not keep one entry per step forever
+        self.accounting_log: deque[tuple[int, int, int, int]] = deque(maxlen=ACCOUNTING_WINDOW)
 
     # -- validation -----------------------------------------------------------------
     def check_fits(self, r: Request) -> str | None:

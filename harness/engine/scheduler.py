@@ -15,6 +15,8 @@ from harness.engine.config import EngineConfig, ModelConfig
 from harness.engine.memory import KVPool, PrefixCache, Rows
 from harness.engine.request import Request, State
 
+FINISHED_WINDOW = 1024  # finished requests the scheduler keeps (sched.finished)
+
 
 @dataclass
 class Batch:
@@ -63,7 +65,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.row_writes: list[tuple[int, int, list[int], str]] = []  # (row, start position, slots, request)
-        self.finished: list[Request] = []
+        # the newest finished requests (a window: a server finishes requests forever; the
+        # caller that submitted a request keeps it)
+        self.finished: deque[Request] = deque(maxlen=FINISHED_WINDOW)
         self.n_retracted = 0
         self.n_discarded = 0  # rows of a step whose result was thrown away (finished or retracted)
         self.n_row_rewrites = 0  # rows pointed at pages another request cached first
