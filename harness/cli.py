@@ -5,8 +5,6 @@ import argparse
 import json
 import sys
 
-from harness.jsonl import records
-
 EXIT_BAD_INPUT = 2
 
 
@@ -16,6 +14,9 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not argparse's usage block
+        cmds = [c for x in self._actions if isinstance(x, argparse._SubParsersAction) for c in x.choices]
+        if cmds and message.endswith("required: cmd"):  # `overlap-harness` or `overlap-harness --badflag`
+            message = f"expected a command ({', '.join(cmds)}); see overlap-harness --help"
         raise UsageError(message)
 
 
@@ -51,7 +52,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(a: argparse.Namespace):
-    from harness.device.policies import PolicyError, parse_policy
+    from harness.device.policies import ENGINE_STREAMS, PolicyError, parse_policy
     from harness.engine.config import EngineConfig
     for name, v, lo in (("--max-running", a.max_running, 1), ("--pool-slots", a.pool_slots, 2),
                         ("--page-size", a.page_size, 1), ("--max-prefill-tokens", a.max_prefill_tokens, 1),
@@ -65,8 +66,12 @@ def engine_config(a: argparse.Namespace):
         raise UsageError(f"--spec-wrong must be between 0 and 1, got {a.spec_wrong}")
     if a.max_context is not None and a.max_context < 8:
         raise UsageError(f"--max-context must be at least 8, got {a.max_context}")
+    if a.max_context is not None and a.page_size > a.max_context:
+        raise UsageError(f"--page-size {a.page_size} exceeds --max-context {a.max_context}: a row holds whole pages")
+    if a.pool_slots < 2 * a.page_size:  # page 0 pads; a request needs at least one more
+        raise UsageError(f"--pool-slots {a.pool_slots} holds fewer than two pages of --page-size {a.page_size}")
     try:
-        parse_policy(a.policy, a.seed)
+        parse_policy(a.policy, a.seed, ENGINE_STREAMS)
     except PolicyError as e:
         raise UsageError(str(e)) from None
     faults = frozenset(a.fault)
@@ -83,9 +88,13 @@ def engine_config(a: argparse.Namespace):
 def build(cfg):
     """Build the engine, turning a missing model or GPU into a one-line error."""
     from harness.device import DeviceError
-    from harness.engine.build import ModelUnavailable, build_engine
+    from harness.engine.build import ModelUnavailable, build_engine, load_model
     from harness.engine.spec import SpecError
     try:
+        context = load_model(cfg.model, cfg.max_context)[0].max_context  # cached: build_engine reuses it
+        if cfg.page_size > context:
+            raise UsageError(f"--page-size {cfg.page_size} exceeds the context of {context} positions "
+                             f"(model {cfg.model}; see --max-context): a row holds whole pages")
         return build_engine(cfg)
     except (ModelUnavailable, DeviceError, SpecError) as e:
         raise UsageError(str(e)) from None
@@ -95,15 +104,8 @@ def build(cfg):
 def _read_prompts(a) -> list[dict]:
     items = [{"prompt": p} for p in a.prompt]
     if a.prompts:
-        try:
-            with open(a.prompts, encoding="utf-8") as f:
-                lines = f.readlines()
-        except OSError as e:
-            raise UsageError(f"cannot read --prompts {a.prompts}: {e.strerror}") from None
-        for i, obj in records(lines, a.prompts, UsageError):
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt", obj.get("messages")), (str, list)):
-                raise UsageError(f"{a.prompts}:{i}: expected an object with \"prompt\" (string) or \"messages\"")
-            items.append(obj)
+        from harness.prompt_file import read_prompt_file
+        items += read_prompt_file(a.prompts, UsageError)  # every field checked (types, ranges, encoding)
     if not items:
         raise UsageError("no prompts: give --prompt TEXT (repeatable) or --prompts FILE.jsonl")
     return items
@@ -122,24 +124,34 @@ def _requests(items, a, tok):
         ids = tok.encode(text)
         if getattr(tok, "add_bos", False) and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id] + ids
-        mt = int(it.get("max_tokens", a.max_tokens))
-        if mt < 1:
-            raise UsageError(f"max tokens must be at least 1, got {mt}")
-        stop = it.get("stop", a.stop)
+        def get(k, default):  # the line's value (checked by read_prompt_file), else the flag's
+            return default if it.get(k) is None else it[k]
+        stop = get("stop", a.stop)
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        reqs.append(Request(rid=str(it.get("id", f"req{i}")), prompt_ids=ids, max_new_tokens=mt, stop=stop,
-                            temperature=float(it.get("temperature", a.temperature)),
-                            top_p=float(it.get("top_p", a.top_p)), seed=it.get("seed"),
-                            repetition_penalty=float(it.get("repetition_penalty", a.repetition_penalty)),
-                            arrival=int(it.get("arrival", 0)), abort_after=it.get("abort_after")))
+        reqs.append(Request(rid=str(get("id", f"req{i}")), prompt_ids=ids, max_new_tokens=get("max_tokens", a.max_tokens),
+                            stop=stop, temperature=float(get("temperature", a.temperature)),
+                            top_p=float(get("top_p", a.top_p)), seed=it.get("seed"),
+                            repetition_penalty=float(get("repetition_penalty", a.repetition_penalty)),
+                            arrival=get("arrival", 0), abort_after=it.get("abort_after"),
+                            ignore_eos=get("ignore_eos", False)))
     return reqs
 
 
 def cmd_run(a) -> int:
     from harness.device.timeline import step_summary
     cfg = engine_config(a)
-    if a.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1, got {a.max_tokens}")
+    from harness.validate import ParamError, check_sampling, flag
+    try:  # the ranges the server applies to a request's body
+        check_sampling({"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p,
+                        "repetition_penalty": a.repetition_penalty}, flag)
+    except ParamError as e:
+        raise UsageError(str(e)) from None
+    if a.timeline:
+        from harness.stress import check_writable
+        try:
+            check_writable(a.timeline)  # now, not after the run
+        except OSError as e:
+            raise UsageError(f"cannot write --timeline {a.timeline}: {e.strerror or e}") from None
     items = _read_prompts(a)
     eng, tok = build(cfg)
     reqs = _requests(items, a, tok)

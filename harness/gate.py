@@ -143,14 +143,24 @@ def overlap_line(res: GateResult) -> str:
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
 
 
+def check_seeds(seeds, error) -> None:
+    if seeds is not None and seeds < 1:  # 0 would silently mean "the suite's default"
+        raise error(f"--seeds must be at least 1, got {seeds}")
+
+
 def cmd_check(a) -> int:
     from harness.cli import UsageError
     from harness.faults import check_names
     check_names(a.fault, UsageError)
     if a.target != "ref" and a.fault:
         raise UsageError("--fault injects into the ref engine only")
+    check_seeds(a.seeds, UsageError)
     if a.junit:
         d = os.path.dirname(os.path.abspath(a.junit))
+        if os.path.isdir(a.junit):
+            raise UsageError(f"cannot write --junit {a.junit}: it is a directory (give a file name)")
+        if not os.path.isdir(d):
+            raise UsageError(f"cannot write --junit {a.junit}: no directory {d}")
         if not os.access(d, os.W_OK):
             raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
@@ -225,6 +235,7 @@ def cmd_mutants(a) -> int:
     from harness.faults import check_names
     if a.fault:
         check_names(a.fault, UsageError)
+    check_seeds(a.seeds, UsageError)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)

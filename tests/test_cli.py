@@ -34,7 +34,7 @@ def test_run_text_output_has_summary(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["run", "--model", "nope", "--prompt", "x"], "invalid choice"),
-    (["run", "--prompt", "x", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["run", "--prompt", "x", "--max-tokens", "0"], "--max-tokens must be between 1 and"),
     (["run", "--prompt", "x" * 400], "does not fit"),
     (["run", "--prompt", "x", "--policy", "sometimes"], "bad policy"),
     (["run", "--prompt", "x", "--fault", "nosuch"], "unknown fault nosuch; known: no_fence"),

@@ -8,6 +8,7 @@ the hardware allows but rarely shows are provoked and replayed exactly.
 """
 from __future__ import annotations
 
+import math
 import random as _random
 
 
@@ -106,28 +107,54 @@ class PCT(Policy):
 
 
 POLICY_NAMES = ("serial", "random", "pct", "delay")
+# The streams the reference engine creates (engine/loop.py; "admit" only under the
+# unfenced_row_reuse fault): a delay on any other name would hold back nothing, so the
+# CLI refuses it rather than run an unprovoked schedule the user thinks is provoked.
+ENGINE_STREAMS = ("schedule", "forward", "copy", "admit")
+USAGE = "serial | random[:SEED] | pct[:SEED[:DEPTH]] | delay[:STREAM[:MS]]"
 
 
 class PolicyError(ValueError):
     pass
 
 
-def parse_policy(spec: str, seed: int = 0) -> Policy:
-    """serial | random[:SEED] | pct[:SEED[:DEPTH]] | delay[:STREAM[:MS]]"""
+def _int(spec: str, what: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise PolicyError(f"bad policy {spec!r}: {what} must be an integer, got {text!r}") from None
+
+
+def parse_policy(spec: str, seed: int = 0, streams: tuple[str, ...] | None = None) -> Policy:
+    """serial | random[:SEED] | pct[:SEED[:DEPTH]] | delay[:STREAM[:MS]]; with `streams`, a
+    delay must name one of them. Every value is checked: PolicyError says which is wrong."""
     parts = spec.split(":")
     kind, args = parts[0], parts[1:]
-    try:
-        if kind == "serial" and not args:
-            return Serial()
-        if kind == "random" and len(args) <= 1:
-            return Random(int(args[0]) if args else seed)
-        if kind == "pct" and len(args) <= 2:
-            return PCT(int(args[0]) if args else seed, int(args[1]) if len(args) > 1 else 3)
-        if kind == "delay" and len(args) <= 2:
-            return Delay(args[0] if args else "forward", float(args[1]) if len(args) > 1 else 1.0)
-    except ValueError:
-        pass
-    raise PolicyError(f"bad policy {spec!r}: expected serial | random[:SEED] | pct[:SEED[:DEPTH]] | "
-                      f"delay[:STREAM[:MS]]")
-
-
+    if kind == "serial" and not args:
+        return Serial()
+    if kind == "random" and len(args) <= 1:
+        return Random(_int(spec, "the seed", args[0]) if args else seed)
+    if kind == "pct" and len(args) <= 2:
+        s = _int(spec, "the seed", args[0]) if args else seed
+        depth = _int(spec, "the depth", args[1]) if len(args) > 1 else 3
+        horizon = 400
+        if not 1 <= depth <= horizon - 1:  # depth - 1 change points among the first horizon ops
+            raise PolicyError(f"bad policy {spec!r}: the depth must be between 1 and {horizon - 1}, got {depth}")
+        return PCT(s, depth, horizon)
+    if kind == "delay" and len(args) <= 2:
+        stream = args[0] if args else "forward"
+        if not stream or (streams is not None and stream not in streams):
+            raise PolicyError(f"bad policy {spec!r}: no stream {stream!r}; the engine's streams are "
+                              f"{', '.join(streams or ())}")
+        ms = 1.0
+        if len(args) > 1:
+            try:
+                ms = float(args[1])
+            except ValueError:
+                raise PolicyError(f"bad policy {spec!r}: the delay must be a number of ms, "
+                                  f"got {args[1]!r}") from None
+            if not math.isfinite(ms) or ms < 0:
+                raise PolicyError(f"bad policy {spec!r}: the delay must be a finite number of ms >= 0, "
+                                  f"got {args[1]}")
+        return Delay(stream, ms)
+    raise PolicyError(f"bad policy {spec!r}: expected {USAGE}")
