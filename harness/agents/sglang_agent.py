@@ -1,0 +1,241 @@
+"""The SGLang agent: loaded by SGLang itself (entry point group `sglang.srt.plugins`) in every
+process that calls `load_plugins()`; it acts only inside scheduler subprocesses and only when
+the target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
+
+Delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
+must hold back: on the forward stream before the step's attention metadata reads
+`req_to_token` (point `forward`), and on the copy stream, behind the forward, before the
+result copy (point `result_copy`). A delay there widens exactly the window a missing or
+misplaced fence leaves open, so a fault that a fast GPU hides shows up in the tokens.
+
+Faults (sglang_points.CATALOGUE) rewire SGLang's own fence, copy and relay the way the bugs of
+each class did; the patch points come from one table that the contract test checks against
+SGLang's source.
+"""
+from __future__ import annotations
+
+import importlib
+import random
+import sys
+import zlib
+
+from harness.agents import plan as plan_mod
+from harness.agents.sglang_points import CATALOGUE, DELAY_POINTS, POINTS_BY_NAME, WRITTEN_AGAINST
+
+RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_relay_read_before_write)
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+class CudaOps:
+    """The few device operations the agent needs (a seam: tests on CPU record them instead)."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self._side = None
+        self._probe = None
+
+    def spin(self, ms: float, stream=None) -> None:
+        from harness.device.cuda import sleep_cycles_per_ms
+        cycles = int(ms * sleep_cycles_per_ms())
+        if stream is None:
+            self.torch.cuda._sleep(cycles)
+        else:
+            with self.torch.cuda.stream(stream):
+                self.torch.cuda._sleep(cycles)
+
+    def record(self, stream):
+        ev = self.torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def current_stream(self):
+        return self.torch.cuda.current_stream()
+
+    def side_stream(self):
+        if self._side is None:
+            self._side = self.torch.cuda.Stream()
+        return self._side
+
+    def stream(self, s):
+        return self.torch.cuda.stream(s)
+
+    def keep_alive(self, tensors, stream) -> None:
+        for t in tensors:
+            if isinstance(t, self.torch.Tensor) and t.is_cuda:
+                t.record_stream(stream)
+
+    def blocking_read(self, stream) -> None:
+        """A device-to-host copy issued on `stream` into pageable memory: the host waits."""
+        if self._probe is None:
+            self._probe = self.torch.zeros(1, device="cuda")
+        with self.torch.cuda.stream(stream):
+            self._probe.cpu()
+
+
+class SglangAgent:
+    def __init__(self, plan, facts, ops, resolve=importlib.import_module):
+        self.plan, self.facts, self.ops, self.resolve = plan, facts, ops, resolve
+        self.rngs: dict[str, random.Random] = {}
+        self.originals: dict[str, tuple[object, str, object]] = {}
+        faults = set(plan.data.get("faults", ()))
+        unknown = faults - set(CATALOGUE)
+        if unknown:
+            raise AgentError(f"unknown SGLang fault {', '.join(sorted(unknown))}; known: {', '.join(CATALOGUE)}")
+
+    # -- the seeded delay policy ----------------------------------------------------------------
+    def delay_ms(self, point: str) -> float:
+        """The spin (ms) the plan asks for at this point now: seeded per point and per process
+        rank, so a run is replayable from its seed."""
+        self.plan.reload()
+        d = self.plan.data.get("delays", {}).get(point)
+        if not d:
+            return 0.0
+        rng = self.rngs.get(point)
+        if rng is None:
+            seed = int(self.plan.data.get("seed", 0)) ^ zlib.crc32(f"sglang:{point}".encode())
+            rng = self.rngs[point] = random.Random(seed)
+        if rng.random() >= float(d.get("p", 1.0)):
+            return 0.0
+        return float(d.get("ms", 0.0))
+
+    # -- patching ---------------------------------------------------------------------------------
+    def _owner(self, name: str):
+        p = POINTS_BY_NAME[name]
+        try:
+            mod = self.resolve(p.module)
+        except ImportError as e:
+            raise AgentError(f"SGLang point {name} ({p.module}:{p.qualname}) cannot be imported: {e}") from None
+        owner, attr = mod, p.qualname
+        if "." in p.qualname:
+            cls, attr = p.qualname.split(".", 1)
+            owner = getattr(mod, cls, None)
+        if owner is None or not callable(getattr(owner, attr, None)):
+            raise AgentError(f"SGLang point {name} ({p.module}:{p.qualname}) is missing: this agent was "
+                             f"written against SGLang {WRITTEN_AGAINST}; run tests/test_sglang_contract.py")
+        return owner, attr
+
+    def _wrap(self, name: str, make):
+        owner, attr = self._owner(name)
+        orig = owner.__dict__.get(attr, getattr(owner, attr))
+        self.originals[name] = (owner, attr, orig)
+        setattr(owner, attr, make(orig))
+
+    def uninstall(self) -> None:
+        for owner, attr, orig in self.originals.values():
+            setattr(owner, attr, orig)
+        self.originals.clear()
+
+    def install(self) -> "SglangAgent":
+        agent, ops, facts = self, self.ops, self.facts
+        fault = self.plan.fault
+        facts.set(agent="sglang", written_against=WRITTEN_AGAINST, faults=sorted(self.plan.data.get("faults", ())))
+
+        def forward(orig):
+            def forward_batch_generation(self, *a, **kw):
+                ms = agent.delay_ms("forward")
+                if ms:  # the current stream is the forward stream (run_batch entered its context)
+                    ops.spin(ms)
+                    facts.add("forward_delays")
+                facts.add("forward_steps")
+                facts.write()
+                return orig(self, *a, **kw)
+            return forward_batch_generation
+
+        def result_copy(orig):
+            def _copy_result_to_cpu(self, batch_result, batch, *a, **kw):
+                ms = agent.delay_ms("result_copy")
+                if ms:  # behind the forward, ahead of the copy SGLang queues next
+                    self.copy_stream.wait_stream(self.forward_stream)
+                    ops.spin(ms, self.copy_stream)
+                    facts.add("copy_delays")
+                return orig(self, batch_result, batch, *a, **kw)
+            return _copy_result_to_cpu
+
+        def run_batch(orig):
+            def run_batch(self, batch, *a, **kw):
+                facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
+                facts.add("run_batch")
+                if fault("sglang_fence_before_read"):
+                    # recorded before this step's forward is queued: it completes before the
+                    # step reads req_to_token, so a fence on it orders nothing that matters
+                    self._oh_early_event = ops.record(self.forward_stream)
+                return orig(self, batch, *a, **kw)
+            return run_batch
+
+        def war_barrier(orig):
+            def _apply_war_barrier(self):
+                runner = self.model_worker.last_shared_read_runner
+                if fault("sglang_no_war_barrier"):
+                    runner.shared_read_done_event = None  # consumed, as the real barrier does
+                    facts.add("war_barrier_skipped")
+                    return None
+                early = getattr(self, "_oh_early_event", None)
+                if fault("sglang_fence_before_read") and early is not None:
+                    runner.shared_read_done_event = None
+                    self._oh_early_event = None
+                    self.schedule_stream.wait_event(early)
+                    facts.add("fence_moved_early")
+                    return None
+                out = orig(self)
+                if fault("sglang_blocking_copy_schedule"):
+                    ops.blocking_read(self.schedule_stream)
+                    facts.add("blocking_copies")
+                return out
+            return _apply_war_barrier
+
+        def relay_stash(orig):
+            def stash(self, future_indices, payload, *a, **kw):
+                if not fault("sglang_relay_read_before_write"):
+                    return orig(self, future_indices, payload, *a, **kw)
+                side = ops.side_stream()
+                side.wait_stream(ops.current_stream())  # the values exist; the next reader is not told
+                ops.keep_alive([future_indices, getattr(payload, "bonus_tokens", None)], side)
+                ops.spin(RELAY_FAULT_MS, side)
+                with ops.stream(side):
+                    out = orig(self, future_indices, payload, *a, **kw)
+                facts.add("relay_writes_moved")
+                return out
+            return stash
+
+        for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
+                           ("war_barrier", war_barrier), ("relay_stash", relay_stash)):
+            self._wrap(name, make)
+        assert set(DELAY_POINTS) <= set(self.originals)
+        facts.set(installed=True)
+        facts.write(True)
+        return self
+
+
+def _in_scheduler_process() -> bool:
+    """register() runs in every SGLang process that loads plugins; only the scheduler
+    subprocesses (entered through run_scheduler_process) own the streams the agent patches."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "run_scheduler_process":
+            return True
+        f = f.f_back
+    return False
+
+
+_AGENT: SglangAgent | None = None
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point. Inert without a plan, and outside schedulers."""
+    global _AGENT
+    plan = plan_mod.load()
+    if plan is None or plan.data.get("engine", "sglang") != "sglang" or _AGENT is not None:
+        return
+    if not _in_scheduler_process():
+        return
+    facts = plan_mod.Facts(plan.data.get("facts_dir"), "sglang-scheduler")
+    try:
+        _AGENT = SglangAgent(plan, facts, CudaOps()).install()
+    except AgentError as e:
+        facts.set(error=str(e))
+        facts.write(True)
+        raise

@@ -1,0 +1,117 @@
+"""Where the SGLang agent patches, what it relies on there, and the SGLang fault catalogue.
+
+Written against SGLang 0.5.23 (read from its wheel's source). One table serves both the agent
+(which patches exactly these points and refuses to start, naming the point, when one is
+missing) and `tests/test_sglang_contract.py` (which checks them with `ast` against the real
+source, without importing SGLang: its scheduler does not import on a CPU-only torch).
+
+The agent gets in through SGLang's own plugin group `sglang.srt.plugins`: every scheduler
+subprocess calls `load_plugins()` first thing in `run_scheduler_process`, so the agent is
+loaded inside the processes that own the streams, with no launcher of ours in between.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WRITTEN_AGAINST = "0.5.23"
+PLUGIN_GROUP = "sglang.srt.plugins"
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str  # the delay / fault point name the plan and the agent use
+    module: str
+    qualname: str  # "Class.method" or "function"
+    params: tuple[str, ...]  # the leading positional parameters the agent's wrapper relies on
+    refs: tuple[str, ...]  # names its body must mention (attributes, calls) for the wrapper to be right
+    why: str
+
+
+POINTS = [
+    Point("scheduler_process", "sglang.srt.managers.scheduler", "run_scheduler_process",
+          ("server_args", "port_args", "gpu_id"), ("load_plugins",),
+          "the scheduler subprocess's entry: it loads the plugin group first, which is how the agent "
+          "gets into the process that owns the streams"),
+    Point("war_barrier", "sglang.srt.managers.scheduler", "Scheduler._apply_war_barrier", ("self",),
+          ("schedule_stream", "forward_stream", "last_shared_read_runner", "shared_read_done_event",
+           "wait_event", "_war_barrier_enabled"),
+          "the write-after-read fence: the schedule stream waits on the forward's shared-read-done event "
+          "(or the whole forward) before the next step's writes to req_to_token"),
+    Point("overlap_loop", "sglang.srt.managers.scheduler", "Scheduler.event_loop_overlap", ("self",),
+          ("run_batch", "_apply_war_barrier", "process_batch_result", "launch_batch_sample_if_needed"),
+          "the overlap loop: run_batch, then the fence, then the previous step's results"),
+    Point("run_batch", "sglang.srt.managers.scheduler", "Scheduler.run_batch", ("self", "batch"),
+          ("forward_stream_ctx", "forward_stream", "schedule_stream", "forward_batch_generation",
+           "_copy_result_to_cpu", "future_map"),
+          "launches a step on the forward stream (after it waits for the schedule stream); the "
+          "fence-placement fault records its early event here"),
+    Point("forward", "sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation",
+          ("self", "batch"), ("model_runner",),
+          "runs on the forward stream, before the attention backend reads req_to_token: the forward "
+          "delay spins the GPU here"),
+    Point("result_copy", "sglang.srt.managers.scheduler", "Scheduler._copy_result_to_cpu",
+          ("self", "batch_result", "batch"), ("copy_stream", "forward_stream", "copy_stream_ctx", "wait_stream"),
+          "the result read-back on the copy stream, behind the forward: the copy delay spins the GPU there"),
+    Point("shared_read_runner", "sglang.srt.managers.tp_worker", "BaseTpWorker.last_shared_read_runner",
+          ("self",), ("model_runner",), "owns the event the WAR barrier waits on"),
+    Point("runner_streams", "sglang.srt.model_executor.model_runner", "ModelRunner.__init__", ("self",),
+          ("forward_stream", "shared_read_done_event"),
+          "the forward stream and the read-done slot the barrier consumes"),
+    Point("relay_stash", "sglang.srt.managers.overlap_utils", "FutureMap.stash",
+          ("self", "future_indices", "payload"), ("output_tokens_buf", "bonus_tokens"),
+          "writes step N's sampled tokens into the relay (FutureMap) on the forward stream"),
+    Point("relay_gather", "sglang.srt.managers.overlap_utils", "resolve_forward_inputs",
+          ("batch", "future_map"), ("output_tokens_buf", "req_pool_indices"),
+          "step N+1 gathers its input ids from the relay: must follow the stash"),
+    Point("plugins", "sglang.srt.plugins", "load_plugins", (), ("GENERAL_PLUGINS_GROUP",),
+          "loads every entry point of the plugin group"),
+]
+POINTS_BY_NAME = {p.name: p for p in POINTS}
+DELAY_POINTS = ("forward", "result_copy")
+
+# module-level constants the agent relies on: (module, name, value)
+CONSTANTS = [("sglang.srt.plugins", "GENERAL_PLUGINS_GROUP", PLUGIN_GROUP)]
+
+# server flags the target passes (`--model-path` ...): fields of SGLang's argument groups
+SERVER_FIELDS = [
+    ("sglang.srt.arg_groups.fields.model", "model_path"),
+    ("sglang.srt.arg_groups.fields.serving", "host"),
+    ("sglang.srt.arg_groups.fields.serving", "port"),
+    ("sglang.srt.arg_groups.fields.device", "random_seed"),
+    ("sglang.srt.arg_groups.fields.schedule", "disable_overlap_schedule"),
+]
+
+
+@dataclass(frozen=True)
+class SglangFault:
+    name: str
+    description: str
+    point: str  # a POINTS name
+    suite: str  # the black-box suite that must catch it
+    upstream: tuple[str, ...] = ()
+
+
+CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [
+    SglangFault("sglang_no_war_barrier", "Scheduler._apply_war_barrier made a no-op: the schedule stream no "
+                "longer waits for the forward's reads of req_to_token before the next step's writes",
+                "war_barrier", "test_provoked_corruption",
+                ("sgl-project/sglang#26380", "sgl-project/sglang#26646")),
+    SglangFault("sglang_fence_before_read", "the fence waits on an event recorded on the forward stream when "
+                "the step is launched, before the attention metadata reads req_to_token, instead of the "
+                "shared-read-done event after the last read", "war_barrier", "test_provoked_corruption",
+                ("sgl-project/sglang#26380",)),
+    SglangFault("sglang_blocking_copy_schedule", "a blocking device-to-host copy on the schedule stream "
+                "right after the fence: the host waits for the forward's reads, so the CPU no longer "
+                "prepares step N+1 while step N runs (overlap silently lost)", "war_barrier",
+                "test_overlap_real"),
+    SglangFault("sglang_relay_read_before_write", "FutureMap.stash moved to a side stream the next forward "
+                "does not wait for: step N+1 gathers its input ids from the relay before step N's tokens "
+                "land there (SGLang's CI poisons the relay with -1 for this class: SGLANG_IS_IN_CI)",
+                "relay_stash", "test_overlap_equivalence"),
+]}
+
+
+def check_names(names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(CATALOGUE))
+    if unknown:
+        raise exc(f"unknown SGLang fault {', '.join(unknown)}; known: {', '.join(CATALOGUE)}")

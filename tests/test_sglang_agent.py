@@ -1,0 +1,261 @@
+"""The SGLang agent's wiring, on CPU. SGLang's scheduler cannot be imported without a CUDA
+torch, so the agent is installed here onto stand-in classes with the signatures the contract
+test checks against SGLang's source, and its device operations are recorded instead of run.
+What this proves: inert without a plan; delays land on the right stream before the right call,
+seeded; each fault rewires the fence / copy / relay as its catalogue entry says. What it cannot
+prove (the GPU test at the bottom and `check --target sglang` do): that SGLang's tokens change."""
+import inspect
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from harness.agents import plan as plan_mod
+from harness.agents import sglang_agent
+from harness.agents.sglang_agent import AgentError, SglangAgent
+from harness.agents.sglang_points import POINTS_BY_NAME
+
+
+class Ops:
+    def __init__(self):
+        self.log = []
+
+    def spin(self, ms, stream=None):
+        self.log.append(("spin", ms, stream))
+
+    def record(self, stream):
+        ev = ("event", stream, len(self.log))
+        self.log.append(("record", stream))
+        return ev
+
+    def current_stream(self):
+        return "forward"
+
+    def side_stream(self):
+        return Stream("side", self.log)
+
+    def stream(self, s):
+        log = self.log
+
+        class Ctx:
+            def __enter__(self):
+                log.append(("enter", s.name))
+
+            def __exit__(self, *a):
+                log.append(("exit", s.name))
+        return Ctx()
+
+    def keep_alive(self, tensors, stream):
+        self.log.append(("keep_alive", stream.name))
+
+    def blocking_read(self, stream):
+        self.log.append(("blocking_read", stream.name))
+
+
+class Stream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_event(self, ev):
+        self.log.append(("wait_event", self.name, ev))
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", self.name, getattr(other, "name", other)))
+
+
+def stand_ins(log):
+    """Modules shaped like SGLang 0.5.23's at the patch points (signatures checked below)."""
+    class Runner:
+        shared_read_done_event = "read_done"
+
+    class Worker:
+        last_shared_read_runner = Runner()
+
+    class Scheduler:
+        enable_overlap = True
+
+        def __init__(self):
+            self.schedule_stream = Stream("schedule", log)
+            self.forward_stream = Stream("forward", log)
+            self.copy_stream = Stream("copy", log)
+            self.model_worker = Worker()
+
+        def _apply_war_barrier(self):
+            log.append(("orig_war_barrier",))
+            ev = self.model_worker.last_shared_read_runner.shared_read_done_event
+            self.schedule_stream.wait_event(ev)
+
+        def run_batch(self, batch, pp_proxy_tensors=None):
+            log.append(("orig_run_batch", batch))
+            return "result"
+
+        def _copy_result_to_cpu(self, batch_result, batch):
+            log.append(("orig_copy", batch_result))
+
+    class TpModelWorker:
+        def forward_batch_generation(self, batch, forward_batch=None):
+            log.append(("orig_forward", batch))
+            return "out"
+
+    class FutureMap:
+        def stash(self, future_indices, payload):
+            log.append(("orig_stash", future_indices))
+
+    mods = {"sglang.srt.managers.scheduler": types.SimpleNamespace(Scheduler=Scheduler),
+            "sglang.srt.managers.tp_worker": types.SimpleNamespace(TpModelWorker=TpModelWorker),
+            "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap)}
+    return mods, Scheduler, TpModelWorker, FutureMap
+
+
+def make_agent(tmp_path, **plan):
+    p = tmp_path / "plan.json"
+    plan_mod.write_plan(str(p), {"seed": 0, "facts_dir": str(tmp_path), **plan})
+    ops = Ops()
+    mods, sched, worker, fmap = stand_ins(ops.log)
+
+    def resolve(name):
+        if name not in mods:
+            raise ImportError(f"No module named {name!r}")
+        return mods[name]
+    facts = plan_mod.Facts(str(tmp_path), "sglang-scheduler")
+    agent = SglangAgent(plan_mod.Plan(str(p)), facts, ops, resolve).install()
+    return agent, ops, sched(), worker(), fmap(), facts
+
+
+def names(log):
+    return [e[0] for e in log]
+
+
+def test_stand_ins_have_the_contracts_signatures():
+    log = []
+    mods, *_ = stand_ins(log)
+    for name in ("war_barrier", "run_batch", "result_copy", "forward", "relay_stash"):
+        p = POINTS_BY_NAME[name]
+        cls, meth = p.qualname.split(".")
+        params = tuple(inspect.signature(getattr(getattr(mods[p.module], cls), meth)).parameters)
+        assert params[:len(p.params)] == p.params, name
+
+
+def test_no_plan_no_patching(monkeypatch):
+    monkeypatch.delenv(plan_mod.ENV, raising=False)
+    sglang_agent.register()
+    assert sglang_agent._AGENT is None and not any(m.startswith("sglang") for m in sys.modules)
+
+
+def test_outside_a_scheduler_process_it_stays_out(tmp_path, monkeypatch):
+    p = tmp_path / "plan.json"
+    plan_mod.write_plan(str(p), {"faults": ["sglang_no_war_barrier"]})
+    monkeypatch.setenv(plan_mod.ENV, str(p))
+    sglang_agent.register()  # called from pytest, not from run_scheduler_process
+    assert sglang_agent._AGENT is None and not any(m.startswith("sglang") for m in sys.modules)
+
+
+def test_the_installed_entry_point_refuses_a_missing_sglang(tmp_path):
+    """In a scheduler process with a plan but without SGLang, the agent names the point."""
+    p = tmp_path / "plan.json"
+    plan_mod.write_plan(str(p), {"facts_dir": str(tmp_path)})
+    code = ("import harness.agents.sglang_agent as a\n"
+            "def run_scheduler_process():\n    a.register()\n"
+            "try:\n    run_scheduler_process()\nexcept a.AgentError as e:\n    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, plan_mod.ENV: str(p)})
+    assert "refused: SGLang point forward (sglang.srt.managers.tp_worker" in r.stdout, r.stdout + r.stderr
+    facts = json.loads(next(tmp_path.glob("sglang-scheduler-*.json")).read_text())
+    assert "cannot be imported" in facts["error"]
+
+
+def test_correct_plan_keeps_sglangs_fence(tmp_path):
+    agent, ops, s, w, f, facts = make_agent(tmp_path)
+    assert s.run_batch("b") == "result"
+    s._apply_war_barrier()
+    assert names(ops.log) == ["orig_run_batch", "orig_war_barrier", "wait_event"]
+    assert ops.log[-1] == ("wait_event", "schedule", "read_done")
+    assert w.forward_batch_generation("b") == "out" and not any(e[0] == "spin" for e in ops.log)
+    agent.uninstall()
+
+
+def test_delays_spin_the_right_stream_before_the_right_call(tmp_path):
+    agent, ops, s, w, f, _ = make_agent(tmp_path, delays={"forward": {"p": 1.0, "ms": 3},
+                                                         "result_copy": {"p": 1.0, "ms": 2}})
+    w.forward_batch_generation("b")
+    assert ops.log[:2] == [("spin", 3.0, None), ("orig_forward", "b")]  # current stream: forward
+    ops.log.clear()
+    s._copy_result_to_cpu("res", "b")
+    assert ops.log[0] == ("wait_stream", "copy", "forward")  # behind the forward ...
+    assert ops.log[1][:2] == ("spin", 2.0) and ops.log[1][2].name == "copy"  # ... on the copy stream
+    assert ops.log[2] == ("orig_copy", "res")
+    agent.uninstall()
+
+
+def test_delay_policy_is_seeded(tmp_path):
+    def decisions(seed):
+        a, *_ = make_agent(tmp_path, seed=seed, delays={"forward": {"p": 0.5, "ms": 1}})
+        out = [a.delay_ms("forward") for _ in range(64)]
+        a.uninstall()
+        return out
+    assert decisions(1) == decisions(1)
+    assert decisions(1) != decisions(2)
+    assert 10 < sum(decisions(1)) < 54
+
+
+def test_fault_no_war_barrier(tmp_path):
+    agent, ops, s, *_ , facts = make_agent(tmp_path, faults=["sglang_no_war_barrier"])
+    s._apply_war_barrier()
+    assert "orig_war_barrier" not in names(ops.log) and "wait_event" not in names(ops.log)
+    assert s.model_worker.last_shared_read_runner.shared_read_done_event is None
+    assert facts.data["war_barrier_skipped"] == 1
+    agent.uninstall()
+
+
+def test_fault_fence_before_read(tmp_path):
+    agent, ops, s, *_ = make_agent(tmp_path, faults=["sglang_fence_before_read"])
+    s.run_batch("b")
+    s._apply_war_barrier()
+    rec = ops.log.index(("record", s.forward_stream))
+    assert rec < names(ops.log).index("orig_run_batch")  # recorded before the step is queued
+    wait = [e for e in ops.log if e[0] == "wait_event"]
+    assert len(wait) == 1 and wait[0][2][0] == "event" and wait[0][2][1] is s.forward_stream
+    assert "orig_war_barrier" not in names(ops.log)
+    agent.uninstall()
+
+
+def test_fault_blocking_copy_on_the_schedule_stream(tmp_path):
+    agent, ops, s, *_ = make_agent(tmp_path, faults=["sglang_blocking_copy_schedule"])
+    s._apply_war_barrier()
+    assert names(ops.log) == ["orig_war_barrier", "wait_event", "blocking_read"]
+    assert ops.log[-1] == ("blocking_read", "schedule")
+    agent.uninstall()
+
+
+def test_fault_relay_read_before_write(tmp_path):
+    agent, ops, s, w, f, _ = make_agent(tmp_path, faults=["sglang_relay_read_before_write"])
+    f.stash("idx", types.SimpleNamespace(bonus_tokens=None))
+    n = names(ops.log)
+    assert n == ["wait_stream", "keep_alive", "spin", "enter", "orig_stash", "exit"]
+    assert ops.log[0] == ("wait_stream", "side", "forward") and ops.log[3] == ("enter", "side")
+    agent.uninstall()
+
+
+def test_unknown_fault_and_missing_point(tmp_path):
+    with pytest.raises(AgentError, match="unknown SGLang fault nope"):
+        make_agent(tmp_path, faults=["nope"])
+    p = tmp_path / "plan.json"
+    plan_mod.write_plan(str(p), {})
+    mods, *_ = stand_ins([])
+    del mods["sglang.srt.managers.overlap_utils"].FutureMap
+    a = SglangAgent(plan_mod.Plan(str(p)), plan_mod.Facts(None, "x"), Ops(), lambda n: mods[n])
+    with pytest.raises(AgentError, match=r"relay_stash \(sglang.srt.managers.overlap_utils:FutureMap.stash\) is missing"):
+        a.install()
+    a.uninstall()
+
+
+def test_uninstall_restores(tmp_path):
+    agent, ops, s, w, *_ = make_agent(tmp_path, faults=["sglang_no_war_barrier"])
+    cls = type(s)
+    patched = cls._apply_war_barrier
+    agent.uninstall()
+    assert cls._apply_war_barrier is not patched
+    cls()._apply_war_barrier()
+    assert "orig_war_barrier" in names(ops.log)
