@@ -17,10 +17,12 @@ from __future__ import annotations
 import importlib
 import random
 import sys
+import time
 import zlib
 
 from harness.agents import plan as plan_mod
-from harness.agents.sglang_points import CATALOGUE, DELAY_POINTS, POINTS_BY_NAME, WRITTEN_AGAINST
+from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
+                                          WRITTEN_AGAINST)
 
 RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_relay_read_before_write)
 
@@ -159,6 +161,7 @@ class SglangAgent:
             def run_batch(self, batch, *a, **kw):
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
                 facts.add("run_batch")
+                facts.write()
                 if fault("sglang_fence_before_read"):
                     # recorded before this step's forward is queued: it completes before the
                     # step reads req_to_token, so a fence on it orders nothing that matters
@@ -167,7 +170,7 @@ class SglangAgent:
             return run_batch
 
         def war_barrier(orig):
-            def _apply_war_barrier(self):
+            def barrier(self):
                 runner = self.model_worker.last_shared_read_runner
                 if fault("sglang_no_war_barrier"):
                     runner.shared_read_done_event = None  # consumed, as the real barrier does
@@ -185,6 +188,17 @@ class SglangAgent:
                     ops.blocking_read(self.schedule_stream)
                     facts.add("blocking_copies")
                 return out
+
+            def _apply_war_barrier(self):
+                # only the overlap loop calls the barrier; a correct one only enqueues a wait, so
+                # the host time spent here says whether the CPU ended up waiting for the GPU
+                t = time.perf_counter()
+                try:
+                    return barrier(self)
+                finally:
+                    facts.add("war_barrier_calls")
+                    if (time.perf_counter() - t) * 1000.0 > BARRIER_BLOCK_MS:
+                        facts.add("barrier_blocked")
             return _apply_war_barrier
 
         def relay_stash(orig):

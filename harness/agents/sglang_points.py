@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 WRITTEN_AGAINST = "0.5.23"
 PLUGIN_GROUP = "sglang.srt.plugins"
+BARRIER_BLOCK_MS = 1.0  # a correct WAR barrier only enqueues a wait: the host never blocks in it this long
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.serving", "port"),
     ("sglang.srt.arg_groups.fields.device", "random_seed"),
     ("sglang.srt.arg_groups.fields.schedule", "disable_overlap_schedule"),
+    ("sglang.srt.arg_groups.fields.schedule", "mem_fraction_static"),
+    ("sglang.srt.arg_groups.fields.exec_", "enable_deterministic_inference"),
 ]
 
 

@@ -1,0 +1,200 @@
+"""The sglang target. SGLang itself needs a CUDA GPU; on CPU this tests what the target does
+around it: the server command (every flag checked against SGLang's source by the contract
+test's table), the /generate request and response in SGLang's format, the overlap verdict from
+the agent's facts, the one-line refusal without SGLang, and the whole start / run / stop path
+against a stand-in server that speaks /health and /generate and writes agent facts. The GPU
+test at the bottom runs the real pair."""
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from harness.agents.sglang_points import SERVER_FIELDS
+from harness.engine.request import Request
+from harness.targets.served import TargetError, TargetUnavailable
+from harness.targets.sglang import SglangTarget, overlap_verdict, parse_generate
+
+GENERATE_OUT = {  # one /generate result in SGLang's shape: (logprob, token_id, text) triples
+    "text": " four", "output_ids": [3, 9],
+    "meta_info": {"id": "x", "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
+                  "completion_tokens": 2,
+                  "output_token_logprobs": [[-0.1, 3, None], [-0.7, 9, None]],
+                  "output_top_logprobs": [[[-0.1, 3, None], [-2.5, 4, None]], [[-0.69, 8, None], [-0.7, 9, None]]]},
+}
+
+
+def target(tmp_path, **kw):
+    return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), **kw)
+
+
+def test_parse_generate_gives_ids_finish_and_topk_by_id():
+    ids, fin, lps = parse_generate(GENERATE_OUT)
+    assert ids == [3, 9] and fin == "length"
+    assert lps[1] == (-0.7, [(8, -0.69), (9, -0.7)])  # a near tie the classifier can see
+
+
+def test_server_commands_differ_only_in_overlap(tmp_path):
+    t = target(tmp_path, extra_args=["--tp-size", "1"])
+    on, off = t.server_command(True, 4001), t.server_command(False, 4002)
+    assert "--disable-overlap-schedule" in off and "--disable-overlap-schedule" not in on
+    assert [a for a in off if a not in ("--disable-overlap-schedule", "4002")] == \
+        [a for a in on if a != "4001"]
+    assert on[1:3] == ["-m", "sglang.launch_server"] and on[-2:] == ["--tp-size", "1"]
+    assert on[on.index("--host") + 1] == "127.0.0.1" and on[on.index("--random-seed") + 1] == "0"
+    # every flag the target itself adds is a field the contract test finds in SGLang's source
+    known = {"--" + name.replace("_", "-") for _, name in SERVER_FIELDS}
+    ours = [a for a in target(tmp_path, deterministic=True).server_command(False, 1) if a.startswith("--")]
+    assert set(ours) <= known, set(ours) - known
+    mine = target(tmp_path, extra_args=["--mem-fraction-static", "0.2"]).server_command(True, 1)
+    assert mine.count("--mem-fraction-static") == 1
+
+
+def test_payload_is_native_generate_with_ids(tmp_path):
+    r = Request("a", [5, 6, 7], max_new_tokens=4, temperature=0.7, seed=11, stop=("\n",))
+    body = target(tmp_path).payload(r, True)
+    assert body["input_ids"] == [5, 6, 7] and body["return_logprob"] is True and body["top_logprobs_num"] >= 2
+    assert body["sampling_params"] == {"max_new_tokens": 4, "temperature": 0.7, "top_p": 1.0,
+                                       "skip_special_tokens": False, "sampling_seed": 11, "stop": ["\n"]}
+
+
+def test_default_delays_provoke_on_the_overlap_server_only(tmp_path):
+    t = target(tmp_path, faults={"sglang_no_war_barrier"})
+    t.set_plan(True)
+    t.set_plan(False)
+    assert t.plans[True]["delays"]["forward"]["p"] > 0 and t.plans[True]["faults"] == ["sglang_no_war_barrier"]
+    assert t.plans[False]["delays"] == {} and t.plans[False]["faults"] == []
+    with pytest.raises(ValueError, match="unknown SGLang fault"):
+        target(tmp_path, faults={"no_fence"})
+
+
+def sched(**kw):
+    return {"role": "sglang-scheduler", "pid": 7, "installed": True, **kw}
+
+
+@pytest.mark.parametrize("overlap,facts,after,kind,needle", [
+    (True, [sched(enable_overlap=True, run_batch=50, war_barrier_calls=50, barrier_blocked=0)], True, None, None),
+    (False, [sched(enable_overlap=False, run_batch=50)], True, None, None),
+    (True, [], False, "error", "reported no scheduler"),
+    (True, [{"role": "sglang-scheduler", "error": "SGLang point forward ... is missing"}], False, "unavailable",
+     "refused to start"),
+    (True, [sched(enable_overlap=False)], False, "error", "enable_overlap=False"),
+    (True, [sched(enable_overlap=True, run_batch=50, war_barrier_calls=0)], True, "error", "overlap LOST"),
+    (True, [sched(enable_overlap=True, run_batch=50, war_barrier_calls=50, barrier_blocked=40)], True, "error",
+     "blocked in the WAR barrier on 40 of 50"),
+    (False, [sched(enable_overlap=False, run_batch=50, war_barrier_calls=3)], True, "error", "ran the overlap loop"),
+])
+def test_overlap_verdict(overlap, facts, after, kind, needle):
+    v = overlap_verdict(overlap, facts, after)
+    if kind is None:
+        assert v is None
+    else:
+        assert v[0] == kind and needle in v[1], v
+
+
+def test_without_sglang_the_target_refuses_in_one_line(tmp_path):
+    with pytest.raises(TargetUnavailable) as e:
+        SglangTarget(model="m", python=sys.executable, workdir=str(tmp_path))
+    msg = str(e.value)
+    assert "\n" not in msg and ("sglang is not installed" in msg or "CUDA" in msg or "not registered" in msg)
+    with pytest.raises(TargetUnavailable, match="needs a model"):
+        SglangTarget(model=None, check_env=False, workdir=str(tmp_path))
+
+
+STAND_IN = textwrap.dedent('''
+    """Speaks SGLang's /health and /generate (output = prompt ids reversed) and writes the facts
+    an agent would; `--disable-overlap-schedule` switches the loop it reports."""
+    import json, os, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    overlap = "--disable-overlap-schedule" not in sys.argv
+    plan = json.load(open(os.environ["OVERLAP_HARNESS_AGENT_PLAN"]))
+    facts = {"role": "sglang-scheduler", "pid": os.getpid(), "installed": True, "enable_overlap": overlap,
+             "run_batch": 0, "war_barrier_calls": 0, "faults": plan["faults"]}
+    def write():
+        with open(os.path.join(plan["facts_dir"], "sglang-scheduler-%d.json" % os.getpid()), "w") as f:
+            json.dump(facts, f)
+    write()
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def _reply(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+            self.wfile.write(data)
+        def do_GET(self):
+            self._reply({})
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids = list(reversed(body["input_ids"]))[: body["sampling_params"]["max_new_tokens"]]
+            facts["run_batch"] += 5
+            facts["war_barrier_calls"] += 5 if overlap else 0
+            write()
+            self._reply({"output_ids": ids, "meta_info": {"finish_reason": {"type": "length"},
+                         "output_token_logprobs": [[-0.1, i, None] for i in ids],
+                         "output_top_logprobs": [[[-0.1, i, None]] for i in ids]}})
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+class StandIn(SglangTarget):
+    def server_command(self, overlap, port):
+        script = self.workdir / "stand_in.py"
+        script.write_text(STAND_IN)
+        cmd = super().server_command(overlap, port)
+        return [sys.executable, str(script)] + cmd[3:]  # SGLang's own flags, after "-m sglang.launch_server"
+
+
+def test_start_run_and_stop_against_a_stand_in_server(tmp_path):
+    t = StandIn(model="m", check_env=False, workdir=str(tmp_path), concurrency=4)
+    t.start_timeout = 60.0
+    reqs = [Request(f"r{i}", [1, 2, 3 + i], max_new_tokens=2) for i in range(6)]
+    try:
+        on = t.run(reqs, overlap=True)
+        off = t.run(reqs, overlap=False)
+        assert on.outputs == off.outputs and on.outputs[0] == ("r0", [3, 2], "length")
+        assert on.logprobs["r1"][0] == (-0.1, [(4, -0.1)])
+        pids = [s.proc.pid for s in t.servers.values()]
+    finally:
+        t.close()
+    for pid in pids:  # stopped: nothing left running behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_server_that_lost_overlap_fails_the_run(tmp_path):
+    class Lost(StandIn):
+        def server_command(self, overlap, port):
+            return super().server_command(False, port)  # the "on" server silently runs without overlap
+    t = Lost(model="m", check_env=False, workdir=str(tmp_path))
+    t.start_timeout = 60.0
+    try:
+        with pytest.raises(TargetError, match="enable_overlap=False"):
+            t.start()
+    finally:
+        t.close()
+
+
+@pytest.mark.gpu
+def test_real_sglang_pair_gives_the_same_tokens(tmp_path):
+    """On a GPU runner: OVERLAP_HARNESS_SGLANG_MODEL names a small model (path or HF id)."""
+    from harness.divergence import compare_runs, report
+    model = os.environ.get("OVERLAP_HARNESS_SGLANG_MODEL")
+    if not model:
+        pytest.skip("set OVERLAP_HARNESS_SGLANG_MODEL to a small model to run SGLang")
+    try:
+        t = SglangTarget(model=model, workdir=str(tmp_path))
+    except TargetUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        tok = t.tokenizer()
+        reqs = [Request(f"q{i}", tok.encode(p), max_new_tokens=24) for i, p in
+                enumerate(["The capital of France is", "1, 2, 3, 4,", "def fib(n):", "Once upon a time"] * 4)]
+        off, on = t.run(reqs, overlap=False), t.run(reqs, overlap=True)
+        divs = compare_runs(off, on)
+        bad = [d for d in divs if not d.near_tie]
+        assert not bad, report(bad)
+        facts = on.summary["facts"]
+        assert any(f.get("forward_delays") for f in facts), json.dumps(facts)
+    finally:
+        t.close()
