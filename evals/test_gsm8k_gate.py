@@ -39,7 +39,8 @@ def test_overlap_keeps_gsm8k_accuracy(oh_options, heldout):
     from harness.evals.run import GateOptions, run_gate
     from harness.stats import LOSS
     r = run_gate(GateOptions(data=str(heldout), limit=N_QUESTIONS, min_effect=MIN_EFFECT,
-                             engine={**ENGINE, "faults": ",".join(sorted(oh_options.faults))}))
+                             engine={**ENGINE, **oh_options.target_kwargs(),
+                                     "faults": ",".join(sorted(oh_options.faults))}))
     s = r["stats"]
     summary = (f"overlap off {100 * s['acc_ref']:.1f}%, on {100 * s['acc_cand']:.1f}% on {r['n']} questions; "
                f"{s['losses']} lost, {s['gains']} gained, McNemar p = {s['p_loss']:.2g}")

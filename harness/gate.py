@@ -89,9 +89,9 @@ def suite_paths(names=None) -> list[str]:
 
 
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
-               suites=None, progress=None, quiet: bool = True) -> GateResult:
+               suites=None, progress=None, quiet: bool = True, device: str = "sim") -> GateResult:
     args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
-                                  "--oh-target", target]
+                                  "--oh-target", target, "--oh-device", device]
     for f in faults:
         args += ["--oh-fault", f]
     if seeds:
@@ -155,6 +155,13 @@ def cmd_check(a) -> int:
     if a.target != "ref" and a.fault:
         raise UsageError("--fault injects into the ref engine only")
     check_seeds(a.seeds, UsageError)
+    if a.device != "sim":
+        if a.target != "ref":
+            raise UsageError("--device applies to the ref engine only (a served target runs on its own devices)")
+        from harness.device.cuda import cuda_unavailable_reason
+        why = cuda_unavailable_reason()
+        if why:
+            raise UsageError(why)
     if a.junit:
         d = os.path.dirname(os.path.abspath(a.junit))
         if os.path.isdir(a.junit):
@@ -164,8 +171,9 @@ def cmd_check(a) -> int:
         if not os.access(d, os.W_OK):
             raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
-    print(hdr + (f", seeds {a.seeds}" if a.seeds else ""), file=sys.stderr)
-    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer())
+    print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else ""),
+          file=sys.stderr)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -260,6 +268,8 @@ def add_commands(sub) -> None:
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
+    c.add_argument("--device", default="sim", choices=("sim", "cuda"),
+                   help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.set_defaults(fn=cmd_check)
     m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
     m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")

@@ -12,6 +12,8 @@ def pytest_addoption(parser):
     g.addoption("--oh-target", default="ref", help="target the suites attack (default: ref)")
     g.addoption("--oh-fault", action="append", default=[], help="inject a fault into the ref engine (repeatable)")
     g.addoption("--oh-seeds", type=int, default=None, help="seeds / schedules per suite case")
+    g.addoption("--oh-device", default="sim", choices=("sim", "cuda"),
+                help="the ref engine's device: sim (default) or cuda (a real GPU)")
 
 
 def pytest_configure(config):
@@ -30,9 +32,15 @@ class Options:
     target: str
     faults: frozenset
     seeds: int | None
+    device: str = "sim"
+
+    def target_kwargs(self) -> dict:
+        """What make_target needs beyond name and faults (the ref engine's device)."""
+        return {"device": self.device} if self.device != "sim" else {}
 
 
 @pytest.fixture(scope="session")
 def oh_options(request) -> Options:
     c = request.config
-    return Options(c.getoption("--oh-target"), frozenset(c.getoption("--oh-fault")), c.getoption("--oh-seeds"))
+    return Options(c.getoption("--oh-target"), frozenset(c.getoption("--oh-fault")), c.getoption("--oh-seeds"),
+                   c.getoption("--oh-device"))

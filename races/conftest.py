@@ -6,7 +6,7 @@ from harness.targets import make_target
 
 @pytest.fixture(scope="session")
 def target(oh_options):
-    t = make_target(oh_options.target, oh_options.faults)
+    t = make_target(oh_options.target, oh_options.faults, **oh_options.target_kwargs())
     if not t.white_box:
         pytest.skip(f"races/ needs a white-box target; {t.name} hides its streams and tables")
     return t
