@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from harness import strategies, workloads
-from harness.divergence import DEFAULT_TIE_TOL, compare_runs, report
+from harness.divergence import record_problems, report, run_logprobs
+from harness.reference import absolute_reference, divergences
 from harness.engine.config import EngineConfig
 
 # ---- speculative decoding ----------------------------------------------------------------
@@ -53,19 +54,29 @@ def _batch_invariant(target) -> bool:
 def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
     off = target.run(reqs, overlap=False, **kw)
     on = target.run(reqs, overlap=True, **kw)
-    divs = compare_runs(off, on, DEFAULT_TIE_TOL)
-    if not divs:
+    # a logprob record must belong to the token returned with it, whatever the tokens say
+    stale = [f"{lab}: {p}" for lab, run in (("overlap on", on), ("overlap off", off))
+             for p in record_problems(run.outputs, run_logprobs(run))]
+    if stale:
+        pytest.fail(f"{where}: {len(stale)} request(s) with a logprob record that is not its token's (a race on "
+                    f"the host buffers); first: {stale[0]}", pytrace=False)
+    # overlap on vs off, then both vs the absolute reference (each request alone), which sees a
+    # bug that corrupts overlap on and off alike
+    found = divergences(off, on, absolute_reference(target, reqs, **kw))
+    if not found:
         return
     detok = getattr(tok, "decode", None)
     if record_property is not None:
-        record_property("divergences", report(divs, detok))
-    bad = divs if _batch_invariant(target) else [d for d in divs if not d.near_tie]
-    if not bad:  # only numerical ties on a target that is not batch-invariant: rounding, reported
-        print(f"{where}: {report(divs, detok)}")
-        return
-    first = bad[0]
-    pytest.fail(f"{where}: request {first.rid} diverges with overlap on at token {first.position} "
-                f"({first.verdict}); {len(bad)} request(s) differ\n{report(bad, detok)}", pytrace=False)
+        record_property("divergences", "\n".join(report(d, detok) for _, _, d in found))
+    for reference, under, divs in found:
+        bad = divs if _batch_invariant(target) else [d for d in divs if not d.near_tie]
+        if not bad:  # only numerical ties on a target that is not batch-invariant: rounding, reported
+            print(f"{where}: {report(divs, detok)}")
+            continue
+        first = bad[0]
+        pytest.fail(f"{where}: request {first.rid} diverges with {under} from {reference} at token "
+                    f"{first.position} ({first.verdict}); {len(bad)} request(s) differ\n{report(bad, detok)}",
+                    pytrace=False)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

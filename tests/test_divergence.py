@@ -74,3 +74,53 @@ def test_ref_runs_carry_logprobs_and_a_real_divergence_is_a_clear_winner():
     assert divs, "penalty_from_cpu must change tokens under overlap"
     assert all(d.top2_expected and d.top2_got for d in divs)
     assert any(d.near_tie is False for d in divs)
+
+
+# -- records that belong to their tokens (issue 10, item 6) ---------------------------------
+def test_a_record_of_another_token_is_a_race_not_a_tie():
+    """The overlap-on record at the divergent position is a stale one (another step's): read as
+    if it were token 9's, it shows 7 and 9 within 0.001 nats, a "tie". It is not token 9's
+    record (its chosen logprob is token 7's), so the divergence is a race."""
+    off = {"a": [lp(-0.2, (7, -0.2), (9, -2.5))]}
+    stale = {"a": [lp(-1.0, (7, -1.0), (9, -1.001))]}  # chosen -1.0 is 7's, yet 9 was returned
+    d, = compare([("a", [7], "length")], [("a", [9], "length")], None, stale, tol=1e-2)
+    assert d.near_tie is False and d.inconsistent and "race" in d.verdict
+    d, = compare([("a", [7], "length")], [("a", [9], "length")], off, stale, tol=1e-2)
+    assert d.near_tie is False and "overlap on:" in d.inconsistent
+    # a record carrying its own token id is checked against it directly
+    d, = compare([("a", [7], "length")], [("a", [9], "length")], None, {"a": [(-1.0, [(7, -1.0)], 7)]})
+    assert "recorded for token 7" in d.inconsistent
+
+
+def test_server_records_as_token_dicts():
+    """A real engine's record: {token id: logprob} over the top-k plus the chosen token."""
+    from harness.divergence import inconsistency, record_problems
+    off = {"a": [{7: -0.2, 9: -2.5}]}
+    on = {"a": [{9: -1.0, 7: -1.004}]}
+    d, = compare([("a", [7], "length")], [("a", [9], "length")], off, on, tol=1e-2)
+    assert d.near_tie is True and d.inconsistent is None and d.top2_got[0] == (9, -1.0)
+    assert inconsistency({5: -0.1, 6: -2.0}, 9) and inconsistency({9: -0.1}, 9) is None
+    d, = compare([("a", [7], "length")], [("a", [9], "length")], off, {"a": [{7: -1.0, 8: -1.001}]})
+    assert d.inconsistent and "no logprob for the returned token 9" in d.inconsistent
+    assert record_problems([("a", [9], "length")], {"a": [{7: -1.0}]})
+    assert record_problems([("a", [9], "length")], {"a": [{9: -1.0}]}) == []
+
+
+def test_stale_logprobs_fault_is_a_race_at_the_divergence():
+    """Injected: records read from the other step's pinned buffer (stale_logprobs) plus a real
+    divergence (penalty_from_cpu). Every divergence is classified as a race, none as a tie; with
+    the records right, the same divergences are clear winners."""
+    from harness.divergence import record_problems, run_logprobs
+    from harness.engine.request import Request
+    t = RefTarget(faults={"penalty_from_cpu", "stale_logprobs"})
+    tok = t.tokenizer()
+    reqs = [Request(f"p{i}", [tok.bos_id] + tok.encode("abab abab " * (i + 1)), max_new_tokens=12,
+                    repetition_penalty=1.8) for i in range(2)]
+    off = t.run(reqs, overlap=False, max_running=2)
+    on = t.run(reqs, overlap=True, max_running=2)
+    divs = compare_runs(off, on)
+    assert divs and all(d.inconsistent and d.near_tie is False for d in divs)
+    assert "logprob record that is not the returned token's" in report(divs)
+    assert record_problems(on.outputs, run_logprobs(on))
+    good = RefTarget().run(reqs, overlap=True, max_running=2)
+    assert record_problems(good.outputs, run_logprobs(good)) == []

@@ -322,7 +322,10 @@ class Engine:
         if self.spec is not None and self.spec.algo == "mtp":
             self.spec.f_phid[:N] = hidden
         M = pad_rows(B)
-        h = hidden[self.b_last[s][:B]]  # each request's last token
+        last = self.b_last[s][:B]
+        if "packed_prefill_slip" in self.cfg.faults and b.kind == "prefill":
+            last = last.roll(1)  # the defect: each packed request samples from its neighbour's last token
+        h = hidden[last]  # each request's last token
         if M > B:
             h = torch.cat([h, h.new_zeros(M - B, h.shape[1])])
         self.f_logits[:M] = self.model.logits(h)
@@ -394,8 +397,11 @@ class Engine:
             host = self.h_tokens[b.ring % RING]
             dev.host_access(f"host[{b.ring % RING}].tokens", host[:b.size])
             toks = host[:b.size].tolist()
-            lp = self.h_lp[b.ring % RING]
-            dev.host_access(f"host[{b.ring % RING}].logprobs", lp[:b.size])
+            slot = b.ring % RING
+            if "stale_logprobs" in self.cfg.faults:  # the defect: the other step's pinned records
+                slot = (slot + 1) % RING
+            lp = self.h_lp[slot]
+            dev.host_access(f"host[{slot}].logprobs", lp[:b.size])
             updated = self.sched.process(b, toks, lp[:b.size].tolist())
             self._flush_row_writes()
             self._notify(b, updated)

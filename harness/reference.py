@@ -1,0 +1,68 @@
+"""The absolute reference (issue 10, item 2): each request run alone, overlap off, serial.
+
+Comparing overlap on with overlap off of the same engine misses a bug that corrupts both
+alike (a slip that depends on which requests share a batch, say). A batch-invariant engine
+gives a request the same tokens whatever else is in its batch, so the request run alone is an
+exact reference for its tokens in any batch. "Alone" is `max_running=1` on the target's own
+engine (its faults included: a user's engine has no fault-free twin), so one run per workload
+serves every request; the result is cached per workload and engine switches, so suites that
+share a workload pay once.
+"""
+from __future__ import annotations
+
+import json
+
+ABSOLUTE = "the absolute reference (each request alone, overlap off)"
+RELATIVE = "the overlap-off run"
+_CACHE: dict[str, object] = {}
+_CACHE_MAX = 64
+
+
+def batch_invariant(target) -> bool:
+    return bool(getattr(target, "batch_invariant", getattr(target, "name", "") == "ref"))
+
+
+def _key(target, reqs, kw) -> str:
+    from harness.workloads import clone
+    reqs = [{k: v for k, v in vars(r).items()} for r in clone(reqs)]  # the workload, no run state
+    return json.dumps([getattr(target, "name", "?"), sorted(getattr(target, "faults", ())),
+                       getattr(target, "model", None), reqs, sorted((k, repr(v)) for k, v in kw.items())],
+                      default=repr)
+
+
+def solo_switches(kw: dict) -> dict:
+    """The engine switches of the reference run: the workload's, one request at a time."""
+    return {**{k: v for k, v in kw.items() if k not in ("overlap", "policy")}, "max_running": 1}
+
+
+def absolute_reference(target, reqs, **kw):
+    """The target's Run of `reqs` one request at a time with overlap off under the serial
+    policy, or None when the target is not batch-invariant (the reference would not be exact)."""
+    if not batch_invariant(target):
+        return None
+    key = _key(target, reqs, kw)
+    run = _CACHE.get(key)
+    if run is None:
+        run = target.run(reqs, overlap=False, policy="serial", **solo_switches(kw))
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = run
+    return run
+
+
+def divergences(off, on, ref=None, tol=None) -> list[tuple[str, str, list]]:
+    """Every comparison that found a divergence, as (reference, run under test, divergences):
+    overlap on against the overlap-off run, then overlap on and overlap off against the
+    absolute reference `ref` (when there is one). Runs are targets' Runs."""
+    from harness.divergence import DEFAULT_TIE_TOL, compare_runs
+    tol = DEFAULT_TIE_TOL if tol is None else tol
+    out = []
+    d = compare_runs(off, on, tol)
+    if d:
+        out.append((RELATIVE, "overlap on", d))
+    if ref is not None:
+        for label, run in (("overlap on", on), ("overlap off", off)):
+            d = compare_runs(ref, run, tol, labels=("alone", label))
+            if d:
+                out.append((ABSOLUTE, label, d))
+    return out

@@ -1,0 +1,30 @@
+"""The absolute reference (harness.reference): each request alone, overlap off, serial. Exact on
+the correct engine; it catches a bug that corrupts overlap on and off alike."""
+from harness import workloads
+from harness.divergence import compare_runs
+from harness.engine.request import Request
+from harness.reference import ABSOLUTE, RELATIVE, absolute_reference, divergences
+from harness.targets.ref import RefTarget
+
+
+def test_alone_equals_batched_on_the_correct_engine():
+    t = RefTarget()
+    tok = t.tokenizer()
+    reqs = workloads.mixed(tok, 8, seed=3)  # stops, an abort, seeded sampling, staggered arrivals
+    off, on = t.run(reqs, overlap=False, max_running=4), t.run(reqs, overlap=True, max_running=4)
+    ref = absolute_reference(t, reqs, max_running=4)
+    assert ref.engine.cfg.max_running == 1 and not ref.engine.cfg.overlap
+    assert divergences(off, on, ref) == []
+    assert absolute_reference(t, reqs, max_running=4) is ref  # once per workload
+
+
+def test_a_bug_that_corrupts_on_and_off_alike_is_caught_against_the_reference():
+    t = RefTarget(faults={"packed_prefill_slip"})
+    tok = t.tokenizer()
+    reqs = [Request(f"s{i}", [tok.bos_id] + tok.encode(f"slot {i} " * (i + 1)), max_new_tokens=8) for i in range(4)]
+    off, on = t.run(reqs, overlap=False, max_running=4), t.run(reqs, overlap=True, max_running=4)
+    assert compare_runs(off, on) == []  # overlap on and off agree: the relative oracle is blind
+    found = divergences(off, on, absolute_reference(t, reqs, max_running=4))
+    assert [(r, u) for r, u, _ in found] == [(ABSOLUTE, "overlap on"), (ABSOLUTE, "overlap off")]
+    assert found[0][2][0].position == 0 and found[0][2][0].labels == ("alone", "overlap on")
+    assert RELATIVE not in [r for r, _, _ in found]
