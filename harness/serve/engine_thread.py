@@ -66,20 +66,20 @@ class EngineThread(threading.Thread):
     def run(self) -> None:
         idle_synced = True
         while not self._halt.is_set():
-            busy = self.eng.has_work()
-            self._drain(block=not busy)
-            if self._halt.is_set():
-                break
             try:
-                if self.eng.has_work():
-                    self.eng.step()
-                    idle_synced = False
-                    self._after_step()
-                elif not idle_synced:
+                busy = self.eng.has_work()
+                if not busy and not idle_synced:
                     self.eng.dev.finish()  # run whatever is still queued before waiting
                     idle_synced = True
                     if self.metrics is not None:
                         self.metrics.went_idle(self.eng)
+                self._drain(block=not busy)
+                if self._halt.is_set():
+                    break
+                if self.eng.has_work():
+                    self.eng.step()
+                    idle_synced = False
+                    self._after_step()
             except Exception as e:  # noqa: BLE001 - report the crash to every waiting client
                 self._crash(f"{type(e).__name__}: {e}")
                 return
