@@ -52,37 +52,18 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(a: argparse.Namespace):
-    from harness.device.policies import ENGINE_STREAMS, PolicyError, parse_policy
     from harness.engine.config import EngineConfig
-    for name, v, lo in (("--max-running", a.max_running, 1), ("--pool-slots", a.pool_slots, 2),
-                        ("--page-size", a.page_size, 1), ("--max-prefill-tokens", a.max_prefill_tokens, 1),
-                        ("--threads", a.threads or 1, 1)):
-        if v < lo:
-            raise UsageError(f"{name} must be at least {lo}, got {v}")
-    from harness.engine.spec import MAX_SPEC_K
-    if not 1 <= a.spec_k <= MAX_SPEC_K:
-        raise UsageError(f"--spec-k must be between 1 and {MAX_SPEC_K}, got {a.spec_k}")
-    if not 0.0 <= a.spec_wrong <= 1.0:
-        raise UsageError(f"--spec-wrong must be between 0 and 1, got {a.spec_wrong}")
-    if a.max_context is not None and a.max_context < 8:
-        raise UsageError(f"--max-context must be at least 8, got {a.max_context}")
-    if a.max_context is not None and a.page_size > a.max_context:
-        raise UsageError(f"--page-size {a.page_size} exceeds --max-context {a.max_context}: a row holds whole pages")
-    if a.pool_slots < 2 * a.page_size:  # page 0 pads; a request needs at least one more
-        raise UsageError(f"--pool-slots {a.pool_slots} holds fewer than two pages of --page-size {a.page_size}")
-    try:
-        parse_policy(a.policy, a.seed, ENGINE_STREAMS)
-    except PolicyError as e:
+    from harness.validate import ParamError, check_engine, flag
+    cfg = EngineConfig(model=a.model, overlap=a.overlap, device=a.device, policy=a.policy, seed=a.seed,
+                       max_running=a.max_running, pool_slots=a.pool_slots, page_size=a.page_size,
+                       prefix_cache=a.prefix_cache, max_prefill_tokens=a.max_prefill_tokens,
+                       max_context=a.max_context, faults=frozenset(a.fault), threads=a.threads, spec=a.spec,
+                       spec_k=a.spec_k, spec_wrong=a.spec_wrong)
+    try:  # every switch by type and range: the same checks a reproducer's engine gets
+        check_engine(cfg, flag)
+    except ParamError as e:
         raise UsageError(str(e)) from None
-    faults = frozenset(a.fault)
-    if faults:
-        from harness.faults import check_names
-        check_names(faults, UsageError)
-    return EngineConfig(model=a.model, overlap=a.overlap, device=a.device, policy=a.policy, seed=a.seed,
-                        max_running=a.max_running, pool_slots=a.pool_slots, page_size=a.page_size,
-                        prefix_cache=a.prefix_cache, max_prefill_tokens=a.max_prefill_tokens,
-                        max_context=a.max_context, faults=faults, threads=a.threads, spec=a.spec,
-                        spec_k=a.spec_k, spec_wrong=a.spec_wrong)
+    return cfg
 
 
 def build(cfg):

@@ -10,12 +10,10 @@ from __future__ import annotations
 from typing import Callable
 
 from harness.jsonl import read_lines, records
-from harness.validate import ParamError, Range, check_sampling, check_value
+from harness.validate import ABORT_AFTER, ARRIVAL, ParamError, check_sampling, check_value
 
 FIELDS = ("prompt", "messages", "id", "max_tokens", "temperature", "top_p", "repetition_penalty", "seed",
           "stop", "arrival", "abort_after", "ignore_eos")
-ARRIVAL = Range(0, 1 << 31, integer=True)  # a loop iteration; the loop skips idle ones, so any is cheap
-ABORT_AFTER = Range(0, 1 << 20, integer=True)  # tokens the client sees before it aborts
 
 
 def _field(name: str) -> str:

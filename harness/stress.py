@@ -17,13 +17,16 @@ written as a JSON reproducer with a Chrome trace and a PNG timeline around the f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +36,7 @@ from harness.strategies import POLICY_KINDS, Case, cases
 FORMAT = "overlap-harness-repro"
 VERSION = 1
 DETECT = ("all", "hazards", "tokens")
-EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143  # 128 + SIGINT / SIGTERM
 BURST = 10  # examples per hypothesis search before a fresh seed
 
 
@@ -90,9 +93,15 @@ def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0
             raise DoesNotFit(why)
     limit = step_limit(reqs)
 
+    rounds = [0]
+
     def guard(e):
+        rounds[0] += 1
         if e.steps > limit:
             raise Hang(f"the engine ran {e.steps} steps, past the limit of {limit} for this workload "
+                       f"({sum(not r.finished for r in reqs)} request(s) unfinished)")
+        if rounds[0] > 2 * limit:  # rounds that launch nothing (no batch can be formed) count too
+            raise Hang(f"the engine made no progress: {rounds[0]} rounds of its loop for {e.steps} steps "
                        f"({sum(not r.finished for r in reqs)} request(s) unfinished)")
     eng.run(reqs, on_step=guard)
     if tracker is not None:
@@ -223,15 +232,19 @@ class ReproError(ValueError):
     """A file that is not one of our reproducers, or one from an incompatible version."""
 
 
+class ReproUnavailable(ReproError):
+    """A sound reproducer this machine cannot run (its model is missing)."""
+
+
 def load_reproducer(path: str) -> dict:
     """The reproducer as a dict plus 'case' (a Case) and 'faults' (a frozenset); ReproError if bad."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             text = f.read()
     except OSError as e:
         raise ReproError(f"cannot read {path}: {e.strerror}") from None
     try:
-        d = json.loads(text)
+        d = json.loads(text.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ReproError(f"{path} is not an overlap-harness reproducer (not JSON)") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -240,39 +253,14 @@ def load_reproducer(path: str) -> dict:
         raise ReproError(f"{path} is reproducer format version {d.get('version')!r} (written by overlap-harness "
                          f"{d.get('harness_version', '?')}); this overlap-harness {harness_version()} reads "
                          f"version {VERSION}")
-    from harness.engine.config import EngineConfig
-    from harness.faults import CATALOGUE
-    try:
-        faults = frozenset(d.get("faults", ()))
-        unknown = sorted(faults - set(CATALOGUE))
-        if unknown:
-            raise ValueError(f"unknown fault(s) {', '.join(unknown)}")
-        engine = dict(d["engine"])
-        names = {f.name for f in dataclasses.fields(EngineConfig)}
-        extra = sorted(set(engine) - names)
-        if extra:
-            raise ValueError(f"engine switch(es) {', '.join(extra)} unknown to this version")
-        engine.pop("overlap", None)
-        for k in ("faults", "policy", "seed"):
-            engine.pop(k, None)
-        reqs = [request_from_dict(r) for r in d["requests"]]
-        if not reqs:
-            raise ValueError("no requests")
-        from harness.device.policies import parse_policy
-        parse_policy(d["policy"])
-        if d.get("detect", "all") not in DETECT:
-            raise ValueError(f"unknown detect mode {d.get('detect')!r}")
-        if not isinstance(d.get("seed", 0), int) or not isinstance(d.get("failure", {}), dict):
-            raise ValueError("bad seed or failure")
-        case = Case(engine, d["policy"], reqs)
-        from harness.engine.config import Costs
-        if isinstance(engine.get("costs"), dict):
-            Costs(**engine["costs"])
-        EngineConfig(**{k: v for k, v in engine.items() if k != "costs"})
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ReproError(f"{path}: incompatible or damaged reproducer ({what})") from None
-    return dict(d, case=case, faults=faults)
+    from harness.repro_check import BadReproducer, Unavailable, check_reproducer
+    try:  # every field as its CLI flag is checked; the engine built once; every request fits it
+        engine, policy, reqs, faults, _ = check_reproducer(d, DETECT, REQUEST_FIELDS)
+    except BadReproducer as e:
+        raise ReproError(f"{path}: incompatible or damaged reproducer ({e})") from None
+    except Unavailable as e:
+        raise ReproUnavailable(f"cannot replay {path} here: {e}") from None
+    return dict(d, case=Case(engine, policy, reqs), faults=faults)
 
 
 # -- artifacts -----------------------------------------------------------------------------
@@ -532,6 +520,39 @@ class Stress:
         return self.res
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM ends the search as Ctrl-C does (KeyboardInterrupt, which the search
+    turns into 'interrupted, keep what was found'); yields a list that is non-empty once it came."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield got
+        return
+
+    def handler(signum, frame):
+        if not got:
+            got.append(signum)
+            raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def sigterm_deferred():
+    """While inside (writing what was found), SIGTERM is noted, not obeyed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _progress_printer(stream=sys.stderr):
     tty = hasattr(stream, "isatty") and stream.isatty()
     last = [0.0]
@@ -606,17 +627,20 @@ def cmd_stress(a) -> int:
                shrink=a.shrink, shrink_seconds=a.shrink_seconds, max_requests=a.max_requests,
                max_running=a.max_running, model=a.model, spec={"both": None, "off": False, "on": True}[a.spec],
                progress=_progress_printer())
-    res = s.run()
+    with sigterm_as_interrupt() as term:  # CI cancellations and `timeout` send SIGTERM: keep what was found
+        res = s.run()
+    code = EXIT_TERMINATED if term else EXIT_INTERRUPTED
     r = res
     print(f"{r.runs} schedules in {r.explore_s + r.shrink_s:.1f} s ({r.runs / max(r.explore_s + r.shrink_s, 1e-9):.1f}/s)"
           f"; hazards {r.hazards}, divergences {r.divergences}, violations {r.violations}, crashes {r.crashes}",
           file=sys.stderr)
     if not res.failed:
-        print("interrupted: nothing found so far" if res.interrupted else
+        print(f"{'terminated' if term else 'interrupted'}: nothing found so far" if res.interrupted else
               f"PASS: no hazard, divergence or crash in {r.runs} schedules", file=sys.stdout)
-        return EXIT_INTERRUPTED if res.interrupted else 0
+        return code if res.interrupted else 0
     case, failure = res.best
-    paths = write_artifacts(a.out, case, failure, faults=faults, seed=a.seed, model=a.model, detect=a.detect)
+    with sigterm_deferred():  # a second SIGTERM must not cost the reproducer
+        paths = write_artifacts(a.out, case, failure, faults=faults, seed=a.seed, model=a.model, detect=a.detect)
     first_case = res.first[0]
     print(f"FAIL: {failure.kind}: {failure.summary}")
     print(f"found after {r.first_found_s:.1f} s with {len(first_case.requests)} requests; shrunk to "
@@ -629,7 +653,7 @@ def cmd_stress(a) -> int:
     else:
         print(f"timeline:   none ({paths.get('timeline_error')})")
     print(f"replay:     overlap-harness replay {paths['repro']}")
-    return EXIT_INTERRUPTED if res.interrupted else EXIT_FOUND
+    return code if res.interrupted else EXIT_FOUND
 
 
 def replay(d: dict) -> Failure | None:
@@ -641,8 +665,10 @@ def replay(d: dict) -> Failure | None:
 def cmd_replay(a) -> int:
     try:
         d = load_reproducer(a.file)
-    except ReproError as e:
+    except ReproUnavailable as e:
         raise _usage(str(e)) from None
+    except ReproError as e:  # exit 2; a reproducer that runs and fails, or crashes the engine, is exit 1
+        raise _usage(f"bad reproducer: {e}") from None
     if a.timeline:
         try:
             check_writable(a.timeline)

@@ -40,7 +40,7 @@ def test_run_text_output_has_summary(tmp_path):
     (["run", "--prompt", "x", "--fault", "nosuch"], "unknown fault nosuch; known: no_fence"),
     (["run"], "no prompts"),
     (["run", "--prompts", "/nonexistent.jsonl"], "cannot read --prompts"),
-    (["run", "--prompt", "x", "--pool-slots", "1"], "--pool-slots must be at least 2"),
+    (["run", "--prompt", "x", "--pool-slots", "1"], "--pool-slots must be between 2 and"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = oh(*args)
