@@ -148,15 +148,17 @@ def _hazard_failure(h) -> Failure:
     return Failure("hazard", f"{head} (step {h.step})", h.step, ("hazard", h.kind, h.buffer), text, ops)
 
 
-def _divergence_failure(ref: Execution, got: Execution, policy: str) -> Failure | None:
+def _divergence_failure(ref: Execution, got: Execution, policy: str,
+                        against: str = "the serial overlap-off run") -> Failure | None:
     from harness.divergence import compare
-    divs = compare(ref.outputs, got.outputs, ref.logprobs, got.logprobs)
+    divs = compare(ref.outputs, got.outputs, ref.logprobs, got.logprobs,
+                   labels=("alone" if against.startswith("the absolute") else "overlap off", "overlap on"))
     if not divs:
         return None
     d = divs[0]
     steps = got.token_steps.get(d.rid) or ref.token_steps.get(d.rid) or []
     step = steps[min(d.position, len(steps) - 1)] if steps else None
-    summary = (f"request {d.rid} diverges at token {d.position} under overlap and {policy}: "
+    summary = (f"request {d.rid} diverges at token {d.position} under overlap and {policy} from {against}: "
                f"expected {d.expected[:6]} got {d.got[:6]}" + (f" (step {step})" if step is not None else ""))
     detail = "\n".join(x.describe() for x in divs)
     return Failure("divergence", summary, step, ("divergence",), detail)
@@ -178,7 +180,13 @@ def check(case: Case, *, faults=frozenset(), seed=0, model="tiny", detect="all",
         if detect == "hazards":
             return None, got
         ref = execute(case, faults=(), overlap=False, policy="serial", seed=seed, model=model)
-        return _divergence_failure(ref, got, case.policy), got
+        found = _divergence_failure(ref, got, case.policy)
+        if found is None:  # the absolute reference, each request alone: sees a bug both runs share
+            from harness.reference import ABSOLUTE
+            alone = Case({**case.engine, "max_running": 1}, "serial", case.requests)
+            found = _divergence_failure(execute(alone, overlap=False, seed=seed, model=model), got, case.policy,
+                                        ABSOLUTE)
+        return found, got
     except (KeyboardInterrupt, MemoryError, DoesNotFit):
         raise
     except Exception as e:  # the engine broke: a failure too

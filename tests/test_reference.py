@@ -28,3 +28,20 @@ def test_a_bug_that_corrupts_on_and_off_alike_is_caught_against_the_reference():
     assert [(r, u) for r, u, _ in found] == [(ABSOLUTE, "overlap on"), (ABSOLUTE, "overlap off")]
     assert found[0][2][0].position == 0 and found[0][2][0].labels == ("alone", "overlap on")
     assert RELATIVE not in [r for r, _, _ in found]
+
+
+def test_stress_names_the_absolute_reference():
+    """stress compares a case with the fault-free overlap-off run, then with the requests alone;
+    a bug both batched runs share shows only against the second, and the summary says so."""
+    from harness.stress import Case, _divergence_failure, check, execute
+    t = RefTarget()
+    tok = t.tokenizer()
+    reqs = [Request(f"s{i}", [tok.bos_id] + tok.encode(f"slot {i} " * (i + 1)), max_new_tokens=6) for i in range(4)]
+    case = Case({"max_running": 4}, "serial", reqs)
+    bug = frozenset({"packed_prefill_slip"})  # stands for a plain code bug of the engine itself
+    got = execute(case, faults=bug)
+    assert _divergence_failure(execute(case, faults=bug, overlap=False), got, "serial") is None
+    alone = execute(Case({"max_running": 1}, "serial", reqs), overlap=False)
+    f = _divergence_failure(alone, got, "serial", ABSOLUTE)
+    assert f is not None and f"from {ABSOLUTE}" in f.summary and "alone:" in f.detail
+    assert check(case)[0] is None  # the correct engine: quiet against both references
