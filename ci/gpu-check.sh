@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: run from the repository root (or anywhere: it cds there) on a machine with
 # a CUDA device. It
+#   0. stops at once, saying "no GPU", where there is no CUDA device (exit 2: nothing checked);
 #   1. picks a python whose torch has CUDA: .venv when its torch has CUDA, else a venv in
 #      .cache/venv-gpu built with --system-site-packages over a system CUDA torch, else a
 #      plain venv that pip-installs torch (needs the network);
@@ -9,9 +10,15 @@
 #   3. prints nvidia-smi -L and the torch / CUDA versions;
 #   4. runs pytest -q -m gpu tests/;
 #   5. runs `overlap-harness run --prompt hello --max-tokens 8 --json` on --device cuda and on
-#      --device sim and compares the token ids (MATCH / MISMATCH).
-# Exits non-zero if any step fails. Everything is also logged to ${OUT:-/tmp/gpu-check}/gpu-check.log.
-# About 1-3 minutes on an H200 with a system CUDA torch (no downloads).
+#      --device sim and compares the token ids (MATCH / MISMATCH);
+#   6. `overlap-harness check --device cuda --seeds 1`: every suite against the ref engine on the GPU;
+#   7. `overlap-harness sanitize -- overlap-harness run --device cuda ...` (memcheck), when
+#      compute-sanitizer is found (PATH, $CUDA_HOME/bin, the nvidia-cuda-sanitizer-api wheel);
+#   8. the SGLang smoke (tests/test_sglang_target.py, a real overlap on/off server pair), when
+#      sglang is importable and OVERLAP_HARNESS_SGLANG_MODEL names a model.
+# It ends with one line per step (PASS / FAIL / SKIP and why) and a verdict; exits non-zero if
+# any step fails. Everything is also logged to ${OUT:-/tmp/gpu-check}/gpu-check.log.
+# Steps 1-5 take 1-3 minutes on an H200 with a system CUDA torch (no downloads); 6 several more.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -23,10 +30,17 @@ exec > >(tee -a "$LOG") 2>&1
 TEE_PID=$!
 
 failures=0
-fail() { echo "gpu-check: FAIL: $*"; failures=$((failures + 1)); }
-step() { echo; echo "== $*"; }
+results=()  # one "STATUS  step: detail" line per step, printed at the end
+current=""
+fail() { echo "gpu-check: FAIL: $*"; failures=$((failures + 1)); results+=("FAIL  ${current:-setup}: $*"); }
+skip() { echo "gpu-check: SKIP: $*"; results+=("SKIP  $current: $*"); }
+pass() { results+=("PASS  $current${1:+: $1}"); }
+last_failed() { [ ${#results[@]} -gt 0 ] && [ "${results[-1]:0:4}" = "FAIL" ]; }
+step() { current=$1; echo; echo "== $*"; }
 finish() {
   echo
+  echo "== summary"
+  for r in "${results[@]}"; do echo "$r"; done
   if [ "$failures" -eq 0 ]; then echo "gpu-check: OK (log: $LOG)"; else echo "gpu-check: $failures failure(s) (log: $LOG)"; fi
   exec 1>&- 2>&-  # let tee see the end of its input and finish the log first
   wait "$TEE_PID" 2>/dev/null
@@ -36,8 +50,26 @@ finish() {
 
 has_cuda_torch() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 
+# -- 0. is there a GPU at all? ----------------------------------------------------------------
+# nvidia-smi listing a device, or a python here whose torch sees one; otherwise stop before
+# building anything (a CPU machine would otherwise download a CUDA torch it cannot use)
+gpu_seen=""
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then gpu_seen="nvidia-smi"; fi
+for cand in .venv/bin/python "${PYTHON:-python3}"; do
+  if [ -z "$gpu_seen" ] && command -v "$cand" >/dev/null 2>&1 && has_cuda_torch "$cand"; then
+    gpu_seen="the torch of $cand"
+  fi
+done
+if [ -z "$gpu_seen" ]; then
+  echo "gpu-check: no GPU: nvidia-smi lists no device and no python here has a torch that sees CUDA;" \
+       "nothing was checked (run this on a machine with an NVIDIA GPU)"
+  exec 1>&- 2>&-
+  wait "$TEE_PID" 2>/dev/null
+  exit 2
+fi
+
 # -- 1. a python with CUDA torch --------------------------------------------------------------
-step "python with a CUDA torch"
+step "python with a CUDA torch" "($gpu_seen sees a GPU)"
 PY=${PYTHON:-python3}
 if [ -x .venv/bin/python ] && has_cuda_torch .venv/bin/python; then
   VENV=.venv
@@ -63,6 +95,8 @@ if ! has_cuda_torch "$VPY"; then
   timeout 240 "${pip[@]}" torch || { fail "pip install torch (a CUDA torch is needed; offline machines need a system one)"; finish; }
   has_cuda_torch "$VPY" || { fail "torch in $VENV does not see a CUDA device"; finish; }
 fi
+pass "$VENV"
+echo "$ROOT/$VENV" >"$OUTDIR/venv"  # later workflow steps use the same python
 
 # -- 2. the project, without touching torch ----------------------------------------------------
 step "install overlap-harness (--no-deps)"
@@ -82,6 +116,7 @@ if ! timeout 120 "${pip[@]}" --no-deps --no-build-isolation -e . >/dev/null 2>&1
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 if [ -x "$VENV/bin/overlap-harness" ]; then OH=("$VENV/bin/overlap-harness"); else OH=("$VPY" -m harness.cli); fi
+last_failed || pass
 
 # -- 3. what this machine is -----------------------------------------------------------------------
 step "device"
@@ -93,11 +128,15 @@ print(f"device 0: {torch.cuda.get_device_name(0)}  capability {torch.cuda.get_de
       f"count {torch.cuda.device_count()}")
 torch.ones(1, device="cuda").add_(1).item()
 EOF
+last_failed || pass "$(nvidia-smi -L 2>/dev/null | head -1)"
 
 # -- 4. the gpu tests ------------------------------------------------------------------------------
 step "pytest -q -m gpu tests/"
-timeout 240 "$VPY" -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml "$OUTDIR/pytest-gpu.xml" tests/ \
-  || fail "pytest -m gpu (exit $?)"
+if timeout 240 "$VPY" -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml "$OUTDIR/pytest-gpu.xml" tests/; then
+  pass "$OUTDIR/pytest-gpu.xml"
+else
+  fail "pytest -m gpu (exit $?)"
+fi
 
 # -- 5. the CLI on cuda and on the sim ---------------------------------------------------------------
 step "overlap-harness run: cuda vs sim"
@@ -125,5 +164,40 @@ ok = cuda is not None and cuda == sim
 print("MATCH" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
+last_failed || pass "token ids MATCH"
+
+# -- 6. every suite against the ref engine on the GPU -------------------------------------------
+step "overlap-harness check --device cuda"
+if timeout 900 "${OH[@]}" check --device cuda --seeds 1 --junit "$OUTDIR/check-cuda.xml"; then
+  pass "$OUTDIR/check-cuda.xml"
+else
+  fail "check --device cuda (exit $?)"
+fi
+
+# -- 7. compute-sanitizer over a GPU run ---------------------------------------------------------
+step "overlap-harness sanitize (memcheck)"
+if "$VPY" -c 'from harness.sanitize import find_sanitizer; print(find_sanitizer())' 2>/dev/null; then
+  if timeout 600 "${OH[@]}" sanitize --tool memcheck --junit "$OUTDIR/sanitize-memcheck.xml" \
+       --log "$OUTDIR/sanitize-memcheck.log" -- "${OH[@]}" run --device cuda --prompt hello --max-tokens 8; then
+    pass "$OUTDIR/sanitize-memcheck.xml"
+  else
+    fail "sanitize memcheck (exit $?; report $OUTDIR/sanitize-memcheck.log)"
+  fi
+else
+  skip "compute-sanitizer not found (PATH, \$CUDA_HOME/bin or pip install nvidia-cuda-sanitizer-api)"
+fi
+
+# -- 8. the SGLang smoke ------------------------------------------------------------------------
+step "SGLang overlap on/off pair"
+if ! "$VPY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("sglang") is None)' 2>/dev/null; then
+  skip "sglang is not installed in $VENV (pip install sglang==0.5.23)"
+elif [ -z "${OVERLAP_HARNESS_SGLANG_MODEL:-}" ]; then
+  skip "set OVERLAP_HARNESS_SGLANG_MODEL to a small model (a path or a Hugging Face id)"
+elif timeout 1500 "$VPY" -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml "$OUTDIR/sglang.xml" \
+       tests/test_sglang_target.py; then
+  pass "$OUTDIR/sglang.xml"
+else
+  fail "SGLang smoke (exit $?)"
+fi
 
 finish
