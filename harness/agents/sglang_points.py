@@ -97,16 +97,19 @@ class SglangFault:
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [
     SglangFault("sglang_no_war_barrier", "Scheduler._apply_war_barrier made a no-op: the schedule stream no "
                 "longer waits for the forward's reads of req_to_token before the next step's writes",
-                "war_barrier", "test_provoked_corruption",
-                ("sgl-project/sglang#26380", "sgl-project/sglang#26646")),
+                "war_barrier", "test_overlap_equivalence",
+                # the barrier's fix; its removal off CUDA; memory faults on ROCm without it
+                ("sgl-project/sglang#26380", "sgl-project/sglang#26646", "sgl-project/sglang#38258")),
     SglangFault("sglang_fence_before_read", "the fence waits on an event recorded on the forward stream when "
                 "the step is launched, before the attention metadata reads req_to_token, instead of the "
-                "shared-read-done event after the last read", "war_barrier", "test_provoked_corruption",
-                ("sgl-project/sglang#26380",)),
+                "shared-read-done event after the last read", "war_barrier", "test_overlap_equivalence",
+                # read-done event placement; the barrier moved to right after the launch; where reads end
+                ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
     SglangFault("sglang_blocking_copy_schedule", "a blocking device-to-host copy on the schedule stream "
                 "right after the fence: the host waits for the forward's reads, so the CPU no longer "
                 "prepares step N+1 while step N runs (overlap silently lost)", "war_barrier",
-                "test_overlap_real"),
+                "test_overlap_equivalence",  # the target's overlap verdict fails the run
+                ("sgl-project/sglang#26380",)),  # moved host syncs off the schedule stream for this reason
     SglangFault("sglang_relay_read_before_write", "FutureMap.stash moved to a side stream the next forward "
                 "does not wait for: step N+1 gathers its input ids from the relay before step N's tokens "
                 "land there (SGLang's CI poisons the relay with -1 for this class: SGLANG_IS_IN_CI)",
