@@ -8,6 +8,7 @@ reshapes a patch point, this says which one on a CPU, not a GPU run weeks later.
 from __future__ import annotations
 
 import ast
+import fcntl
 import os
 import subprocess
 import sys
@@ -34,6 +35,14 @@ def fetch_source(version: str = WRITTEN_AGAINST, cache: Path | None = None, time
     if (src / ".complete").exists():
         return src
     base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one downloads, the others wait
+        if (src / ".complete").exists():
+            return src
+        return _download_and_unpack(version, base, src, timeout)
+
+
+def _download_and_unpack(version: str, base: Path, src: Path, timeout: float) -> Path:
     wheels = sorted(base.glob(f"sglang-{version}-*.whl"))
     if not wheels:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
