@@ -139,6 +139,18 @@ def test_what_the_tokenizer_refuses_is_a_400(srv, path, body, param):
     still_serving(srv)
 
 
+@pytest.mark.parametrize("field,value", [("seed", 1 << 63), ("seed", 1.5), ("temperature", 2.5), ("top_p", 0),
+                                         ("repetition_penalty", 0), ("max_tokens", 0), ("max_tokens", 2.0)])
+def test_sampling_ranges_are_the_clis(srv, field, value):
+    from harness.validate import ParamError, check_sampling
+    with pytest.raises(ParamError) as cli:
+        check_sampling({field: value})
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", field: value}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert is_error(r.json(), 400) == str(cli.value)  # the same words as the CLI's
+    still_serving(srv)
+
+
 # -- bad input: the body limit, chunked or not -------------------------------------------------
 def test_content_length_over_the_limit_is_refused_before_the_body_is_read(srv):
     served = srv.engine_thread.served

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 
 from harness.engine.request import Request
+from harness.validate import ParamError, check_sampling
 
 MAX_N = 16
 MAX_LOGPROBS = 5  # the engine returns the chosen token's log-probability and the top 5
@@ -84,8 +85,11 @@ def parse_params(body: dict, chat: bool) -> Params:
     if not isinstance(stream, bool):
         raise ApiError("'stream' must be a boolean", "stream")
     mt = body.get("max_completion_tokens") if chat and body.get("max_tokens") is None else body.get("max_tokens")
-    if mt is not None:
-        mt = _num({"max_tokens": mt}, "max_tokens", None, 1, 1 << 20, integer=True)
+    try:  # the ranges the CLI applies to its flags too (one table: harness/validate.py)
+        check_sampling({"max_tokens": mt, **{k: body.get(k) for k in ("temperature", "top_p", "repetition_penalty",
+                                                                         "seed")}})
+    except ParamError as e:
+        raise ApiError(str(e), e.param) from None
     if chat:
         lp = body.get("logprobs", False)
         if not isinstance(lp, bool):
@@ -95,15 +99,13 @@ def parse_params(body: dict, chat: bool) -> Params:
     else:
         logprobs = _num(body, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError("'seed' must be an integer", "seed")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise ApiError("'ignore_eos' must be a boolean", "ignore_eos")
-    return Params(max_tokens=mt, temperature=float(_num(body, "temperature", 1.0 if chat else 1.0, 0.0, 2.0)),
-                  top_p=float(_num(body, "top_p", 1.0, 1e-9, 1.0)), seed=seed,
+    return Params(max_tokens=mt, temperature=float(_num(body, "temperature", 1.0, 0.0, 2.0)),
+                  top_p=float(_num(body, "top_p", 1.0, 0.0, 1.0)), seed=seed,
                   n=_num(body, "n", 1, 1, MAX_N, integer=True), stop=_stop_list(body), stream=stream,
-                  logprobs=logprobs, repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 1e-3, 100.0)),
+                  logprobs=logprobs, repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 0.0, 100.0)),
                   ignore_eos=ignore_eos)
 
 
