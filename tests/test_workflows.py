@@ -197,3 +197,17 @@ def test_check_device_cuda_without_cuda_is_one_line(capsys):
 def _targets():
     from harness.targets import TARGETS
     return TARGETS
+
+
+@pytest.mark.gpu
+def test_a_suite_runs_on_the_cuda_ref_engine():
+    """`check --device cuda` end to end on one suite (the whole gate runs in ci/gpu-check.sh)."""
+    from harness.device.cuda import cuda_unavailable_reason
+    from harness.gate import run_suites
+    why = cuda_unavailable_reason()
+    if why:
+        pytest.skip(why)
+    res = run_suites("ref", suites=["test_relay_hygiene"], device="cuda")
+    assert res.exit_code == 0 and res.suites and all(s.failed == 0 and s.passed > 0 for s in res.suites.values())
+    bad = run_suites("ref", faults=["no_fence"], suites=["test_war_slot_table"], device="cuda")
+    assert any(s.failed for s in bad.suites.values()), "the detector must see a missing fence on cuda too"
