@@ -152,7 +152,7 @@ def test_outside_a_scheduler_process_it_stays_out(tmp_path, monkeypatch):
     assert sglang_agent._AGENT is None and not any(m.startswith("sglang") for m in sys.modules)
 
 
-def test_the_installed_entry_point_refuses_a_missing_sglang(tmp_path):
+def test_in_a_scheduler_process_without_sglang_the_agent_names_the_point(tmp_path):
     """In a scheduler process with a plan but without SGLang, the agent names the point."""
     p = tmp_path / "plan.json"
     plan_mod.write_plan(str(p), {"facts_dir": str(tmp_path)})
