@@ -59,6 +59,21 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
     Fault("packed_prefill_slip", "a prefill of several requests samples each one's first token from its "
           "neighbour's last position (an index slip in the packed batch): overlap on and off corrupt alike, "
           "a request alone is right", "3", "test_overlap_equivalence", ordering=False),
+    Fault("wait_before_issue", "the host waits for step N's result before issuing step N+1: tokens stay "
+          "right, the GPU idles between steps again (overlap silently lost)", "2.1", "test_overlap_effective",
+          ordering=False),
+    Fault("stale_logprobs", "the host reads a step's logprob records from the other step's pinned buffer: "
+          "tokens stay right, each record belongs to another token", "2.1", "test_overlap_equivalence",
+          ordering=False),
+    Fault("packed_prefill_slip", "a prefill of several requests samples each one's first token from its "
+          "neighbour's last position (an index slip in the packed batch): overlap on and off corrupt alike, "
+          "a request alone is right", "3", "test_overlap_equivalence", ordering=False),
+    Fault("verify_wastes_last_draft", "speculative: verify never accepts a window's last draft token (its "
+          "match is dropped): tokens stay right, every fully right window wastes a draft", "5",
+          "test_spec_acceptance", ordering=False),
+    Fault("abort_drops_inflight", "aborting a running request ends it at once, dropping the step already "
+          "in flight: it gets one token fewer than documented (a waiting request ends at once, a running one "
+          "after one more step)", "2.1", "test_abort", ordering=False),
     Fault("pad_live_entry", "padded rows write a live relay entry instead of entry 0", "4.3",
           "test_relay_hygiene"),
 ]}

@@ -84,6 +84,8 @@ class Scheduler:
         if r.state is State.WAITING:
             self.waiting.remove(r)
             self._finish(r, "abort")
+        elif r.state is State.RUNNING and "abort_drops_inflight" in self.cfg.faults:
+            self._finish(r, "abort")  # the defect: ends now, dropping the step already in flight
         elif r.state is State.RUNNING:
             r.aborted = True
 
@@ -272,6 +274,7 @@ class Scheduler:
                 continue
             n = accept[i]
             spec.accept_lens.append(n)
+            spec.accept_by_rid.setdefault(r.rid, []).append(n)
             self.min_slack = min(self.min_slack, batch.reserved[i] - (r.fill + spec.w))
             if r.fill + spec.w > batch.reserved[i]:  # the window ran past the reserved slots (Figure 7)
                 self.violations.append(f"step {batch.step}: {r.rid} wrote positions {r.fill}..{r.fill + spec.w - 1} "

@@ -135,6 +135,7 @@ class SpecDecoder:
             self.f_phid = dev.alloc("fwd.prefill_hidden", (eng.max_tokens, H))
         self.index = NgramIndex() if self.algo == "ngram" else None
         self.accept_lens: list[int] = []
+        self.accept_by_rid: dict[str, list[int]] = {}  # per request, in step order: the acceptance oracle
 
     @property
     def faults(self):
@@ -254,6 +255,8 @@ class SpecDecoder:
         preds = sample(model.logits(hidden), temp, top_p, seeds, pos + 1,
                        any_sampled=any(t > 0 for t in b.temperature)).view(M, w)
         match = (self.win_ids[:M, 1:] == preds[:, :k]).long()
+        if "verify_wastes_last_draft" in self.faults:  # the defect: the last draft is never accepted
+            match[:, -1] = 0
         acc = match.cumprod(dim=1).sum(dim=1)  # accepted draft tokens [M]
         self.f_preds[:M], self.f_acc[:M] = preds, acc
         new_len = self.f_len[:M] + acc + 1
