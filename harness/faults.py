@@ -50,18 +50,6 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
     Fault("wait_before_issue", "the host waits for step N's result before issuing step N+1: tokens stay "
           "right, the GPU idles between steps again (overlap silently lost)", "2.1", "test_overlap_effective",
           ordering=False),
-    Fault("wait_before_issue", "the host waits for step N's result before issuing step N+1: tokens stay "
-          "right, the GPU idles between steps again (overlap silently lost)", "2.1", "test_overlap_effective",
-          ordering=False),
-    Fault("stale_logprobs", "the host reads a step's logprob records from the other step's pinned buffer: "
-          "tokens stay right, each record belongs to another token", "2.1", "test_overlap_equivalence",
-          ordering=False),
-    Fault("packed_prefill_slip", "a prefill of several requests samples each one's first token from its "
-          "neighbour's last position (an index slip in the packed batch): overlap on and off corrupt alike, "
-          "a request alone is right", "3", "test_overlap_equivalence", ordering=False),
-    Fault("wait_before_issue", "the host waits for step N's result before issuing step N+1: tokens stay "
-          "right, the GPU idles between steps again (overlap silently lost)", "2.1", "test_overlap_effective",
-          ordering=False),
     Fault("stale_logprobs", "the host reads a step's logprob records from the other step's pinned buffer: "
           "tokens stay right, each record belongs to another token", "2.1", "test_overlap_equivalence",
           ordering=False),
