@@ -237,10 +237,10 @@ def cmd_sanitize(a) -> int:
         raise UsageError("give either --from-log FILE or a command after --, not both")
     if not a.from_log and not cmd:
         raise UsageError("no command: overlap-harness sanitize [--tool T] -- CMD ARGS...")
-    if a.junit:
-        d = os.path.dirname(os.path.abspath(a.junit))
-        if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+    for flag, path in (("--junit", a.junit), ("--log", a.log)):
+        d = os.path.dirname(os.path.abspath(path)) if path else None
+        if d and not (os.path.isdir(d) and os.access(d, os.W_OK)):
+            raise UsageError(f"cannot write {flag} {path}: {d} is not a writable directory")
     t0 = time.perf_counter()
     rc = None
     if a.from_log:
@@ -257,7 +257,7 @@ def cmd_sanitize(a) -> int:
         if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
             raise UsageError(f"command not found: {cmd[0]}")
         print(f"overlap-harness sanitize: {binary} --tool {a.tool} -- {' '.join(cmd)}", file=sys.stderr)
-        fd, log = tempfile.mkstemp(prefix="sanitizer-", suffix=".log", dir=os.path.dirname(a.log) if a.log else None)
+        fd, log = tempfile.mkstemp(prefix="sanitizer-", suffix=".log", dir=os.path.dirname(os.path.abspath(a.log)) if a.log else None)
         os.close(fd)
         try:
             rc = run_under_sanitizer(binary, a.tool, cmd, log, a.sanitizer_arg)

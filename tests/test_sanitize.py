@@ -100,6 +100,8 @@ def test_cli_nothing_checked_is_exit_2(capsys):
     (["sanitize", "--tool", "leakcheck", "--", "true"], "invalid choice"),
     (["sanitize", "--from-log", "/nonexistent.log"], "cannot read --from-log"),
     (["sanitize", "--from-log", str(FIX / "memcheck_clean.txt"), "--", "true"], "not both"),
+    (["sanitize", "--junit", "/nonexistent/dir/s.xml", "--", "true"], "not a writable directory"),
+    (["sanitize", "--log", "/nonexistent/dir/s.log", "--", "true"], "not a writable directory"),
 ])
 def test_bad_input_one_line(capsys, args, needle):
     r = oh_here(capsys, *args)
