@@ -73,14 +73,15 @@ def _write_jsonl(path: Path, rows) -> None:
 
 def _read_runs(path: str) -> list[dict]:
     from harness.cli import UsageError
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    from harness.jsonl import read_lines
     out = []
-    for i, obj in records(lines, path, UsageError):
+    for i, obj in records(read_lines(path, "--judge file", UsageError), path, UsageError):
         if not isinstance(obj, dict) or not {"qhash", "correct", "response"} <= obj.keys():
             raise UsageError(f"{path}:{i}: not a per-question record (qhash, correct, response)")
+        if not isinstance(obj["qhash"], str) or not isinstance(obj["correct"], bool) \
+                or not isinstance(obj["response"], (str, type(None))):
+            raise UsageError(f"{path}:{i}: a per-question record has \"qhash\" (string), \"correct\" (true or "
+                             f"false) and \"response\" (string)")
         out.append(obj)
     if not out:
         raise UsageError(f"{path} holds no records")
@@ -92,6 +93,9 @@ def cmd_judge(a) -> int:
     from harness.cli import UsageError
     from harness.evals.gsm8k import EvalError, pair_records
     from harness.stats import judge
+    if not 0 < a.alpha < 1 or not 0 <= a.min_effect < 100:
+        raise UsageError(f"--alpha must be in (0, 1) and --min-effect in [0, 100) points, got {a.alpha:g} and "
+                         f"{a.min_effect:g}")
     on, off = _read_runs(a.judge[0]), _read_runs(a.judge[1])
     try:
         ref, cand, _ = pair_records(on, off)
@@ -129,12 +133,17 @@ def cmd_gsm8k(a) -> int:
     if a.target == "ref":
         from harness.cli import build
         build(cfg)  # a missing model is a one-line error now, not mid-run
-    from harness.evals.gsm8k import EvalError, RunFailure
-    from harness.evals.run import GateOptions, run_gate
+    from harness.evals.gsm8k import EvalError, RunFailure, resolve_data
+    from harness.evals.run import GateOptions, run_gate, validate
     o = GateOptions(target=a.target, data=a.data, train=a.train, limit=a.limit, num_fewshot=nshot,
                     alpha=a.alpha, min_effect=a.min_effect / 100, engine=_engine_kw(a, cfg), url_on=a.url,
                     url_off=a.url_off, model_name=a.served_model, concurrency=a.concurrency,
                     max_gen_toks=a.max_gen_toks, progress=None if a.quiet else _progress())
+    try:  # every flag, the data and the endpoints, before the header: bad input is one line
+        validate(o)
+        resolve_data(o.data, o.train, o.num_fewshot)
+    except EvalError as e:
+        raise UsageError(str(e)) from None
     if not a.quiet:
         what = (f"model {cfg.model}, policy {cfg.policy}" + (f", faults {','.join(sorted(cfg.faults))}"
                                                              if cfg.faults else "")

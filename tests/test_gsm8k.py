@@ -81,8 +81,8 @@ def test_unreachable_endpoint_and_bad_flags_are_one_line_errors(capsys, syntheti
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    line = one_line_error(capsys, 2, "gsm8k", "--target", "openai", "--url", url, "--url-off", url,
-                          "--data", str(synthetic))
+    line = one_line_error(capsys, 2, "gsm8k", "--target", "openai", "--url", url, "--url-off",
+                          url.replace("127.0.0.1", "localhost"), "--data", str(synthetic))
     assert "cannot reach endpoint" in line
     assert "--url" in one_line_error(capsys, 2, "gsm8k", "--target", "openai", "--data", str(synthetic))
     assert "ref engine only" in one_line_error(capsys, 2, "gsm8k", "--target", "openai", "--url", url,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -116,18 +118,63 @@ class SideResult:
     summary: dict = field(default_factory=dict)
 
 
+class _Refusals(logging.Handler):
+    """lm-eval's API models log a refused request's status and body as a warning, then raise a
+    bare HTTP error: keep the server's own words so the failure can say why."""
+
+    PATTERN = re.compile(r"Status code: (\d+), Response text: (.*)\. Retrying", re.S)
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record):
+        m = self.PATTERN.search(record.getMessage())
+        if m:
+            self.last = f"HTTP {m.group(1)}: {_server_message(m.group(2))}"
+
+
+def _server_message(body: str) -> str:
+    """The message of an OpenAI-schema error body ({"error": {"message": ...}}), else the body."""
+    try:
+        err = json.loads(body)["error"]
+        msg = err["message"] if isinstance(err, dict) else str(err)
+    except (ValueError, KeyError, TypeError):
+        msg = body
+    return " ".join(str(msg).split())[:300]
+
+
+@contextlib.contextmanager
+def _refusals():
+    log = logging.getLogger("lm_eval.models.api_models")
+    h = _Refusals()
+    saved = log.level, log.propagate
+    log.setLevel(logging.WARNING)
+    log.propagate = False  # quiet, as _quiet_lm_eval wants; the handler still sees the warnings
+    log.addHandler(h)
+    try:
+        yield h
+    finally:
+        log.removeHandler(h)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
 def run_side(lm, task, limit: int | None, label: str) -> SideResult:
     from lm_eval.evaluator import evaluate
     _quiet_lm_eval()
     t = time.perf_counter()
     task_dict = {"tasks": {"gsm8k": task}, "groups": {}}
     try:
-        with contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext():
+        with contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext(), \
+                _refusals() as refused:
             res = evaluate(lm, task_dict, limit=limit, log_samples=True, bootstrap_iters=0)
     except (EvalError, RunFailure):
         raise
     except Exception as e:  # noqa: BLE001
-        raise RunFailure(_failure_line(e)) from e
+        if refused.last:
+            raise RunFailure(f"the {label} endpoint refused a request: {refused.last}") from e
+        raise RunFailure(f"the {label} run stopped: {_failure_line(e)}") from e
     secs = time.perf_counter() - t
     samples = res["samples"]["gsm8k"]
     acc = {f: _float(res["results"]["gsm8k"].get(f"exact_match,{f}")) for f in FILTERS}

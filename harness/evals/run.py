@@ -30,6 +30,7 @@ class GateOptions:
     concurrency: int = 8
     max_gen_toks: int = 256
     progress: object = None  # progress(label, done, total)
+    served: dict = field(default_factory=dict)  # url -> model name, probed once by validate()
 
 
 def _get_json(url: str, timeout: float = 5.0):
@@ -58,6 +59,11 @@ def _completions_url(url: str) -> str:
     return f"{base}/v1/completions"
 
 
+def same_endpoint(a: str, b: str) -> bool:
+    norm = (lambda u: u.strip().rstrip("/").removesuffix("/v1/completions").removesuffix("/v1").rstrip("/").lower())
+    return norm(a) == norm(b)
+
+
 def make_lm(o: GateOptions, overlap: bool, label: str):
     if o.target == "ref":
         from harness.evals.lm import OverlapRefLM
@@ -65,7 +71,10 @@ def make_lm(o: GateOptions, overlap: bool, label: str):
         return OverlapRefLM(overlap=overlap, progress=prog, max_gen_toks=o.max_gen_toks, **o.engine)
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     url = o.url_on if overlap else o.url_off
-    name = o.model_name or probe_endpoint(url)
+    try:  # validate() probed it before the run; an endpoint gone since is a failed run, not bad input
+        name = o.model_name or o.served.get(url) or probe_endpoint(url)
+    except EvalError as e:
+        raise RunFailure(f"the {label} endpoint went away mid-run: {e}") from None
     return LocalCompletionsAPI(base_url=_completions_url(url), model=name, tokenizer_backend=None,
                                num_concurrent=o.concurrency, max_retries=2, max_gen_toks=o.max_gen_toks,
                                timeout=600)
@@ -80,11 +89,19 @@ def validate(o: GateOptions) -> None:
         raise EvalError(f"--alpha must be between 0 and 1, got {o.alpha}")
     if not 0 <= o.min_effect < 1:
         raise EvalError(f"--min-effect must be a fraction in [0, 1), got {o.min_effect}")
+    if not isinstance(o.max_gen_toks, int) or o.max_gen_toks < 1:
+        raise EvalError(f"--max-gen-toks must be at least 1, got {o.max_gen_toks}")
+    if not isinstance(o.concurrency, int) or not 1 <= o.concurrency <= 1024:
+        raise EvalError(f"--concurrency must be between 1 and 1024, got {o.concurrency}")
     if o.target == "openai":
         if not o.url_on or not o.url_off:
             raise EvalError("--target openai needs --url (overlap on) and --url-off (overlap off)")
+        if same_endpoint(o.url_on, o.url_off):  # one server judged against itself proves nothing
+            raise EvalError(f"--url and --url-off are the same endpoint ({o.url_on}): start one server with "
+                            f"overlap and one without")
         for u in (o.url_on, o.url_off):
-            probe_endpoint(u)
+            if u not in o.served:
+                o.served[u] = probe_endpoint(u)
 
 
 def run_gate(o: GateOptions) -> dict:
@@ -96,7 +113,10 @@ def run_gate(o: GateOptions) -> dict:
     t0 = time.perf_counter()
     sides = {}
     for label, overlap in (("overlap off", False), ("overlap on", True)):
-        lm = make_lm(o, overlap, label)
+        try:
+            lm = make_lm(o, overlap, label)
+        except EvalError as e:  # validate() passed: anything now is the run failing
+            raise RunFailure(str(e)) from None
         side = run_side(lm, task, o.limit, label)
         check_errors(side)
         sides[label] = side
