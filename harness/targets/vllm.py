@@ -1,0 +1,104 @@
+"""vLLM as a target: its OpenAI server with async scheduling on, and again with it off.
+
+vLLM V1's async scheduling is the article's overlap: the engine core schedules step N+1 while
+the worker runs step N (a batch queue of two), output tokens are placeholders until the
+worker's asynchronous copy of the sampled ids lands, and the next step's input ids come from
+the device-side ids of the previous one. The agent (harness.agents.vllm_plugin) runs inside
+the servers' processes; it keeps async scheduling on where vLLM's CPU platform would turn it
+off, and reports the effective setting, which is checked here before and after every run: a
+server that silently ran without overlap fails, it never passes.
+
+Greedy and seeded tokens are compared in float32: in bfloat16 a different first batch changes
+a rounding and a request can legitimately diverge (the tie/race classifier then says so).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness import setup_cmd
+from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
+
+
+class VllmTarget(ServedTarget):
+    name = "vllm"
+
+    def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
+                 max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
+                 home: Path | None = None, **kw):
+        super().__init__(**kw)
+        from harness.agents.vllm_points import check_names
+        check_names(faults, ValueError)
+        self.faults = frozenset(faults)
+        self.home = home or setup_cmd.vllm_home()
+        why = setup_cmd.ready(self.home)
+        if why:
+            raise TargetUnavailable(why)
+        try:
+            setup_cmd.ensure_agent(self.home)
+        except setup_cmd.SetupError as e:
+            raise TargetUnavailable(str(e)) from None
+        self.python = str(setup_cmd.venv_python(self.home))
+        self.model_path = str(setup_cmd.model_dir(self.home))
+        self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
+        self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
+
+    def model_name(self) -> str:
+        return self.model_path
+
+    def tokenizer(self):
+        if self._tok is None:
+            from harness.engine.smollm2 import HFTokenizer
+            self._tok = HFTokenizer.from_dir(self.model_path)
+        return self._tok
+
+    def set_plan(self, overlap, delays=None, faults=(), seed=None):
+        # the target's own faults stay in force on the async server between runs
+        super().set_plan(overlap, delays, set(faults) | (self.faults if overlap else set()), seed)
+
+    def server_command(self, overlap: bool, port: int) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server",  # the wheel's `vllm` script is broken
+                "--model", self.model_path, "--served-model-name", self.model_path,
+                "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype, "--enforce-eager",
+                "--seed", str(self.seed), "--max-model-len", str(self.max_model_len),
+                "--max-num-seqs", str(self.max_num_seqs), "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
+                "--async-scheduling" if overlap else "--no-async-scheduling",
+                "--disable-log-stats", *self.extra_args]
+
+    def server_env(self, overlap: bool) -> dict:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CACHE_ROOT", str(self.home / "cache"))
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_DO_NOT_TRACK", "1")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # two servers share two cores here
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
+        err = [f["error"] for f in facts if f.get("error")]
+        if err:
+            raise TargetUnavailable(err[0])
+        engines = [f for f in facts if f.get("role") == "engine"]
+        workers = [f for f in facts if f.get("role") == "worker"]
+        mode = "on" if overlap else "off"
+        if not engines or not workers:
+            raise TargetError(f"vllm (async {mode}): the agent reported no engine core or worker facts; is "
+                              f"the agent installed in the vLLM venv? (run `overlap-harness setup vllm`)")
+        e, w = engines[-1], workers[-1]
+        want_sched = "AsyncScheduler" if overlap else "Scheduler"
+        if e.get("async_scheduling") != overlap or e.get("scheduler") != want_sched \
+                or w.get("use_async_scheduling") != overlap:
+            raise TargetError(f"vllm: async scheduling requested {mode} but the engine runs "
+                              f"async_scheduling={e.get('async_scheduling')} with {e.get('scheduler')}, worker "
+                              f"use_async_scheduling={w.get('use_async_scheduling')}: overlap is not what was asked")
+        if overlap and e.get("batch_queue_size", 1) < 2:
+            raise TargetError(f"vllm: async scheduling on but the batch queue holds {e.get('batch_queue_size')} "
+                              "batch: no step can overlap another")
+        if overlap and after_run and e.get("steps", 0) > 4 and not e.get("overlapped_schedules"):
+            raise TargetError(f"vllm: async scheduling on, but in {e.get('steps')} engine steps no batch was "
+                              "scheduled while another was in flight: overlap LOST")
+
+
+def make(faults=frozenset(), **kw) -> VllmTarget:
+    return VllmTarget(faults=faults, **kw)
