@@ -127,6 +127,8 @@ def cmd_run(a) -> int:
                         "repetition_penalty": a.repetition_penalty}, flag)
     except ParamError as e:
         raise UsageError(str(e)) from None
+    if any(not s for s in a.stop):  # "" would end every request at its first token
+        raise UsageError("--stop must be a non-empty string")
     if a.timeline:
         from harness.stress import check_writable
         try:

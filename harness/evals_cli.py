@@ -121,8 +121,14 @@ def cmd_gsm8k(a) -> int:
     cfg = engine_config(a)  # validates every engine flag, the fault names and the policy
     if a.target != "ref" and cfg.faults:
         raise UsageError("--fault injects into the ref engine only; for --target openai start the servers with it")
-    if a.background < 0:
-        raise UsageError(f"--background must be at least 0, got {a.background}")
+    if not 0 <= a.background <= 64:  # requests per question: more would swamp the questions themselves
+        raise UsageError(f"--background must be between 0 and 64, got {a.background}")
+    if a.save_runs:
+        from harness.stress import check_writable
+        try:
+            check_writable(a.save_runs)  # now, not after the run
+        except OSError as e:
+            raise UsageError(f"cannot write --save-runs {a.save_runs}: {e.strerror or e}") from None
     if a.target != "ref" and a.background:
         raise UsageError("--background applies to --target ref (for openai, send other traffic yourself)")
     if a.limit is not None and a.limit < 1:

@@ -604,15 +604,17 @@ def cmd_stress(a) -> int:
     from harness.engine.build import ModelUnavailable, load_model
     from harness.faults import CATALOGUE, check_names
     check_names(a.fault, BadInput)
-    if not a.minutes > 0:
-        raise _usage(f"--minutes must be positive, got {a.minutes:g}")
+    if not 0 < a.minutes < float("inf"):
+        raise _usage(f"--minutes must be a positive number, got {a.minutes:g}")
+    if not 0 <= a.shrink_seconds < float("inf"):
+        raise _usage(f"--shrink-seconds must be a number >= 0, got {a.shrink_seconds:g}")
     kinds = tuple(k.strip() for k in a.policies.split(",") if k.strip())
     bad = [k for k in kinds if k not in POLICY_KINDS]
     if bad or not kinds:
         raise _usage(f"bad --policies {a.policies!r}: expected a comma list of {', '.join(POLICY_KINDS)}")
-    for name, v, lo in (("--max-requests", a.max_requests, 1), ("--max-running", a.max_running, 1)):
-        if v < lo:
-            raise _usage(f"{name} must be at least {lo}, got {v}")
+    for name, v, hi in (("--max-requests", a.max_requests, 64), ("--max-running", a.max_running, 256)):
+        if not 1 <= v <= hi:  # a workload hypothesis can draw and shrink in seconds
+            raise _usage(f"{name} must be between 1 and {hi}, got {v}")
     try:
         check_writable(a.out)
     except OSError as e:

@@ -189,6 +189,22 @@ def test_output_paths_are_checked_before_anything_runs(capsys, tmp_path):
     assert "--seeds must be at least 1, got -2" in one_line(capsys, ["mutants", "--seeds", "-2"])
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["stress", "--minutes", "inf"], "--minutes must be a positive number"),
+    (["stress", "--minutes", "0"], "--minutes must be a positive number"),
+    (["stress", "--shrink-seconds", "-1"], "--shrink-seconds must be a number >= 0"),
+    (["stress", "--max-requests", "100000"], "--max-requests must be between 1 and 64"),
+    (["stress", "--policies", "serial,often"], "bad --policies"),
+    (["run", "--prompt", "x", "--stop="], "--stop must be a non-empty string"),
+    (["gsm8k", "--background", "1000000"], "--background must be between 0 and 64"),
+    (["gsm8k", "--save-runs", "/dev/null/x"], "cannot write --save-runs"),
+])
+def test_other_values(capsys, args, needle):
+    if args[0] == "gsm8k":
+        pytest.importorskip("lm_eval")
+    assert needle in one_line(capsys, args)
+
+
 # -- gsm8k ---------------------------------------------------------------------------------------
 @pytest.fixture
 def questions(tmp_path):
