@@ -3,4 +3,11 @@
 The server is a front end of the engine, not part of it: one engine thread owns the Engine
 (engine_thread.py); HTTP handlers on uvicorn's event loop reach it through a queue.
 """
-from harness.serve.server import Server, make_server  # noqa: F401
+
+
+def __getattr__(name: str):
+    # lazy: the CLI imports harness.serve.command to build its parser, and FastAPI takes a second
+    if name in ("Server", "make_server"):
+        from harness.serve import server
+        return getattr(server, name)
+    raise AttributeError(name)
