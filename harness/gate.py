@@ -207,6 +207,7 @@ def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_o
         else:
             f = CATALOGUE[label]
             out["faults"][label] = {"suites": row, "intended": f.suite, "section": f.section,
+                                    "upstream": list(f.upstream),
                                     "caught_by_intended": row.get(f.suite, {}).get("caught", False)}
     out["ok"] = (all(not v["caught"] for v in out["correct"].values())
                  and all(v["caught_by_intended"] for v in out["faults"].values()))
@@ -258,6 +259,8 @@ def cmd_mutants(a) -> int:
 def cmd_faults(a) -> int:
     for f in CATALOGUE.values():
         print(f"{f.name:22} §{f.section:4} {f.suite:24} {f.description}")
+        if f.upstream:  # real bugs of the same class
+            print(f"{'':22} upstream: {', '.join(f.upstream)}")
     return 0
 
 

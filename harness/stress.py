@@ -57,6 +57,7 @@ class Execution:
     engine: object = None
     hazards: list = field(default_factory=list)
     violations: list = field(default_factory=list)  # the scheduler's own invariant checks (reservation)
+    ownership: list = field(default_factory=list)  # device-side slot ownership (harness.hazards.ownership)
 
 
 def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0, model="tiny",
@@ -75,7 +76,8 @@ def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0
     tracker = None
     if track:
         from harness.hazards.tracking import AccessTracker
-        tracker = AccessTracker(eng.dev)
+        from harness.hazards.ownership import KV_PREFIXES
+        tracker = AccessTracker(eng.dev, log=KV_PREFIXES)  # the KV log: for the slot-ownership check
         eng.dev.tracker = tracker
     steps: dict[str, list[int]] = {}
     process = eng.sched.process
@@ -109,7 +111,15 @@ def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0
     return Execution([(r.rid, list(r.output_ids), r.finish_reason) for r in reqs],
                      {r.rid: list(r.output_logprobs) for r in reqs}, steps, eng,
                      list(tracker.hazards) if tracker is not None else [],
-                     list(getattr(eng.sched, "violations", ())))
+                     list(getattr(eng.sched, "violations", ())),
+                     _ownership(tracker))
+
+
+def _ownership(tracker) -> list:
+    if tracker is None:
+        return []
+    from harness.hazards.ownership import check as ownership_check
+    return ownership_check(tracker.log)
 
 
 class Hang(RuntimeError):
@@ -172,6 +182,10 @@ def check(case: Case, *, faults=frozenset(), seed=0, model="tiny", detect="all",
         got = execute(case, faults=faults, seed=seed, model=model, track=detect in ("all", "hazards"))
         if got.hazards:
             return _hazard_failure(got.hazards[0]), got
+        if got.ownership:
+            v = got.ownership[0]
+            return Failure("violation", f"slot ownership: {v}"[:300], v.step, ("violation", "ownership"),
+                           "\n".join(map(str, got.ownership[:10]))), got
         if got.violations:
             v = got.violations[0]
             m = re.match(r"step (\d+)", v)

@@ -1,6 +1,7 @@
 """Every read of a relay entry was preceded by a write for the same request (an entry handed
 to a new request is read only after that request's prefill wrote it), and a step writes
-exactly its own rows' entries plus entry 0 when it has padded rows (article sections 4.2-4.3)."""
+exactly its own rows' entries plus entry 0 when it has padded rows, and no live request owns
+entry 0 or slot-table row 0 (article sections 4.2-4.3)."""
 import pytest
 
 from races.scenarios import SCENARIOS, seeds
@@ -21,6 +22,13 @@ def test_relay_entries(target, tok, oh_options, scenario, record_property):
             entries = a.meta.get("entries")
             if a.thread != "forward" or entries is None:
                 continue
+            # entry 0 (and slot-table row 0) belongs to no request: padded rows write it
+            zero = [f"relay entry 0 ({entries[0]})"] if 0 in entries else []
+            zero += [f"slot-table row 0 ({a.meta['rows'][0]})"] if 0 in a.meta.get("rows", {}) else []
+            if zero:
+                problems.append((a.step, f"step {a.step} ({a.name}): a live request owns {' and '.join(zero)}, "
+                                 f"but entry 0 and row 0 belong to no request (padded rows write them)"))
+                break
             if a.write:
                 expected = set(entries) | ({0} if a.meta.get("padded") else set())
                 if set(units) != expected:

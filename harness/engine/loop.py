@@ -72,12 +72,17 @@ class Engine:
         # [chosen logprob, top-K logprobs, top-K ids] per row, as float32
         self.o_lp = [dev.alloc(f"out[{s}].logprobs", (maxb, 1 + 2 * TOP_K)) for s in range(RING)]
         self.h_lp = [dev.pinned(f"host[{s}].logprobs", (maxb, 1 + 2 * TOP_K)) for s in range(RING)]
+        if "reused_host_buffer" in cfg.faults:
+            self.h_stage = dev.pinned("host.staging.sampling", (4, maxb))  # [4, batch], one for every step
         self.listener = None  # called with each request that got a token (or finished), for streaming
 
         self.pool = KVPool(cfg.pool_slots, cfg.page_size)
         self.cache = PrefixCache(self.pool, cfg.prefix_cache)
         window = cfg.spec_k + 1 if cfg.spec else 1
-        self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n), self.relay.entries, self.cache, detok, window)
+        first = 0 if "live_entry_zero" in cfg.faults else 1  # the defect: row / entry 0 handed to a request
+        if first == 0:
+            self.relay.entries = Rows(n, first)
+        self.sched = Scheduler(cfg, mcfg, self.pool, Rows(n, first), self.relay.entries, self.cache, detok, window)
         self.spec = None
         if cfg.spec:
             from harness.engine.spec import SpecDecoder
@@ -208,6 +213,13 @@ class Engine:
         rows = host(b.rows)
         entries = host(b.entries)
         samp = host([b.temperature, b.top_p, [0.0] * b.size, b.penalty], torch.float32)
+        if "reused_host_buffer" in self.cfg.faults:
+            # the defect: one pinned staging buffer reused every step; the host rewrites it for
+            # step N+1 while step N's non-blocking copy from it may still be queued (behind the fence)
+            stage = self.h_stage[:, :b.size]
+            self.dev.host_access("host.staging.sampling", stage, write=True)
+            stage.copy_(samp)
+            samp = stage
         seeds = host(b.seeds)
         last = host([sum(len(p) for p in b.positions[:i + 1]) - 1 for i in range(b.size)])
         dst = (self.b_tokens[s], self.b_pos[s], self.b_rows[s], self.b_entries[s], self.b_samp[s], self.b_last[s],
@@ -241,6 +253,8 @@ class Engine:
             rids = [r.rid for r in b.reqs]
             meta = {"rows": dict(zip(b.rows, rids)), "entries": dict(zip(b.entries, rids)), "kind": b.kind,
                     "padded": pad_rows(b.size) > b.size}
+            if dev.tracker is not None:
+                meta["plan"] = self._ownership_plan(b)
             fence_ev = self.spec.queue_passes(b, meta) if spec_step else self._queue_passes(b, meta)
             step_done = fwd.record("step_done")
             if "copy_no_wait" not in faults:
@@ -263,6 +277,14 @@ class Engine:
             if spec_step:
                 self.spec.after_fence(b)
         self.steps += 1
+
+    def _ownership_plan(self, b: Batch) -> dict:
+        """What each row of the step owns as planned (its pages, taken now, before the CPU can free
+        them), for the device-side slot-ownership check (harness/hazards/ownership.py)."""
+        running = self.sched.running
+        return {"page_size": self.pool.page_size, "pages": [frozenset(r.pages) for r in b.reqs],
+                "ntok": [len(ps) for ps in b.positions],
+                "owners": {p: r.rid for r in running for p in r.pages[r.n_cached_pages:]}}
 
     def _queue_passes(self, b: Batch, meta: dict):
         """A prefill or plain decode step on the forward stream; returns the fence event."""

@@ -50,11 +50,12 @@ class KVPool:
 
 
 class Rows:
-    """A LIFO free list of small integers 1..n (rows of req_to_token, relay entries); 0 is padding."""
+    """A LIFO free list of small integers 1..n (rows of req_to_token, relay entries); 0 is padding.
+    first=0 is the fault `live_entry_zero`: 0 is handed out (first) like any other."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, first: int = 1):
         self.n = n
-        self._free = list(range(n, 0, -1))
+        self._free = list(range(n, first - 1, -1))
 
     def alloc(self) -> int | None:
         return self._free.pop() if self._free else None

@@ -209,6 +209,12 @@ class Scheduler:
         if self.window == 1:  # plain decoding: every step adds exactly one token, so the CPU knows
             for r in reqs:
                 r.fill += 1
+                if "early_free" in self.cfg.faults and r.fill - len(r.prompt_ids) + 1 >= r.max_new_tokens:
+                    # the defect: the count advanced at schedule time says this step is r's last,
+                    # so its decode pages go back to the pool before the step (queued next) has run
+                    keep = max(r.n_cached_pages, len(r.seq_at_admit) // self.pool.page_size)  # the prompt's
+                    self.pool.release(r.pages[keep:])
+                    del r.pages[keep:]
         b = self._batch(step, "decode", reqs, positions, [])
         b.reserved = reserved
         return b

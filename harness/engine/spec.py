@@ -97,6 +97,15 @@ class NgramIndex:
 
 
 # -- the speculative step on the device -------------------------------------------------
+def _upto_window(kv: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """kv [M, max_context] slot-table rows, pos [M, window]: the rows up to each window's last
+    position, padding slot 0 after it. Past the window a row holds slot numbers its previous
+    owner left there; attention masks those positions, but it must not even gather them (the
+    slot-ownership check would rightly call that a read of another request's slot)."""
+    past = torch.arange(kv.shape[1], device=kv.device)[None, :] > pos[:, -1:]
+    return kv.masked_fill(past, 0)
+
+
 class SpecDecoder:
     """Queues a speculative decode step and takes its result; owned by the Engine."""
 
@@ -202,8 +211,11 @@ class SpecDecoder:
             L = torch.where(ent == 0, 0, rl.seq_lens[ent])  # [M] from the relay
         self.f_len[:M] = L
         kv = eng.req_to_token.index_select(0, rows)  # [M, max_context]
+        pos = L[:, None] + torch.arange(w, device=L.device)[None, :]  # [M, window]
+        if "window_off_by_one" in self.faults:  # the defect: the window starts one position late
+            pos = pos + 1
+        kv = _upto_window(kv, pos)
         eng.f_kvidx[:M] = kv
-        pos = L[:, None] + torch.arange(w, device=L.device)[None, :]
         self.win_pos[:M] = pos
         self.win_loc[:M] = kv.gather(1, pos)
         self.win_ids[:M, 0] = rl.tokens[ent]
@@ -271,7 +283,7 @@ class SpecDecoder:
         hidden states; its last accepted position gives the next step's first draft token."""
         eng, model, w = self.eng, self.eng.model, self.w
         M = pad_rows(b.size)
-        kv = eng.req_to_token.index_select(0, self.f_rows[:M])  # reads the slot table again
+        kv = _upto_window(eng.req_to_token.index_select(0, self.f_rows[:M]), self.win_pos[:M])  # reads it again
         loc = kv.gather(1, self.win_pos[:M])
         g, logits = draft_head_forward(model, self.f_preds[:M].reshape(-1).clone(), self.f_hid[:M * w],
                                        self.win_pos[:M].reshape(-1).clone(), loc.reshape(-1),

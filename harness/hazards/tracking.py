@@ -141,6 +141,10 @@ class Access:
     buffer: str
     units: list
     write: bool
+    # the units of each aten call in call order, unsorted (a slice or a LongTensor per call):
+    # an indexing call keeps its index order, so a checker can map units back to the tokens
+    # or rows that touched them (slot ownership)
+    parts: tuple = ()
 
 
 class _Actor:
@@ -613,7 +617,7 @@ class AccessTracker:
             if self.log_prefixes and buf.name.startswith(self.log_prefixes):
                 units = torch.arange(el.start, el.stop) if isinstance(el, slice) else el
                 self.log.append(Access(a.op_id, a.thread, a.name, a.step, a.meta, a.clock, buf.name,
-                                       sorted(set(units.tolist())), write))
+                                       sorted(set(units.tolist())), write, tuple(els)))
         a.acc = {}
 
     def _apply(self, a: _Actor, buf: _Buf, el, write: bool) -> None:
