@@ -705,7 +705,7 @@ def cmd_replay(a) -> int:
     try:
         f = replay(d)
     except DoesNotFit as e:
-        raise _usage(f"{a.file}: incompatible reproducer ({e})") from None
+        raise _usage(f"bad reproducer: {a.file}: incompatible reproducer ({e})") from None
     if a.timeline and f is not None:
         paths = timeline(a.timeline, case, f, faults=d["faults"], seed=d.get("seed", 0),
                          model=case.engine.get("model", "tiny"))
