@@ -45,13 +45,13 @@ def test_no_or_unknown_command(capsys, args, needle):
 
 
 def _typed_options():
-    """(sub-command, option) for every option of every sub-command that takes a number."""
+    """(sub-command, option) for every option of every sub-command that takes a number or a choice."""
     p = make_parser()
     sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
     out = []
     for name, sp in sub.choices.items():
         for a in sp._actions:
-            if a.type in (int, float) and a.option_strings:
+            if a.option_strings and (a.type in (int, float) or a.choices):
                 out.append((name, a.option_strings[-1]))
     return out
 
