@@ -83,6 +83,13 @@ def build(cfg):
 
 # -- run ------------------------------------------------------------------------------
 def _read_prompts(a) -> list[dict]:
+    for name, texts in (("--prompt", a.prompt), ("--stop", a.stop)):
+        for t in texts:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
+                raise UsageError(f"{name} is not UTF-8 text (byte 0x{ord(t[e.start]) & 0xff:02x} at offset "
+                                 f"{e.start})") from None
     items = [{"prompt": p} for p in a.prompt]
     if a.prompts:
         from harness.prompt_file import read_prompt_file

@@ -48,6 +48,8 @@ def check_item(obj, where: str, error: Callable[[str], Exception]) -> dict:
                 check_value(name, obj[name], rng, _field)
     except ParamError as e:
         raise bad(str(e)) from None
+    if not _unicode(obj):
+        raise bad("a string holds a lone surrogate escape (\\ud800-\\udfff): not text that can be encoded")
     stop = obj.get("stop")
     if stop is not None and not (isinstance(stop, str) and stop) and not (
             isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
@@ -55,6 +57,21 @@ def check_item(obj, where: str, error: Callable[[str], Exception]) -> dict:
     if not isinstance(obj.get("ignore_eos", False), bool):
         raise bad('"ignore_eos" must be true or false')
     return obj
+
+
+def _unicode(x) -> bool:
+    """Every string inside x encodes as UTF-8 (JSON's "\\ud800" escapes decode to strings that do not)."""
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(x, dict):
+        return all(_unicode(k) and _unicode(v) for k, v in x.items())
+    if isinstance(x, list):
+        return all(_unicode(v) for v in x)
+    return True
 
 
 def read_prompt_file(path: str, error: Callable[[str], Exception]) -> list[dict]:

@@ -148,6 +148,7 @@ def test_one_range_table_for_cli_and_server():
     ('{"prompt": "x", "messages": []}', 'not both'),
     ('{"messages": [1, 2]}', '"messages" must be a non-empty list of {"role"'),
     ('{"messages": [{"role": "user"}]}', '"messages" must be a non-empty list of {"role"'),
+    ('{"prompt": "x\\ud800"}', "lone surrogate escape"),
     ('[1, 2]', "expected an object"),
     ('{not json', "not JSON"),
 ])
@@ -165,6 +166,9 @@ def test_prompts_file_encoding_and_duplicates(capsys, tmp_path):
     p.write_text('{"prompt": "a", "id": 7}\n{"prompt": "b", "id": "7"}\n')
     assert '"id" \'7\' is given twice' in one_line(capsys, ["run", "--prompts", str(p)])
     assert "cannot read --prompts" in one_line(capsys, ["run", "--prompts", str(tmp_path)])
+    # argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+    assert "--prompt is not UTF-8 text (byte 0xff at offset 1)" in one_line(capsys, ["run", "--prompt", "a\udcff"])
+    assert "--stop is not UTF-8 text" in one_line(capsys, ["run", "--prompt", "a", "--stop", "\udcfe"])
 
 
 def test_prompts_file_fields_reach_the_requests(capsys, tmp_path):
