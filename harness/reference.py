@@ -26,7 +26,8 @@ def _key(target, reqs, kw) -> str:
     from harness.workloads import clone
     reqs = [{k: v for k, v in vars(r).items()} for r in clone(reqs)]  # the workload, no run state
     return json.dumps([getattr(target, "name", "?"), sorted(getattr(target, "faults", ())),
-                       getattr(target, "model", None), reqs, sorted((k, repr(v)) for k, v in kw.items())],
+                       getattr(target, "model", None), repr(sorted(getattr(target, "engine_kw", {}).items())),
+                       reqs, sorted((k, repr(v)) for k, v in kw.items())],
                       default=repr)
 
 

@@ -30,3 +30,20 @@ def test_oracle_drafter_band(faults):
     assert (why is None) == (not faults), why
     if faults:
         assert "drafts are wasted" in why
+
+
+def test_mtp_prefix_pages_are_shared_only_with_the_same_next_token():
+    """Found by the acceptance oracle (seed 28): the draft head's KV at a position depends on the
+    next token, so a prompt page cached by a request whose prompt continued differently gave the
+    other request stale draft KV (tokens right, drafts wasted, accept lengths on != off)."""
+    from harness.engine.memory import KVPool, PrefixCache
+    from harness.acceptance import per_request_problems
+    cache = PrefixCache(KVPool(64, 2), lookahead=1)
+    nodes, _ = cache.insert([1, 2, 3, 4, 5], [1, 2, 3], 0)
+    assert len(nodes) == 2  # pages [1, 2] and [3, 4]: each needs the token after it
+    assert len(cache.match([1, 2, 3, 4, 5, 6])) == 2 and len(cache.match([1, 2, 3, 9, 9])) == 1
+    t = RefTarget()
+    reqs = _workload(t.tokenizer(), 28, 8)
+    kw = dict(max_running=24, spec="mtp", spec_k=K, spec_wrong=WRONG)
+    off, on = t.run(reqs, overlap=False, **kw), t.run(reqs, overlap=True, **kw)
+    assert per_request_problems(on.engine.spec.accept_by_rid, off.engine.spec.accept_by_rid) == []

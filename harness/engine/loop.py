@@ -77,7 +77,7 @@ class Engine:
         self.listener = None  # called with each request that got a token (or finished), for streaming
 
         self.pool = KVPool(cfg.pool_slots, cfg.page_size)
-        self.cache = PrefixCache(self.pool, cfg.prefix_cache)
+        self.cache = PrefixCache(self.pool, cfg.prefix_cache, lookahead=1 if cfg.spec == "mtp" else 0)
         window = cfg.spec_k + 1 if cfg.spec else 1
         first = 0 if "live_entry_zero" in cfg.faults else 1  # the defect: row / entry 0 handed to a request
         if first == 0:

@@ -81,17 +81,20 @@ class _Node:
 class PrefixCache:
     """A trie over full pages of tokens: cached prompts share slots between requests."""
 
-    def __init__(self, pool: KVPool, enabled: bool = True):
+    def __init__(self, pool: KVPool, enabled: bool = True, lookahead: int = 0):
         self.pool = pool
         self.enabled = enabled
+        # MTP's draft KV at a position depends on the token after it (the draft head's input), so
+        # a page is shared only between sequences that also agree on the next `lookahead` tokens
+        self.lookahead = lookahead
         self.root = _Node(page=-1, parent=None, key=())
         self.pages = 0
         self._tick = 0
 
     def _chunks(self, tokens: list[int]):
-        ps = self.pool.page_size
-        for i in range(len(tokens) // ps):
-            yield tuple(tokens[i * ps:(i + 1) * ps])
+        ps, la = self.pool.page_size, self.lookahead
+        for i in range(max(0, len(tokens) - la) // ps):
+            yield tuple(tokens[i * ps:(i + 1) * ps + la])
 
     def match(self, tokens: list[int]) -> list[_Node]:
         """Longest cached prefix of whole pages, leaving at least one token to compute."""
