@@ -48,3 +48,36 @@ def test_overlap_keeps_gsm8k_accuracy(oh_options, heldout):
     # the fixture must be able to show a loss: it answers most questions right
     assert s["acc_ref"] >= 0.5, f"the arith fixture is too weak to judge accuracy: {summary}"
     assert r["verdict"] == "pass", f"{r['verdict']}: {s['reason']}"
+
+
+# -- a served target (a real engine): its two servers are the pair -----------------------------
+GSM8K_TEST = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+SERVED_QUESTIONS = 30  # real GSM8K questions; SmolLM2-135M answers few, so this pairs outputs more than scores
+SERVED_GEN_TOKS = 96
+
+
+def test_served_pair_keeps_gsm8k_accuracy(oh_options):
+    """The GSM8K gate through lm-eval against a served target's own server pair (async on / off)."""
+    if oh_options.target == "ref":
+        pytest.skip("the ref engine's gate is test_overlap_keeps_gsm8k_accuracy")
+    why = lm_eval_available()
+    if why:
+        pytest.skip(why)
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"no GSM8K test set at {GSM8K_TEST}")
+    from harness.evals.gsm8k import EvalError, RunFailure
+    from harness.evals.run import GateOptions, run_gate
+    from harness.stats import LOSS
+    from harness.targets import make_target
+    t = make_target(oh_options.target, oh_options.faults)
+    try:
+        r = run_gate(GateOptions(target="openai", url_on=t.url(True), url_off=t.url(False),
+                                 model_name=t.model_name(), data=str(GSM8K_TEST), limit=SERVED_QUESTIONS,
+                                 max_gen_toks=SERVED_GEN_TOKS, min_effect=MIN_EFFECT))
+    except (RunFailure, EvalError) as e:
+        pytest.fail(f"the {t.name} pair failed mid-run: {e}", pytrace=False)
+    s = r["stats"]
+    summary = (f"overlap off {100 * s['acc_ref']:.1f}%, on {100 * s['acc_cand']:.1f}% on {r['n']} GSM8K questions; "
+               f"{s['losses']} lost, {s['gains']} gained, McNemar p = {s['p_loss']:.2g}")
+    print(summary)
+    assert r["verdict"] != LOSS, f"silent accuracy loss: {summary}"

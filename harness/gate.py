@@ -111,6 +111,22 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
+def start_served(target: str, faults, exc) -> None:
+    """A served target (a real engine) is started before the suites run, so a missing setup or
+    a server that cannot start is one line and exit 2, not an error in every suite."""
+    if target == "ref":
+        return
+    from harness.targets import make_target
+    from harness.targets.served import TargetError, TargetUnavailable
+    print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
+    t = time.perf_counter()
+    try:
+        make_target(target, frozenset(faults)).start()
+    except (TargetUnavailable, TargetError) as e:
+        raise exc(f"target {target}: {e}") from None
+    print(f"servers ready in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+
+
 def _progress_printer(stream=sys.stderr):
     counts = {}
 
@@ -150,10 +166,8 @@ def check_seeds(seeds, error) -> None:
 
 def cmd_check(a) -> int:
     from harness.cli import UsageError
-    from harness.faults import check_names
-    check_names(a.fault, UsageError)
-    if a.target != "ref" and a.fault:
-        raise UsageError("--fault injects into the ref engine only")
+    from harness.targets import check_fault_names
+    check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
     if a.device != "sim":
         if a.target != "ref":
@@ -173,6 +187,7 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else ""),
           file=sys.stderr)
+    start_served(a.target, a.fault, UsageError)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
@@ -190,23 +205,28 @@ def cmd_check(a) -> int:
 
 
 # -- mutants ----------------------------------------------------------------------------
-def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_only: bool = False) -> dict:
+def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_only: bool = False,
+                target: str = "ref") -> dict:
     """Run every suite against the correct engine and against every fault (or, with
-    intended_only, each fault against the one suite that must catch it)."""
-    out = {"correct": None, "faults": {}}
-    names = list(faults or CATALOGUE)
+    intended_only, each fault against the one suite that must catch it). A served target keeps
+    its servers between rows: its faults live in the agent's plan."""
+    from harness.targets import fault_catalogue
+    catalogue = fault_catalogue(target)
+    out = {"target": target, "correct": None, "faults": {}}
+    names = list(faults or catalogue)
     for label, fs in [("correct", ())] + [(n, (n,)) for n in names]:
         if progress:
             progress(label)
-        only = [CATALOGUE[label].suite] if intended_only and label != "correct" else None
-        res = run_suites("ref", fs, seeds, suites=only)
+        only = [catalogue[label].suite] if intended_only and label != "correct" else None
+        res = run_suites(target, fs, seeds, suites=only)
         row = {s.suite: {"caught": s.failed > 0, "failed": s.failed, "cases": s.cases,
-                         "first_step": s.first_step, "finding": s.first_failure} for s in res.suites.values()}
+                         "first_step": s.first_step, "finding": s.first_failure}
+               for s in res.suites.values() if s.skipped < s.cases}  # a suite that cannot attack it: no column
         if label == "correct":
             out["correct"] = row
         else:
-            f = CATALOGUE[label]
-            out["faults"][label] = {"suites": row, "intended": f.suite, "section": f.section,
+            f = catalogue[label]
+            out["faults"][label] = {"suites": row, "intended": f.suite, "section": getattr(f, "section", ""),
                                     "upstream": list(f.upstream),
                                     "caught_by_intended": row.get(f.suite, {}).get("caught", False)}
     out["ok"] = (all(not v["caught"] for v in out["correct"].values())
@@ -241,14 +261,14 @@ def format_matrix(m: dict) -> str:
 
 def cmd_mutants(a) -> int:
     from harness.cli import UsageError
-    from harness.faults import check_names
-    if a.fault:
-        check_names(a.fault, UsageError)
+    from harness.targets import check_fault_names
+    check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    start_served(a.target, (), UsageError)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
-    m = kill_matrix(a.seeds, a.fault or None, progress, a.intended_only)
+    m = kill_matrix(a.seeds, a.fault or None, progress, a.intended_only, target=a.target)
     if a.json:
         print(json.dumps(m))
     else:
@@ -257,8 +277,10 @@ def cmd_mutants(a) -> int:
 
 
 def cmd_faults(a) -> int:
-    for f in CATALOGUE.values():
-        print(f"{f.name:22} §{f.section:4} {f.suite:24} {f.description}")
+    from harness.targets import fault_catalogue
+    for f in fault_catalogue(getattr(a, "target", "ref")).values():
+        where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
+        print(f"{f.name:22} {where} {f.suite:24} {f.description}")
         if f.upstream:  # real bugs of the same class
             print(f"{'':22} upstream: {', '.join(f.upstream)}")
     return 0
@@ -275,6 +297,7 @@ def add_commands(sub) -> None:
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.set_defaults(fn=cmd_check)
     m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
+    m.add_argument("--target", default="ref", choices=TARGETS, help="whose fault catalogue (default: ref)")
     m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")
     m.add_argument("--seeds", type=int, default=None)
     m.add_argument("--intended-only", action="store_true",
@@ -282,4 +305,5 @@ def add_commands(sub) -> None:
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=cmd_mutants)
     f = sub.add_parser("faults", help="list the fault catalogue")
+    f.add_argument("--target", default="ref", choices=TARGETS, help="whose catalogue (default: ref)")
     f.set_defaults(fn=cmd_faults)

