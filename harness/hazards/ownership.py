@@ -103,13 +103,13 @@ def check(log, limit: int = 20) -> list[Violation]:
             continue
         ps = plan["page_size"]
         rids = list(a.meta["rows"].values())
-        if plan is not last_plan:  # a new step: remember who held what (for the report)
+        if plan is not last_plan:  # a new step (its ops share one plan): remember who held what
             last_plan = plan
             for rid, pages in zip(rids, plan["pages"]):
                 for p in pages:
                     history[p] = (rid, a.step)
+            owned = [torch.tensor(sorted(p), dtype=torch.int64) for p in plan["pages"]]
         B = len(rids)
-        owned = [torch.tensor(sorted(p), dtype=torch.int64) for p in plan["pages"]]
         if not a.write:
             pages = torch.tensor(a.units, dtype=torch.int64) // ps
             ok = pages == 0
