@@ -1,10 +1,14 @@
-# `make check` and `make test` each build .venv on first use (scripts/bootstrap.sh).
+# `make check` and `make test` each build .venv on first use (scripts/bootstrap.sh); `make test`
+# also sets up the vLLM target (its own venv and model, in the user cache; a no-op once done).
 PY := .venv/bin/python
 OH := .venv/bin/overlap-harness
 
-.PHONY: check test run bench venv
+.PHONY: check test run bench venv vllm
 venv:
 	@bash scripts/bootstrap.sh
+
+vllm: venv
+	@$(OH) setup vllm
 
 check: venv
 	$(OH) check
@@ -12,7 +16,7 @@ check: venv
 run: venv
 	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
 
-test: venv
+test: venv vllm
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: venv

@@ -111,7 +111,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
-def start_served(target: str, faults, exc) -> None:
+def start_served(target: str, faults, exc, model: str | None = None, server_args=()) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if target == "ref":
@@ -121,7 +121,10 @@ def start_served(target: str, faults, exc) -> None:
     print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     try:
-        make_target(target, frozenset(faults)).start()
+        kw = {"extra_args": list(server_args)} if server_args else {}
+        if model:
+            kw["model"] = model
+        make_target(target, frozenset(faults), **kw).start()
     except (TargetUnavailable, TargetError) as e:
         raise exc(f"target {target}: {e}") from None
     print(f"servers ready in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
@@ -159,6 +162,13 @@ def overlap_line(res: GateResult) -> str:
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
 
 
+def served_overlap_line(target: str) -> str:
+    """A served target's overlap, from what its agent saw (checked after every run already)."""
+    from harness.targets import make_target
+    summary = getattr(make_target(target), "overlap_summary", None)
+    return summary() if summary else ""
+
+
 def check_seeds(seeds, error) -> None:
     if seeds is not None and seeds < 1:  # 0 would silently mean "the suite's default"
         raise error(f"--seeds must be at least 1, got {seeds}")
@@ -187,14 +197,14 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else ""),
           file=sys.stderr)
-    start_served(a.target, a.fault, UsageError)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
     print(format_table(res))
-    line = overlap_line(res)
+    line = overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)
     if line:
         print(line)
     verdict = "PASS" if res.ok else "FAIL"
@@ -264,7 +274,7 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    start_served(a.target, (), UsageError)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -286,10 +296,18 @@ def cmd_faults(a) -> int:
     return 0
 
 
+def _served_flags(p) -> None:
+    p.add_argument("--served-model", metavar="NAME", help="a served target's model (sglang: required; "
+                   "vllm: default SmolLM2-135M from `setup vllm`)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
+
+
 def add_commands(sub) -> None:
     from harness.targets import TARGETS
     c = sub.add_parser("check", help="run the suites against a target and print a verdict table")
     c.add_argument("--target", default="ref", choices=TARGETS)
+    _served_flags(c)
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
@@ -298,6 +316,7 @@ def add_commands(sub) -> None:
     c.set_defaults(fn=cmd_check)
     m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
     m.add_argument("--target", default="ref", choices=TARGETS, help="whose fault catalogue (default: ref)")
+    _served_flags(m)
     m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")
     m.add_argument("--seeds", type=int, default=None)
     m.add_argument("--intended-only", action="store_true",

@@ -73,3 +73,39 @@ def check_names(names, exc=ValueError) -> None:
     unknown = sorted(set(names) - set(CATALOGUE))
     if unknown:
         raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join(CATALOGUE)}")
+
+
+# What the agent reads or replaces on vLLM's objects besides the patched functions: a rename of
+# one of these breaks the agent as surely as a renamed function.
+ATTRIBUTES = {
+    "output_copy": ("AsyncGPUModelRunnerOutput", ("_sampled_token_ids", "sampled_token_ids_cpu",
+                                                  "async_copy_ready_event")),
+    "engine_step": ("EngineCore", ("batch_queue", "batch_queue_size")),
+    "runner_init": ("GPUModelRunner", ("use_async_scheduling",)),
+}
+
+
+def check_source(site_packages) -> list[str]:
+    """One line per patch point (or attribute) the vLLM source under `site_packages` lacks,
+    found with `ast`, without importing vLLM."""
+    import ast
+    from pathlib import Path
+
+    from harness.agents.sglang_contract import _find, _parse
+    root, cache, problems = Path(site_packages), {}, []
+    for p in POINTS:
+        tree = _parse(root, p.module, cache)
+        if tree is None:
+            problems.append(f"{p.module}: no such module (point {p.name})")
+            continue
+        if _find(tree, p.qualname) is None:
+            problems.append(f"{p.module}.{p.qualname}: not found (point {p.name}: {p.why[:60]})")
+            continue
+        cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
+        node = _find(tree, cls) if cls else None
+        if cls and node is not None:
+            assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Attribute)}
+            problems += [f"{p.module}.{cls}.{a}: never assigned (point {p.name})" for a in attrs if a not in assigned]
+    return problems

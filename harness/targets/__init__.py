@@ -1,10 +1,10 @@
 """Targets the suites attack. `ref` (the embedded engine) is white-box: every suite. `vllm` is
 a real engine (its OpenAI server, async scheduling on and off, our agent inside it): the
-black-box suites. Any OpenAI-compatible pair of endpoints is attacked by the GSM8K gate
+black-box suites; `sglang` likewise on GPU runners. Any OpenAI-compatible pair of endpoints is attacked by the GSM8K gate
 (`overlap-harness gsm8k --target openai`)."""
 from __future__ import annotations
 
-TARGETS = ("ref", "vllm")
+TARGETS = ("ref", "vllm", "sglang")
 _SERVED: dict[str, object] = {}  # one server pair per process: every suite of a check reuses it
 
 
@@ -12,11 +12,14 @@ def make_target(name: str, faults=frozenset(), **kw):
     if name == "ref":
         from harness.targets.ref import RefTarget
         return RefTarget(faults=frozenset(faults), **kw)
-    if name == "vllm":
-        from harness.targets.vllm import VllmTarget
+    if name in ("vllm", "sglang"):
         t = _SERVED.get(name)
         if t is None:
-            t = _SERVED[name] = VllmTarget(faults=frozenset(faults), **kw)
+            if name == "vllm":
+                from harness.targets.vllm import VllmTarget as cls
+            else:
+                from harness.targets.sglang import SglangTarget as cls
+            t = _SERVED[name] = cls(faults=frozenset(faults), **kw)
         elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
             t.faults = frozenset(faults)
             if True in t.servers:
@@ -30,6 +33,9 @@ def fault_catalogue(name: str) -> dict:
     """The faults a target can be given: the ref engine's, or its agent's."""
     if name == "vllm":
         from harness.agents.vllm_points import CATALOGUE
+        return CATALOGUE
+    if name == "sglang":
+        from harness.agents.sglang_points import CATALOGUE
         return CATALOGUE
     from harness.faults import CATALOGUE
     return CATALOGUE

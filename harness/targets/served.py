@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -203,7 +204,8 @@ class ServedTarget(Target):
                 self.set_plan(overlap)
             port = free_port()
             env = self.server_env(overlap)
-            env[self.agent_env] = str(self.plan_path(overlap))
+            if self.agent_env:  # None: no agent in this server (a benchmark's baseline)
+                env[self.agent_env] = str(self.plan_path(overlap))
             log = self.workdir / f"server-{'on' if overlap else 'off'}.log"
             s = ServerProcess(f"{self.name} server (overlap {'on' if overlap else 'off'})",
                               self.server_command(overlap, port), env, log,
@@ -239,6 +241,9 @@ class ServedTarget(Target):
                 "return_tokens_as_token_ids": True, "skip_special_tokens": False}
         if r.seed is not None:
             body["seed"] = int(r.seed)
+        elif r.temperature > 0:  # a real server samples an unseeded request afresh on every run;
+            # the ref engine derives its seed from the engine's, so do the same here
+            body["seed"] = (zlib.crc32(r.rid.encode()) ^ self.seed) & 0x7FFFFFFF
         if r.stop:
             body["stop"] = list(r.stop)[:MAX_STOP]
         if r.repetition_penalty != 1.0:

@@ -25,7 +25,7 @@ class VllmTarget(ServedTarget):
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
-                 home: Path | None = None, **kw):
+                 home: Path | None = None, model: str | None = None, **kw):
         super().__init__(**kw)
         from harness.agents.vllm_points import check_names
         check_names(faults, ValueError)
@@ -39,7 +39,9 @@ class VllmTarget(ServedTarget):
         except setup_cmd.SetupError as e:
             raise TargetUnavailable(str(e)) from None
         self.python = str(setup_cmd.venv_python(self.home))
-        self.model_path = str(setup_cmd.model_dir(self.home))
+        self.model_path = model or str(setup_cmd.model_dir(self.home))
+        if model and not Path(model, "config.json").is_file():
+            raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
 
@@ -99,6 +101,14 @@ class VllmTarget(ServedTarget):
             raise TargetError(f"vllm: async scheduling on, but in {e.get('steps')} engine steps no batch was "
                               "scheduled while another was in flight: overlap LOST")
 
+    def overlap_summary(self) -> str:
+        from harness.agents import plan as planmod
+        engines = [f for f in planmod.read_facts(str(self.facts_dir(True))) if f.get("role") == "engine"]
+        if not engines:
+            return "overlap: not judged (the async server reported nothing)"
+        e = engines[-1]
+        n, k = e.get("steps", 0), e.get("overlapped_schedules", 0)
+        verdict = "effective" if e.get("async_scheduling") and k else "LOST"
+        return (f"overlap: {verdict} (vLLM {e.get('scheduler')}, batch queue {e.get('batch_queue_size')}: {k} of "
+                f"{n} engine steps scheduled a batch while another was in flight)")
 
-def make(faults=frozenset(), **kw) -> VllmTarget:
-    return VllmTarget(faults=faults, **kw)
