@@ -158,7 +158,8 @@ def overlap_line(res: GateResult) -> str:
     if s is None or s.cases == 0:
         return ""
     if s.failed:
-        return s.first_failure if s.first_failure.startswith("overlap: LOST") else f"overlap: LOST: {s.first_failure}"
+        msg = s.first_failure.removeprefix("Failed: ")  # pytest.fail's prefix
+        return msg if msg.startswith("overlap: LOST") else f"overlap: LOST: {msg}"
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
 
 

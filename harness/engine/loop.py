@@ -153,8 +153,8 @@ class Engine:
         batch = self._prepare()
         if batch is not None:
             if "wait_before_issue" in self.cfg.faults:  # the defect: step N's result before N+1 is issued
-                while self.queue:
-                    self._process(self.queue.popleft())
+                for q in self.queue:
+                    q.done.synchronize()
             self._launch(batch)
             if not self.cfg.overlap:
                 self._process(batch)
