@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harness.serve.engine_thread import Handle
 from harness.serve.http import error_body
-from harness.serve.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ApiError, Choice, Params, _safe_len,
+from harness.serve.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ApiError, Choice, Params, safe_len,
                                     chat_logprobs, completion_logprobs, parse_json_body, parse_messages,
                                     parse_params, parse_prompts)
 
@@ -274,8 +274,8 @@ async def _stream(front, request, meta, choices, handles, q, prm: Params, chat: 
             for ch in choices:
                 yield _event({**meta, "choices": [{"index": ch.index, "delta": {"role": "assistant", "content": ""},
                                                    "logprobs": None, "finish_reason": None}]})
-        pending = len(choices)
-        while pending:
+        ended: set[int] = set()  # choices whose finish or error has been sent
+        while len(ended) < len(choices):
             i, u = await q.get()
             touched = {i}
             choices[i].take(u)
@@ -285,20 +285,18 @@ async def _stream(front, request, meta, choices, handles, q, prm: Params, chat: 
                 touched.add(j)
             for j in sorted(touched):
                 ch = choices[j]
+                if j in ended:
+                    continue
                 if ch.error is not None:
-                    if getattr(ch, "_reported", False):
-                        continue
-                    ch._reported = True
-                    pending -= 1
+                    ended.add(j)
                     code = 503 if ("crashed" in ch.error or ch.error == SHUTTING_DOWN) else 400
                     yield _event(error_body(code, ch.error))
                     continue
                 ev = _emit(meta, ch, prm, chat)
                 if ev is not None:
                     yield _event(ev)
-                if ch.finish is not None and not getattr(ch, "_reported", False):
-                    ch._reported = True
-                    pending -= 1
+                if ch.finish is not None:
+                    ended.add(j)
         opts = body.get("stream_options") or {}
         if isinstance(opts, dict) and opts.get("include_usage"):
             ctoks = sum(len(c.ids) for c in choices)
@@ -313,7 +311,7 @@ async def _stream(front, request, meta, choices, handles, q, prm: Params, chat: 
 
 def _emit(meta, ch: Choice, prm: Params, chat: bool) -> dict | None:
     text = ch.text()
-    upto = len(text) if ch.done or ch.hit_stop else _safe_len(text, ch.stop)
+    upto = len(text) if ch.done or ch.hit_stop else safe_len(text, ch.stop)
     delta = text[ch.sent_chars:upto]
     ntok = ch.visible_tokens(text) if ch.hit_stop else len(ch.ids)
     lp = None

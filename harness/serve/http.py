@@ -8,14 +8,14 @@
 - A response sent before the request's body was read to the end closes the connection, so
   the unread bytes can never be parsed as the next request (request smuggling).
 - A connection that never finishes its request head is answered 408 and closed (uvicorn only
-  times out idle keep-alive connections); a body that stops arriving is 408 too (see app.py).
+  times out idle keep-alive connections), a head over 64 KiB is 431; a body that stops
+  arriving is 408 too (see app.py).
 """
 from __future__ import annotations
 
 import json
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
@@ -40,15 +40,18 @@ def raw_error(status: int, reason: str, message: str) -> bytes:
             % (status, reason.encode(), len(data)) + data)
 
 
-class GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with JSON protocol errors and a deadline for the request head.
-    `head_timeout` is set per server (a subclass made by make_protocol)."""
+class GuardedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol (llhttp, a C parser that refuses ambiguous framing) with
+    JSON protocol errors, a deadline and a size limit for the request head. `head_timeout`
+    is set per server (a subclass made by make_protocol)."""
 
     head_timeout = 10.0
+    max_head = 64 * 1024  # bytes of request line and headers (httptools itself has no limit)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_timer = None
+        self._in_head, self._head_bytes = True, 0
         self._arm_head_timer()
 
     def _arm_head_timer(self) -> None:
@@ -60,14 +63,23 @@ class GuardedH11(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def on_message_begin(self) -> None:  # the first byte of a request: its head must follow in time
+        super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
+        self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.transport.is_closing():
-            self._cancel_head_timer()
-        elif self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
-            self._arm_head_timer()  # part of a request head came; the rest must come in time
-        else:
-            self._cancel_head_timer()
+        if self._in_head and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"the request head is over {self.max_head} bytes")
 
     def connection_lost(self, exc) -> None:
         self._cancel_head_timer()
@@ -75,22 +87,20 @@ class GuardedH11(H11Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return
-        self.transport.write(raw_error(408, "Request Timeout",
-                                       f"the request head did not arrive within {self.head_timeout:g} s"))
+        if self._in_head and not self.transport.is_closing():
+            self._refuse(408, "Request Timeout", f"the request head did not arrive within {self.head_timeout:g} s")
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._cancel_head_timer()
+        self.transport.write(raw_error(status, reason, message))
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        self._cancel_head_timer()
-        self.transport.write(raw_error(400, "Bad Request", f"{msg.rstrip('.')}: not a valid HTTP/1.1 request"))
-        self.transport.close()
+        self._refuse(400, "Bad Request", f"{msg.rstrip('.')}: not a valid HTTP/1.1 request")
 
 
 def make_protocol(head_timeout: float) -> type:
-    return type("GuardedH11", (GuardedH11,), {"head_timeout": head_timeout})
+    return type("GuardedHttpTools", (GuardedHttpTools,), {"head_timeout": head_timeout})
 
 
 class Guard:

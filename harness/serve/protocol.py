@@ -154,7 +154,7 @@ def _cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def _safe_len(text: str, stop: tuple[str, ...]) -> int:
+def safe_len(text: str, stop: tuple[str, ...]) -> int:
     """How much of unfinished text can be sent: hold back an incomplete character and any
     suffix that may be the start of a stop string."""
     n = len(text)
