@@ -99,7 +99,7 @@ def main() -> int:
 
     print("\ntime to detect each vLLM fault (one faulty run and its overlap-off twin)")
     cases = [("penalty_stale_output_ids", None, True), ("sampled_ids_no_wait", {"output_copy": {"p": 0.5, "ms": 5}}, False),
-             ("pinned_buffer_reuse", {"before_wait": {"p": 1.0, "ms": 80}}, False)]
+             ("pinned_buffer_reuse", {"before_wait": {"p": 1.0, "steps": 2}}, False)]
     for fault, delays, penalty in cases:
         rq = workload(tok, 10)
         for i, r in enumerate(rq):

@@ -14,12 +14,13 @@ from harness import workloads
 from harness.divergence import record_problems, report, run_logprobs
 from harness.reference import divergences
 
-# Each plan holds back some points of the async path. The delays are longer than a decode step
-# of the small model here (tens of ms), so the host runs a full step ahead of a held-back reader.
+# Each plan holds back some points of the async path. "steps" are the worker's forward time as
+# the agent measures it, so a reader held back two steps lets the host run a full step ahead of
+# it on any machine; "ms" are fixed.
 PLANS = [
-    {"before_wait": {"p": 1.0, "ms": 80}},
-    {"output_copy": {"p": 0.5, "ms": 40}, "engine_step": {"p": 0.3, "ms": 10}},
-    {"worker_execute": {"p": 0.5, "ms": 20}, "before_wait": {"p": 0.5, "ms": 60}},
+    {"before_wait": {"p": 1.0, "steps": 2}},
+    {"output_copy": {"p": 0.5, "steps": 1.5}, "engine_step": {"p": 0.3, "ms": 10}},
+    {"worker_execute": {"p": 0.5, "ms": 20}, "before_wait": {"p": 0.5, "steps": 1.5}},
 ]
 
 

@@ -81,14 +81,14 @@ def test_delays_alone_keep_tokens(vllm, tok):
     """The quiet half of the pinned-buffer test below: the same delay on the correct engine."""
     reqs = _workload(tok)
     off = vllm.run(reqs, overlap=False)
-    on = vllm.run(reqs, overlap=True, delays={"before_wait": {"p": 1.0, "ms": 80}})
+    on = vllm.run(reqs, overlap=True, delays={"before_wait": {"p": 1.0, "steps": 2}})
     assert not _clear_divergences(off, on)
 
 
 @pytest.mark.parametrize("fault,delays,penalty", [
     ("penalty_stale_output_ids", None, True),
     ("sampled_ids_no_wait", {"output_copy": {"p": 0.5, "ms": 5}}, False),
-    ("pinned_buffer_reuse", {"before_wait": {"p": 1.0, "ms": 80}}, False),
+    ("pinned_buffer_reuse", {"before_wait": {"p": 1.0, "steps": 2}}, False),
 ])
 def test_fault_is_caught(vllm, tok, fault, delays, penalty):
     reqs = _workload(tok, penalty=penalty)

@@ -59,8 +59,11 @@ class Plan:
         self.reload()
         return name in self.data.get("faults", ())
 
-    def delay(self, point: str) -> float:
-        """Sleep at a named point as the plan says (seeded per point); returns the seconds slept."""
+    def delay(self, point: str, step_s: float = 0.0) -> float:
+        """Sleep at a named point as the plan says (seeded per point); returns the seconds slept.
+        {"ms": M} sleeps M ms; {"steps": K} sleeps K times `step_s`, the engine's recent step
+        period as the agent measured it, so "hold the reader back two steps" means the same on a
+        fast machine and a loaded one."""
         self.reload()
         d = self.data.get("delays", {}).get(point)
         if not d:
@@ -70,7 +73,7 @@ class Plan:
             rng = self._rngs[point] = random.Random(zlib.crc32(point.encode()) ^ int(self.data.get("seed", 0)))
         if rng.random() >= float(d.get("p", 1.0)):
             return 0.0
-        s = float(d.get("ms", 0.0)) / 1000.0
+        s = float(d.get("ms", 0.0)) / 1000.0 + float(d.get("steps", 0.0)) * step_s
         if s > 0:
             time.sleep(s)
         return s

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import queue
 import threading
+import time
 
 from harness.agents import plan as planmod
 from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
@@ -130,7 +131,11 @@ def _runner_init(orig):
 def _worker_execute(orig):
     def execute_model(self, *a, **kw):
         _PLAN.delay("worker_execute")
-        return orig(self, *a, **kw)
+        t = time.monotonic()
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            _measured(time.monotonic() - t)
     return execute_model
 
 
@@ -186,7 +191,7 @@ class CopyEngine:
         while True:
             src, dst, done = self.q.get()
             try:
-                _PLAN.delay("output_copy")
+                _PLAN.delay("output_copy", _step_period())
                 with torch.inference_mode():  # the buffers are made inside vLLM's inference mode
                     dst.copy_(src)
             except Exception as e:  # never leave a reader waiting forever
@@ -213,6 +218,18 @@ class CopyEngine:
 
 
 _COPY: CopyEngine | None = None
+# the worker's forward time (s), for delays given in steps. The forward, not the step period:
+# a held-back reader stretches the period, and a delay that followed it would feed on itself.
+_STEP = {"ema": 0.0}
+
+
+def _step_period() -> float:
+    return _STEP["ema"]
+
+
+def _measured(dt: float) -> None:
+    dt = min(dt, 1.0)
+    _STEP["ema"] = dt if not _STEP["ema"] else 0.8 * _STEP["ema"] + 0.2 * dt
 
 
 def _output_copy(orig):
@@ -231,7 +248,7 @@ def _output_copy(orig):
 
 def _before_wait(orig):
     def get_output(self):
-        _PLAN.delay("before_wait")
+        _PLAN.delay("before_wait", _step_period())
         ev = self.async_copy_ready_event
         if _PLAN.fault("sampled_ids_no_wait"):
             self.async_copy_ready_event = _NoWait()

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +62,8 @@ class ServerProcess:
         self.name, self.cmd, self.log_path = name, cmd, log_path
         self.port = None
         self._log = open(log_path, "wb")
+        # through the keeper: it takes the server's whole group down, even when we are killed
+        cmd = [sys.executable, "-m", "harness.targets.keeper", *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
                                      preexec_fn=_die_with_parent)

@@ -1,0 +1,49 @@
+"""Runs a server as its child and takes the server's whole process group down with it.
+
+The target starts `python -m harness.targets.keeper CMD...` in a new session, with a
+parent-death signal: however the target ends, even by SIGKILL, the keeper gets SIGTERM and
+ends every process of the group (the server and what it spawned: vLLM's engine core and
+worker), SIGKILL after a grace period. Without it, a killed target leaves a server's children
+running, since the kernel signals only a direct child of the dead process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+GRACE_S = 8.0
+
+
+def main(argv: list[str]) -> int:
+    child = subprocess.Popen(argv)
+    group = os.getpgrp()
+
+    def end(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the killpg below reaches us too
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + GRACE_S
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # let the server's own children finish their shutdown
+        os.killpg(group, signal.SIGKILL)  # whatever is left, ourselves included
+
+    signal.signal(signal.SIGTERM, end)
+    signal.signal(signal.SIGINT, end)
+    code = child.wait()
+    # the server ended by itself: what it left behind in the group goes with it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,83 @@
+"""A served target stops the servers it started on every exit path: a normal end, SIGTERM (CI
+cancellations, `timeout`), Ctrl-C, and its own process being killed outright. The server here
+is a real process tree (a Python HTTP server that forks a child), so the process-group and
+parent-death handling is what is tested, without vLLM's minute of start-up."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    from harness.targets.served import ServedTarget
+
+    class Tiny(ServedTarget):
+        name = "tiny-http"
+        agent_env = None
+        health_path = "/"
+        def server_command(self, overlap, port):
+            # a server with a child of its own, like vLLM's API server and its engine core
+            code = ("import subprocess, sys, http.server, socketserver;"
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+                    f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
+            return [sys.executable, "-c", code]
+
+    t = Tiny(workdir=sys.argv[1])
+    t.start()
+    pids = [s.proc.pid for s in t.servers.values()]
+    print(" ".join(map(str, pids)), flush=True)
+    if sys.argv[2] == "normal":
+        t.close()
+    else:
+        time.sleep(600)
+""")
+
+
+def _descendants(pids):
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out += [p] + p.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _alive(procs):
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("how", ["normal", "sigterm", "sigint", "sigkill"])
+def test_servers_stop_on_every_exit_path(tmp_path, how):
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    drv = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), how], stdout=subprocess.PIPE, text=True,
+                           env=env)
+    try:
+        line = drv.stdout.readline()
+        assert line.strip(), "the driver did not start its servers"
+        procs = _descendants([int(x) for x in line.split()])
+        assert len(procs) >= 4, "expected two servers, each with a child"  # noqa: PLR2004
+        if how != "normal":
+            drv.send_signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sigkill": signal.SIGKILL}[how])
+        drv.wait(30)
+        deadline = time.monotonic() + 20
+        while _alive(procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _alive(procs)
+        assert not left, f"left running after {how}: {[p.pid for p in left]}"
+    finally:
+        for p in _alive(_descendants([drv.pid])):
+            p.kill()
