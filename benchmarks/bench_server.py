@@ -160,7 +160,7 @@ def main() -> None:
         return serve(args.serve[0], args.serve[2] if len(args.serve) > 2 else None, args.serve[1] == "1")
     with tempfile.TemporaryDirectory() as tmp:
         src = baseline_source(args.baseline, Path(tmp))
-        servers = [("new (uvicorn + FastAPI)", Child("new", None, args.prefix_cache))]
+        servers = [("new (uvicorn + Starlette)", Child("new", None, args.prefix_cache))]
         if src is not None:
             servers.append(("old (http.server)", Child("old", src, args.prefix_cache)))
         try:

@@ -1,4 +1,4 @@
-"""`serve`: the OpenAI-compatible HTTP front end of the reference engine (uvicorn + FastAPI).
+"""`serve`: the OpenAI-compatible HTTP front end of the reference engine (uvicorn + Starlette).
 
 The server is a front end of the engine, not part of it: one engine thread owns the Engine
 (engine_thread.py); HTTP handlers on uvicorn's event loop reach it through a queue.
@@ -6,7 +6,7 @@ The server is a front end of the engine, not part of it: one engine thread owns 
 
 
 def __getattr__(name: str):
-    # lazy: the CLI imports harness.serve.command to build its parser, and FastAPI takes a second
+    # lazy: the CLI imports harness.serve.command to build its parser, and the HTTP stack takes a second
     if name in ("Server", "make_server"):
         from harness.serve import server
         return getattr(server, name)
