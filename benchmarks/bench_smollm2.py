@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads for both sides (default 1: fastest on a small shared box)")
     ap.add_argument("--max-context", type=int, default=256,
-                    help="row width of our engine (attention always reduces over it); default: the engine's")
+                    help="row width of our engine's slot table; default: the engine's")
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from harness.engine.build import load_model
-from harness.engine.model import Model, pad_rows
+from harness.engine.model import KV_CHUNK, Model, pad_rows
 
 L = 256
 
 
 class Rig:
-    def __init__(self):
+    def __init__(self, width: int = L, slots: int = 4096):
         cfg, w, _ = load_model("tiny")
-        self.cfg, self.m = cfg, Model(cfg, w, torch.device("cpu"))
-        self.k = [torch.zeros(4096, cfg.kv_heads, cfg.head_dim) for _ in range(cfg.layers)]
-        self.v = [torch.zeros(4096, cfg.kv_heads, cfg.head_dim) for _ in range(cfg.layers)]
+        self.cfg, self.m, self.L = cfg, Model(cfg, w, torch.device("cpu")), width
+        self.k = [torch.zeros(slots, cfg.kv_heads, cfg.head_dim) for _ in range(cfg.layers)]
+        self.v = [torch.zeros(slots, cfg.kv_heads, cfg.head_dim) for _ in range(cfg.layers)]
         self.next_slot = 1
 
     def slots(self, n):
@@ -26,7 +26,7 @@ class Rig:
 
     def prefill(self, reqs):
         """reqs: list of (tokens, slots, start): compute tokens[start:] with cache slots[:start] present."""
-        ids, pos, loc, groups, kvidx = [], [], [], [], torch.zeros(len(reqs), L, dtype=torch.long)
+        ids, pos, loc, groups, kvidx = [], [], [], [], torch.zeros(len(reqs), self.L, dtype=torch.long)
         for g, (toks, slots, start) in enumerate(reqs):
             groups.append((len(ids), len(toks) - start))
             ids += toks[start:]
@@ -48,7 +48,7 @@ class Rig:
         """reqs: list of (token, position, slots): one token each."""
         B = len(reqs)
         N = pad_rows(B)
-        kvidx = torch.zeros(N, L, dtype=torch.long)
+        kvidx = torch.zeros(N, self.L, dtype=torch.long)
         ids, pos, loc = [0] * N, [0] * N, [0] * N
         for b, (tok, p, slots) in enumerate(reqs):
             ids[b], pos[b], loc[b] = tok, p, slots[p]
@@ -113,3 +113,64 @@ def test_rows_must_be_padded_to_four():
     x, w = torch.randn(8, 64), torch.randn(128, 64)
     assert torch.equal((x[:4] @ w.T)[0], (x @ w.T)[0])
     assert pad_rows(1) == 4 and pad_rows(5) == 8 and pad_rows(8) == 8
+
+
+@pytest.mark.parametrize("width", [200, 256, 1024])
+def test_chunked_attention_is_batch_invariant_at_every_length(width, monkeypatch):
+    """Attention reduces over each request's own length in chunks of KV_CHUNK: a request's logits
+    are bitwise the same alone, in any batch (other lengths, other positions in the batch), at
+    lengths on both sides of a chunk boundary and at every row width, and whatever upper bound on
+    its length the caller gives."""
+    rng = random.Random(width)
+    rig = Rig(width, slots=8 * width + 1)
+    C = KV_CHUNK
+    lens = sorted({1, 2, C - 1, C, C + 1, 2 * C, 2 * C + 1, width // 2, min(width - 8, 300)})
+    reqs = []
+    for n in lens:
+        toks = _seq(rng, n + 1)
+        slots = rig.slots(n + 2)
+        rig.prefill([(toks[:n], slots, 0)])
+        reqs.append((toks[n], n, slots))
+    alone = [rig.decode([r])[0] for r in reqs]
+    for trial in range(6):
+        pick = rng.sample(range(len(reqs)), rng.randint(2, len(reqs)))
+        got = rig.decode([reqs[i] for i in pick])
+        for j, i in enumerate(pick):
+            assert torch.equal(got[j], alone[i]), (width, trial, lens[i], pick)
+    # an upper bound on the keys (the whole row, as off the CPU without the host's lengths)
+    # changes the cost, not the bits
+    monkeypatch.setattr(Model, "_kv_len", staticmethod(lambda pos, groups, w, hint: [w] * len(groups)))
+    got = rig.decode(reqs)
+    assert all(torch.equal(got[i], alone[i]) for i in range(len(reqs)))
+
+
+def test_prefill_and_decode_agree_across_chunk_boundaries():
+    """Positions just before, at and after a chunk boundary, decoded one by one, equal the last
+    row of a prefill over the same tokens (a fully masked chunk adds exact zeros)."""
+    rng = random.Random(11)
+    rig = Rig()
+    C = KV_CHUNK
+    toks = _seq(rng, 2 * C + 4)
+    s1, s2 = rig.slots(2 * C + 8), rig.slots(2 * C + 8)
+    start = C - 3
+    rig.prefill([(toks[:start], s1, 0)])
+    for p in range(start, 2 * C + 3):
+        dec = rig.decode([(toks[p], p, s1)])[0]
+        if p % C in (C - 2, C - 1, 0, 1):
+            assert torch.equal(dec, rig.prefill([(toks[:p + 1], s2, 0)])[0]), p
+
+
+def test_packed_linear_rows_do_not_depend_on_the_row_count():
+    """The reason large weights may go through oneDNN: a row's result is the same from 2 rows up
+    (measured; 1 row may differ), so the padding to 4 rows covers it as it covers F.linear."""
+    from harness.engine.model import _pack
+    w = torch.randn(1536, 576)
+    pk = _pack(w)
+    if pk is None:
+        pytest.skip("this torch has no oneDNN: large weights use F.linear")
+    m = Model.__new__(Model)
+    m.w, m._packed = {"w": w}, {}
+    x = torch.randn(64, 576)
+    ref = m.linear(x[:4], "w")
+    for rows in (4, 8, 12, 16, 40, 64):
+        assert torch.equal(m.linear(x[:rows], "w")[:4], ref), rows

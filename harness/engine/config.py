@@ -14,7 +14,7 @@ class ModelConfig:
     kv_heads: int
     head_dim: int
     intermediate: int
-    max_context: int  # width of a req_to_token row; attention always reduces over this length
+    max_context: int  # width of a req_to_token row (attention reduces over each request's own length)
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     tie_embeddings: bool = True

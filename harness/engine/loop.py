@@ -335,12 +335,14 @@ class Engine:
         ids, pos, loc = self.f_ids[:N].clone(), self.b_pos[s][:N].clone(), self.f_loc[:N].clone()
         if N > n:  # padded rows: token 0 at position 0 into the padding slot 0
             ids[n:], pos[n:], loc[n:] = 0, 0, 0
+        kv_len = [ps[-1] + 1 for ps in b.positions]  # the CPU knows each row's length: no device read
         if b.kind == "decode":
             groups = groups + [(i, 1) for i in range(n, N)]
+            kv_len += [1] * (N - n)
             kvidx = self.f_kvidx[:N]
         else:
             kvidx = self.f_kvidx[:B]
-        hidden = self.model.forward(ids, pos, loc, groups, kvidx, self.kv_k, self.kv_v)
+        hidden = self.model.forward(ids, pos, loc, groups, kvidx, self.kv_k, self.kv_v, kv_len)
         if self.spec is not None and self.spec.algo == "mtp":
             self.spec.f_phid[:N] = hidden
         M = pad_rows(B)
