@@ -29,6 +29,7 @@ from harness.serve.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ApiError, Ch
 
 log = logging.getLogger("overlap_harness.serve")
 SHUTTING_DOWN = "the server is shutting down"
+GONE = -1  # the choice index that tells a waiting handler its client disconnected
 
 
 class ClientGone(Exception):
@@ -234,22 +235,23 @@ def _abort_unfinished(front, request: Request, choices, handles, why: str) -> No
 
 
 async def _complete(front, request, meta, choices, handles, q, prm: Params, chat: bool, ptoks: int):
-    async def collect():
-        while not all(ch.done for ch in choices):
-            i, u = await q.get()
-            choices[i].take(u)
+    async def watch() -> None:  # the client going away shows up in the same queue as the tokens
+        await _until_disconnect(request)
+        q.put_nowait((GONE, None))
 
-    waiter = asyncio.ensure_future(collect())
-    watcher = asyncio.ensure_future(_until_disconnect(request))
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        left = len(choices)
+        while left:
+            i, u = await q.get()
+            if i == GONE:
+                _abort_unfinished(front, request, choices, handles, "non-streaming")
+                return Response(status_code=499)  # nobody reads it: the connection is gone
+            was_done = choices[i].done
+            choices[i].take(u)
+            left -= choices[i].done and not was_done
     finally:
         watcher.cancel()
-        if not waiter.done():
-            waiter.cancel()
-    if not waiter.done() or waiter.cancelled():
-        _abort_unfinished(front, request, choices, handles, "non-streaming")
-        return Response(status_code=499)  # nobody reads it: the connection is gone
     err = next((c.error for c in choices if c.error), None)
     if err is not None:
         status = 503 if ("crashed" in err or err == SHUTTING_DOWN) else 400

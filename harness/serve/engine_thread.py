@@ -41,6 +41,7 @@ class EngineThread(threading.Thread):
         self.served = 0
         self.loop: asyncio.AbstractEventLoop | None = None  # set by the server when it starts
         self._out: list[tuple[Handle, Update]] = []
+        self._new_tokens = 0  # generated this round, for the metrics
         self._halt = threading.Event()
         engine.listener = self._on_update
 
@@ -130,14 +131,17 @@ class EngineThread(threading.Thread):
         if fin is not None:
             del self.handles[id(r)]  # reported: the engine thread keeps nothing of it
             self.served += 1
+        self._new_tokens += len(new)
         if self.metrics is not None:
-            self.metrics.generation_tokens.inc(len(new))
             if fin is not None:
                 self.metrics.finished.labels(finish_reason=fin).inc()
         self._out.append((h, Update(list(new), list(lps), fin)))
 
     def _flush(self) -> None:
         """Hand this round's updates to the event loop in one call."""
+        if self._new_tokens and self.metrics is not None:
+            self.metrics.generation_tokens.inc(self._new_tokens)  # once a round, not once a token
+        self._new_tokens = 0
         if not self._out:
             return
         out, self._out = self._out, []
