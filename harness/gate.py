@@ -45,27 +45,45 @@ class GateResult:
 
 
 class _Collector:
+    """Each case's outcome. Under pytest-xdist the cases finish in any order, so the table is
+    built afterwards in collection order: the same suites, counts and first findings as a run
+    in one process."""
+
     def __init__(self, progress):
-        self.res = GateResult()
         self.progress = progress
+        self.order: dict[str, int] = {}  # node id -> position in collection order
+        self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+
+    def pytest_collection_finish(self, session):  # in one process
+        self.order = self.order or {item.nodeid: i for i, item in enumerate(session.items)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):  # each worker collects the same list
+        self.order = self.order or {nid: i for i, nid in enumerate(ids)}
 
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
             return
         suite = Path(str(report.fspath)).stem
-        s = self.res.suites.setdefault(suite, SuiteResult(suite))
-        s.cases += 1
-        if report.passed:
-            s.passed += 1
-        elif report.skipped:
-            s.skipped += 1
-        else:
-            s.failed += 1
-            if not s.first_failure:
-                s.first_failure = _message(report)
-                s.first_step = dict(report.user_properties).get("first_step")
+        outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
+        msg, step = ("", None) if outcome != "failed" else (
+            _message(report), dict(report.user_properties).get("first_step"))
+        self.records.append((report.nodeid, suite, outcome, msg, step))
         if self.progress:
             self.progress(suite, report)
+
+    @property
+    def res(self) -> GateResult:
+        res = GateResult()
+        last = len(self.order)
+        ranked = sorted(enumerate(self.records), key=lambda r: (self.order.get(r[1][0], last), r[0]))
+        for _, (_, suite, outcome, msg, step) in ranked:
+            s = res.suites.setdefault(suite, SuiteResult(suite))
+            s.cases += 1
+            setattr(s, outcome, getattr(s, outcome) + 1)
+            if outcome == "failed" and not s.first_failure:
+                s.first_failure, s.first_step = msg, step
+        return res
 
 
 def _message(report) -> str:
@@ -88,10 +106,38 @@ def suite_paths(names=None) -> list[str]:
     return out
 
 
+def xdist_args(workers) -> list[str]:
+    """pytest-xdist's arguments for `workers` ("auto": every core; 1: one process, no xdist)."""
+    if workers in (None, 1, "1"):
+        return []
+    import importlib.util
+    if importlib.util.find_spec("xdist") is None:
+        print("overlap-harness: pytest-xdist is not installed: the cases run in one process", file=sys.stderr)
+        return []
+    return ["-n", str(workers)]
+
+
+def worker_count(value: str) -> int:
+    """--workers: "auto" (every core this process may use) or a positive count; argparse type."""
+    import argparse
+    if value == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {value!r}")
+    return n
+
+
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
-               suites=None, progress=None, quiet: bool = True, device: str = "sim") -> GateResult:
+               suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1) -> GateResult:
     args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
-                                  "--oh-target", target, "--oh-device", device]
+                                  "--oh-target", target, "--oh-device", device] + xdist_args(workers)
     for f in faults:
         args += ["--oh-fault", f]
     if seeds:
@@ -103,11 +149,12 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
         code = pytest.main(args, plugins=[col])
-    col.res.exit_code = int(code)
-    col.res.seconds = time.perf_counter() - t
+    res = col.res
+    res.exit_code = int(code)
+    res.seconds = time.perf_counter() - t
     if code not in (0, 1) and quiet:  # a collection or usage error: show what pytest said
         sys.stderr.write(sink.getvalue()[-2000:])
-    return col.res
+    return res
 
 
 # -- check ----------------------------------------------------------------------------
@@ -116,7 +163,7 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if target == "ref":
         return
-    from harness.targets import make_target
+    from harness.targets import configure, make_target
     from harness.targets.served import TargetError, TargetUnavailable
     print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
@@ -124,7 +171,8 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
         kw = {"extra_args": list(server_args)} if server_args else {}
         if model:
             kw["model"] = model
-        make_target(target, frozenset(faults), **kw).start()
+        configure(target, **kw)
+        make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
         raise exc(f"target {target}: {e}") from None
     print(f"servers ready in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
@@ -195,11 +243,14 @@ def cmd_check(a) -> int:
             raise UsageError(f"cannot write --junit {a.junit}: no directory {d}")
         if not os.access(d, os.W_OK):
             raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+    # a served target's servers and a GPU belong to this process: their cases run here
+    workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
-    print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else ""),
-          file=sys.stderr)
+    print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
+          + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
-    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
+                     workers=workers)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -314,6 +365,9 @@ def add_commands(sub) -> None:
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
+    c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
+                   help="processes to spread the cases over with pytest-xdist: auto (default: every core) "
+                        "or a number; 1 runs them in this process")
     c.set_defaults(fn=cmd_check)
     m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
     m.add_argument("--target", default="ref", choices=TARGETS, help="whose fault catalogue (default: ref)")

@@ -48,8 +48,11 @@ def venv_python(home: Path) -> Path:
     return home / "venv" / "bin" / "python"
 
 
-def model_dir(home: Path) -> Path:
-    return home / "models" / "smollm2-135m-instruct"
+MODEL_DIRS = {"smollm2": "smollm2-135m-instruct", "arith": "arith"}
+
+
+def model_dir(home: Path, name: str = "smollm2") -> Path:
+    return home / "models" / MODEL_DIRS[name]
 
 
 def _has_cuda() -> bool:
@@ -160,6 +163,11 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         write_model_dir(md)
     else:
         print(f"[5/{n}] model directory ready: {md}", file=sys.stderr)
+    ad = model_dir(home, "arith")
+    from harness.targets.hf_export import arith_dir_current, write_arith_dir
+    if force or not _model_ok(ad) or not arith_dir_current(ad):  # the GSM8K gate's model
+        print(f"      and the arith fixture's model directory {ad}", file=sys.stderr)
+        write_arith_dir(ad)
     stamp["model_dir"] = str(md)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
     return stamp
@@ -188,8 +196,9 @@ def ready(home: Path | None = None) -> str | None:
     stamp = _read_stamp(home)
     if not stamp.get("venv_ok") or not venv_python(home).exists():
         return f"no vLLM venv in {home}: run `overlap-harness setup vllm`"
-    if not _model_ok(model_dir(home)):
-        return f"no model directory in {model_dir(home)}: run `overlap-harness setup vllm`"
+    for name in MODEL_DIRS:
+        if not _model_ok(model_dir(home, name)):
+            return f"no model directory in {model_dir(home, name)}: run `overlap-harness setup vllm`"
     return None
 
 

@@ -37,8 +37,7 @@ def vllm():
     except TargetUnavailable as e:
         _unavailable(str(e))
     yield t
-    t.close()
-    targets._SERVED.pop("vllm", None)
+    targets.close_served()
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +51,7 @@ def _workload(tok, seed=0, penalty=False):
         r.max_new_tokens = max(r.max_new_tokens, 16)
         if penalty and i % 2 == 0:
             r.repetition_penalty = 1.3
+    reqs[-1].n, reqs[-1].temperature, reqs[-1].seed = 2, 0.8, 7  # parallel samples, seeded
     return reqs
 
 
@@ -126,3 +126,28 @@ def test_silently_lost_overlap_fails(tmp_path):
             t.start(which=(True,))
     finally:
         t.close()
+
+
+def test_gsm8k_gate_on_vllm(tmp_path):
+    """The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
+    HF form, about 90% right on GSM8K-format questions): the correct vLLM passes, and ids read
+    before their copy landed are a significant silent accuracy loss."""
+    if setup_cmd.ready():
+        _unavailable(setup_cmd.ready())
+    from fixtures.arith import problems
+    from harness.stats import LOSS
+    from evals.test_gsm8k_gate import run_served_gate, served_gate_target
+    from harness import targets
+    t, _ = served_gate_target("vllm")
+    data = tmp_path / "heldout.jsonl"
+    problems.write_jsonl(data, problems.heldout(40))
+    try:
+        ok = run_served_gate(t, str(data), 40)
+        assert ok["verdict"] == "pass" and ok["stats"]["acc_ref"] >= 0.5, ok["stats"]
+        t.faults = frozenset({"sampled_ids_no_wait"})
+        t.set_plan(True)
+        bad = run_served_gate(t, str(data), 40)
+        assert bad["verdict"] == LOSS, bad["stats"]
+    finally:
+        t.close()
+        targets._SERVED.pop(("vllm", "arith"), None)

@@ -42,8 +42,8 @@ def load_model(name: str, max_context: int | None = None):
     raise ModelUnavailable(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 
 
-def _load_arith():
-    """The arithmetic fixture lives in the repository (fixtures/arith), not in the package."""
+def arith_loader():
+    """fixtures/arith/loader.py as a module: the fixture lives in the repository, not in the package."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "fixtures" / "arith" / "loader.py"
@@ -52,6 +52,11 @@ def _load_arith():
     spec = importlib.util.spec_from_file_location("overlap_harness_arith_loader", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _load_arith():
+    mod = arith_loader()
     try:
         return mod.load_arith()
     except (OSError, ValueError, RuntimeError) as e:

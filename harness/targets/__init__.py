@@ -5,7 +5,19 @@ black-box suites; `sglang` likewise on GPU runners. Any OpenAI-compatible pair o
 from __future__ import annotations
 
 TARGETS = ("ref", "vllm", "sglang")
-_SERVED: dict[str, object] = {}  # one server pair per process: every suite of a check reuses it
+_SERVED: dict[tuple, object] = {}
+_DEFAULTS: dict[str, dict] = {}  # what `check --served-model/--server-arg` gave, for every suite
+
+
+def configure(name: str, **kw) -> None:
+    """Switches every later make_target(name) gets (the suites ask by name only)."""
+    _DEFAULTS[name] = kw
+
+
+def close_served() -> None:
+    for t in list(_SERVED.values()):
+        t.close()
+    _SERVED.clear()  # one server pair per process: every suite of a check reuses it
 
 
 def make_target(name: str, faults=frozenset(), **kw):
@@ -13,13 +25,15 @@ def make_target(name: str, faults=frozenset(), **kw):
         from harness.targets.ref import RefTarget
         return RefTarget(faults=frozenset(faults), **kw)
     if name in ("vllm", "sglang"):
-        t = _SERVED.get(name)
+        kw = {**_DEFAULTS.get(name, {}), **kw}
+        key = (name, kw.get("model"))  # a pair per model: the GSM8K gate serves another one
+        t = _SERVED.get(key)
         if t is None:
             if name == "vllm":
                 from harness.targets.vllm import VllmTarget as cls
             else:
                 from harness.targets.sglang import SglangTarget as cls
-            t = _SERVED[name] = cls(faults=frozenset(faults), **kw)
+            t = _SERVED[key] = cls(faults=frozenset(faults), **kw)
         elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
             t.faults = frozenset(faults)
             if True in t.servers:

@@ -39,8 +39,13 @@ class VllmTarget(ServedTarget):
         except setup_cmd.SetupError as e:
             raise TargetUnavailable(str(e)) from None
         self.python = str(setup_cmd.venv_python(self.home))
-        self.model_path = model or str(setup_cmd.model_dir(self.home))
-        if model and not Path(model, "config.json").is_file():
+        if model in setup_cmd.MODEL_DIRS or model is None:
+            self.model_path = str(setup_cmd.model_dir(self.home, model or "smollm2"))
+            if model == "arith":  # its byte prompts and answers fit in 512 positions
+                max_model_len = min(max_model_len, 512)
+        else:
+            self.model_path = model
+        if not Path(self.model_path, "config.json").is_file():
             raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
@@ -53,6 +58,9 @@ class VllmTarget(ServedTarget):
             from harness.engine.smollm2 import HFTokenizer
             self._tok = HFTokenizer.from_dir(self.model_path)
         return self._tok
+
+    def served_key(self) -> str:
+        return self.model_path
 
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's own faults stay in force on the async server between runs
