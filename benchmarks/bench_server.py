@@ -17,7 +17,6 @@ import argparse
 import http.client
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys

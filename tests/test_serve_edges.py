@@ -417,3 +417,21 @@ def test_smollm2_serves_a_2048_context_by_default():
         assert p.wait(timeout=30) == 0
     finally:
         _stop(p)
+
+
+# -- bounded memory ----------------------------------------------------------------------------------
+def test_the_engine_keeps_bounded_windows_of_per_request_and_per_step_records(monkeypatch):
+    """What the engine keeps per finished request and per step is a window, not a log that a
+    long-running server grows forever (bench_server.py measures the RSS)."""
+    from harness.engine import loop, scheduler
+    from harness.engine.build import build_engine
+    from harness.engine.request import Request
+    monkeypatch.setattr(scheduler, "FINISHED_WINDOW", 5)
+    monkeypatch.setattr(loop, "ACCOUNTING_WINDOW", 7)
+    eng, tok = build_engine(EngineConfig(model="tiny", max_running=4))
+    reqs = [Request(f"r{i}", [tok.bos_id] + tok.encode(f"p{i}"), max_new_tokens=3) for i in range(20)]
+    eng.run(reqs)
+    assert all(r.finished for r in reqs) and eng.steps > 7
+    assert all(r.finished and r in reqs for r in eng.sched.finished)
+    assert len(eng.sched.finished) == 5 and len(eng.accounting_log) == 7
+    assert eng.accounting_log[-1] == eng.sched.accounting()  # the window keeps the newest

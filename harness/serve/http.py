@@ -144,7 +144,6 @@ class Guard:
                     msg = {**msg, "headers": [*msg.get("headers", []), (b"connection", b"close")]}
             await send(msg)
 
-        scope.setdefault("state", {})["guard_body_limit"] = self.max_body
         await self.app(scope, rcv, snd)
 
     async def _refuse(self, send, status: int, message: str) -> None:
