@@ -41,3 +41,22 @@ def test_a_renamed_point_is_named(site_packages, tmp_path):
     f.write_text(f.read_text().replace("def update_async_output_token_ids(", "def update_async_output_ids("))
     problems = check_source(tmp_path)
     assert len(problems) == 1 and "InputBatch.update_async_output_token_ids" in problems[0], problems
+
+
+def test_setup_again_is_a_no_op(site_packages, capsys):
+    """A second `setup vllm` finds everything in place and installs nothing."""
+    from harness.cli import main
+    assert main(["setup", "vllm"]) == 0
+    err = capsys.readouterr().err
+    assert "vLLM venv ready" in err and "agent installed" in err and "model directory ready" in err, err
+    assert "installing" not in err, err
+
+
+def test_check_without_setup_is_one_line(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+    from harness import targets
+    monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(targets, "_SERVED", {})
+    assert main(["check", "--target", "vllm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("overlap-harness: error: target vllm: no vLLM venv in ") and "setup vllm" in err[-1]
