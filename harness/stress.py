@@ -423,11 +423,39 @@ class StressResult:
         return self.best is not None
 
 
+def burst_seeds(seed: int, shard: int = 0, of: int = 1):
+    """The seeds of the search bursts of shard `shard` of `of`. The bursts of one --seed form one
+    sequence; shard I of N takes every N-th burst from the I-th, so N shards (a CI matrix of N
+    jobs) explore disjoint bursts, together the sequence one run would, and shard 0/1 is that run.
+    A finding needs no shard to replay: its reproducer holds the case and the engine seed."""
+    rnd = random.Random(seed)
+    k = 0
+    while True:
+        s = rnd.getrandbits(64)
+        if k % of == shard:
+            yield s
+        k += 1
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """--shard I/N (0 <= I < N) -> (I, N); ValueError with the reason otherwise."""
+    i, sep, n = text.partition("/")
+    try:
+        shard, of = int(i), int(n)
+    except ValueError:
+        shard = of = -1
+    if not sep or of < 1 or not 0 <= shard < of:
+        raise ValueError(f"bad --shard {text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return shard, of
+
+
 class Stress:
     def __init__(self, *, seconds: float, seed: int = 0, faults=frozenset(), detect: str = "all",
                  kinds=POLICY_KINDS, shrink: bool = True, shrink_seconds: float = 60.0, max_requests: int = 6,
-                 max_running: int = 4, model: str = "tiny", spec: bool | None = None, progress=None):
+                 max_running: int = 4, model: str = "tiny", spec: bool | None = None, progress=None,
+                 shard: tuple[int, int] = (0, 1)):
         self.seconds, self.seed, self.faults, self.detect = seconds, seed, frozenset(faults), detect
+        self.shard = shard  # (I, N): this run explores every N-th search burst from the I-th
         self.kinds, self.shrink, self.shrink_seconds = tuple(kinds), shrink, shrink_seconds
         self.max_requests, self.max_running, self.model = max_requests, max_running, model
         self.spec = spec  # None: explore plain and speculative decoding; False / True: only one
@@ -493,7 +521,8 @@ class Stress:
         r = self.res
         el = time.monotonic() - self._t0
         rate = r.runs / el if el > 0 else 0.0
-        line = (f"stress seed {self.seed}: {r.runs} schedules, {rate:.1f}/s, hazards {r.hazards}, "
+        shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
+        line = (f"stress seed {self.seed}{shard}: {r.runs} schedules, {rate:.1f}/s, hazards {r.hazards}, "
                 f"divergences {r.divergences}" + (f", violations {r.violations}" if r.violations else "")
                 + (f", crashes {r.crashes}" if r.crashes else ""))
         if self._phase == "shrink" and r.best is not None:
@@ -515,13 +544,13 @@ class Stress:
         # distinct drafters and policies in the first 30 s).
         opts = settings(database=None, max_examples=BURST, deadline=None, phases=[Phase.generate, Phase.shrink],
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-        rnd = random.Random(self.seed)
+        seeds = burst_seeds(self.seed, *self.shard)
         self._t0 = time.monotonic()
         self._deadline = self._t0 + self.seconds
         try:
             while self.res.first is None and time.monotonic() < self._deadline:
                 try:
-                    find(strategy, self._condition, settings=opts, random=random.Random(rnd.getrandbits(64)))
+                    find(strategy, self._condition, settings=opts, random=random.Random(next(seeds)))
                 except (NoSuchExample, Unsatisfiable):
                     continue  # nothing in this burst: the next one
         except _Stop:
@@ -641,16 +670,21 @@ def cmd_stress(a) -> int:
         from harness.strategies import drafters
         if not drafters(a.model):
             raise _usage("--spec on: this engine has no speculative decoding")
+    try:
+        shard = parse_shard(a.shard)
+    except ValueError as e:
+        raise _usage(str(e)) from None
     faults = frozenset(a.fault)
     ordering = [f for f in faults if not CATALOGUE[f].ordering]
-    print(f"overlap-harness stress: seed {a.seed}, {a.minutes:g} min, faults "
+    print(f"overlap-harness stress: seed {a.seed}" + (f", shard {a.shard}" if shard[1] > 1 else "")
+          + f", {a.minutes:g} min, faults "
           f"{', '.join(sorted(faults)) or 'none'}, policies {','.join(kinds)}, detect {a.detect}, out {a.out}"
           + (f" (not ordering faults: {', '.join(ordering)}; only their tokens can show them)" if ordering else ""),
           file=sys.stderr)
     s = Stress(seconds=a.minutes * 60, seed=a.seed, faults=faults, detect=a.detect, kinds=kinds,
                shrink=a.shrink, shrink_seconds=a.shrink_seconds, max_requests=a.max_requests,
                max_running=a.max_running, model=a.model, spec={"both": None, "off": False, "on": True}[a.spec],
-               progress=_progress_printer())
+               progress=_progress_printer(), shard=shard)
     with sigterm_as_interrupt() as term:  # CI cancellations and `timeout` send SIGTERM: keep what was found
         res = s.run()
     code = EXIT_TERMINATED if term else EXIT_INTERRUPTED
@@ -724,6 +758,9 @@ def add_commands(sub) -> None:
     s = sub.add_parser("stress", help="explore workloads x schedule policies; shrink and save the first failure")
     s.add_argument("--minutes", type=float, default=1.0, help="time to explore (default 1)")
     s.add_argument("--seed", type=int, default=0, help="drives the search and the engine (default 0)")
+    s.add_argument("--shard", default="0/1", metavar="I/N",
+                   help="explore shard I of N: a disjoint slice of the seed's search bursts, so N jobs "
+                        "(a CI matrix) cover N times the schedules (default 0/1: all of them)")
     s.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     s.add_argument("--out", default="stress-out", metavar="DIR",
                    help="where a failure's reproducer, trace and PNG go (default stress-out)")

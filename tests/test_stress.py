@@ -173,3 +173,28 @@ def test_two_minute_stress_of_the_correct_engine_finds_nothing(tmp_path):
     res = Stress(seconds=120, seed=1).run()
     assert res.runs > 50, f"only {res.runs} schedules in 2 minutes"
     assert not res.failed, f"false alarm on the correct engine: {res.best[1].summary}\n{res.best[0]}"
+
+
+def test_shards_explore_disjoint_bursts_and_a_shard_finding_replays_alone(tmp_path, capsys):
+    """--shard I/N: N shards take disjoint slices of one seed's search bursts, together the whole
+    sequence; a finding in shard 1/2 replays from its reproducer alone (no shard in it)."""
+    import itertools
+    from harness.cli import main
+    from harness.stress import burst_seeds
+    whole = list(itertools.islice(burst_seeds(7), 30))
+    parts = [list(itertools.islice(burst_seeds(7, i, 3), 10)) for i in range(3)]
+    assert all(not set(a) & set(b) for a, b in itertools.combinations(parts, 2))
+    assert sorted(sum(parts, [])) == sorted(whole) and parts[0] != list(itertools.islice(burst_seeds(7), 10))
+    assert list(itertools.islice(burst_seeds(7, 0, 1), 30)) == whole  # shard 0/1 is the unsharded run
+
+    res = Stress(seconds=FIND_BUDGET_S, seed=0, faults={"no_fence"}, shrink_seconds=3, shard=(1, 2)).run()
+    assert res.failed, "shard 1/2 did not find no_fence"
+    case, failure = res.best
+    paths = write_artifacts(str(tmp_path), case, failure, faults={"no_fence"}, seed=0, model="tiny", detect="all")
+    again = replay(load_reproducer(paths["repro"]))
+    assert again is not None and again.signature == failure.signature
+
+    for bad in ("2/2", "1", "a/b", "0/0"):
+        assert main(["stress", "--minutes", "1", "--shard", bad, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "bad --shard" in err, err
