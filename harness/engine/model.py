@@ -142,15 +142,18 @@ class Model:
         # gathered head-major ([P * kv, C, d], contiguous): bmm on a permuted view costs 3x
         k = k_pool.view(-1, d).index_select(0, a["elems"]).view(P * kvh, C, d)
         v = v_pool.view(-1, d).index_select(0, a["elems"]).view(P * kvh, C, d)
-        qs = q * self.scale
-        if P > 1 or G > 1:
-            qs = qs.index_select(0, pr)
-        s = torch.bmm(qs.view(P * kvh, R, d), k.transpose(1, 2)).view(P, kvh, R, C) + a["bias"]
-        # the softmax runs over a block's row of K chunks; chunks it does not have stay -inf,
-        # i.e. exact zeros appended to its lanes (the same bits as a row of its own length)
-        row = s.new_full((G, kvh, R, K, C), float("-inf"))
-        row[pr, :, :, pc] = s
-        p = torch.softmax(row.view(G, kvh, R, K * C), dim=-1).view(G, kvh, R, K, C)[pr, :, :, pc]  # [P, kv, R, C]
+        if P > G:  # (with one chunk per block the pairs are the blocks, in order)
+            q = q.index_select(0, pr)
+        # scale * q.k + mask, in one call (fewer calls: each one costs the hazard tracker)
+        s = torch.baddbmm(a["bias"], q.view(P * kvh, R, d), k.transpose(1, 2), alpha=self.scale)  # [P*kv, R, C]
+        if P == G:
+            p = torch.softmax(s, dim=-1)
+        else:
+            # the softmax runs over a block's row of K chunks; chunks it does not have stay -inf,
+            # i.e. exact zeros appended to its lanes (the same bits as a row of its own length)
+            row = s.new_full((G, kvh, R, K, C), float("-inf"))
+            row[pr, :, :, pc] = s.view(P, kvh, R, C)
+            p = torch.softmax(row.view(G, kvh, R, K * C), dim=-1).view(G, kvh, R, K, C)[pr, :, :, pc]
         o = torch.bmm(p.reshape(P * kvh, R, C), v).view(P, kvh, R, d)
         # chunk results added in chunk order from zero: a chunk past the length adds exact zeros
         return q.new_zeros(G, kvh, R, d).index_add_(0, pr, o)
@@ -159,7 +162,7 @@ class Model:
         """Gather indices and masks for G query blocks. kv_rows: [G, width] slots of each block's
         row; lens: keys each block may see (host ints; an upper bound is enough); qpos: [G, R]
         position of each query row, -1 for padding rows."""
-        C, G, kvh = KV_CHUNK, len(lens), self.cfg.kv_heads
+        C, G, kvh, R = KV_CHUNK, len(lens), self.cfg.kv_heads, qpos.shape[1]
         nk = [kv_chunks(n) for n in lens]
         K = max(nk)
         if kv_rows.shape[1] < K * C:  # a width that is not a multiple of the chunk: slot 0, masked
@@ -175,7 +178,8 @@ class Model:
         # additive mask: -inf for keys past a row's position; padded rows (qpos -1) see every
         # key, so their row stays finite (their q is zero)
         hide = (keypos[:, None, :] > qp[:, :, None]) & (qp[:, :, None] >= 0)
-        bias = torch.zeros(hide.shape, device=dev).masked_fill_(hide, float("-inf"))[:, None]  # [P, 1, R, C]
+        bias = torch.zeros(hide.shape, device=dev).masked_fill_(hide, float("-inf"))  # [P, R, C]
+        bias = bias[:, None].expand(-1, kvh, -1, -1).reshape(-1, R, C)  # [P * kv, R, C], as baddbmm takes it
         return {"K": K, "pair_req": pr, "pair_chunk": pc, "elems": elems.reshape(-1), "bias": bias}
 
     @staticmethod

@@ -584,10 +584,18 @@ class AccessTracker:
         if buf.unit == 1 or t.dim() == 0:
             return None
         r0 = buf.rows_view(t)
-        if r0 is None:
-            return None
         idx = index.cpu().reshape(-1).to(torch.int64)
         idx = torch.where(idx < 0, idx + t.shape[0], idx)
+        if r0 is None:
+            # a contiguous view that cuts whole rows into shorter ones (the KV pool as
+            # [slots * kv_heads, head_dim], which attention gathers head-major): the unit of
+            # each indexed row, without mapping every element
+            n = t[0].numel() if t.shape[0] else 0
+            off = t.storage_offset() - buf.off
+            if (not n or not t.is_contiguous() or t.element_size() != buf.itemsize or buf.unit % n
+                    or off % n):
+                return None
+            return (off + idx * n) // buf.unit
         return idx + r0 if r0 else idx
 
     def _index_map(self, buf: _Buf, t: torch.Tensor):
