@@ -21,3 +21,4 @@ test: venv vllm
 
 bench: venv
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@echo "== every benchmark against its anchor, side by side (benchmarks/table.py)"; $(PY) benchmarks/table.py
