@@ -266,6 +266,11 @@ class ServedTarget(Target):
         body = self.payload(r, overlap)
         if r.abort_after is not None:
             return self._send_aborted(client, base, r, body)
+        return self.request(client, base, r, body)
+
+    def request(self, client, base: str, r, body: dict) -> list[tuple]:
+        """One request on the engine's own API: [(rid, token ids, finish reason, logprob records)],
+        one tuple per returned choice. This: OpenAI completions with ids as "token_id:N"."""
         resp = client.post(f"{base}/v1/completions", json=body)
         if resp.status_code >= 500:  # the engine failed this request: an outcome to compare, not ours
             return [(r.rid, [], f"server error {resp.status_code}: {_error_message(resp)}", [])]

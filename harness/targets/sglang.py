@@ -20,10 +20,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from harness.agents.sglang_points import BARRIER_BLOCK_MS
-from harness.targets.served import ARRIVAL_MS, TOP_LOGPROBS, ServedTarget, TargetError, TargetUnavailable
+from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, TargetUnavailable
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)
@@ -133,13 +132,7 @@ class SglangTarget(ServedTarget):
         return {"input_ids": ids if n == 1 else [ids] * n, "sampling_params": sp if n == 1 else [sp] * n,
                 "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
 
-    def _send(self, client, base: str, r, overlap: bool, t0: float):
-        wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        body = self.payload(r, overlap)
-        if r.abort_after is not None:
-            return self._send_aborted(client, base, r, body)
+    def request(self, client, base: str, r, body: dict):
         resp = client.post(f"{base}/generate", json=body)
         if resp.status_code != 200:
             raise TargetError(f"sglang: request {r.rid} refused with {resp.status_code}: {resp.text[:300]}")
