@@ -21,18 +21,26 @@ HOST = "host"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+_SHOWN: dict[str, str | None] = {}  # code file -> its name in reports, None inside the device layer
+
+
+def _shown(fn: str) -> str | None:
+    # cached per file: path arithmetic on every launch was a tenth of a tiny-model step
+    if fn not in _SHOWN:
+        root = os.path.dirname(os.path.dirname(_HERE))
+        _SHOWN[fn] = (None if os.path.dirname(os.path.abspath(fn)) == _HERE
+                      else os.path.relpath(fn, root) if fn.startswith(root) else fn)
+    return _SHOWN[fn]
+
+
 def issue_site() -> str:
     """file:line of the first frame outside the device layer: where the engine issued the op."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and _shown(f.f_code.co_filename) is None:
         f = f.f_back
     if f is None:
         return "?"
-    fn = f.f_code.co_filename
-    root = os.path.dirname(os.path.dirname(_HERE))
-    if fn.startswith(root):
-        fn = os.path.relpath(fn, root)
-    return f"{fn}:{f.f_lineno}"
+    return f"{_shown(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 @dataclass
