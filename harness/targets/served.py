@@ -179,9 +179,6 @@ class ServedTarget(Target):
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
         """Raise TargetError when the effective overlap setting is not `overlap`."""
 
-    def extra_body(self, overlap: bool) -> dict:
-        return {}
-
     # -- the servers ----------------------------------------------------------------------
     def facts_dir(self, overlap: bool) -> Path:
         return self.workdir / ("facts-on" if overlap else "facts-off")
@@ -256,7 +253,6 @@ class ServedTarget(Target):
         n = getattr(r, "n", 1)
         if n and n > 1:
             body["n"] = n
-        body.update(self.extra_body(overlap))
         return body
 
     def _send(self, client, base: str, r, overlap: bool, t0: float):
