@@ -686,7 +686,16 @@ def cmd_stress(a) -> int:
                max_running=a.max_running, model=a.model, spec={"both": None, "off": False, "on": True}[a.spec],
                progress=_progress_printer(), shard=shard)
     with sigterm_as_interrupt() as term:  # CI cancellations and `timeout` send SIGTERM: keep what was found
-        res = s.run()
+        try:
+            res = s.run()
+        except KeyboardInterrupt:  # came after the search's own handling (while it wrapped up)
+            s.res.interrupted = True
+            res = s.res
+        with sigterm_deferred():  # from here on a SIGTERM must not cost what was found
+            return _report(a, res, term, faults)
+
+
+def _report(a, res, term, faults) -> int:
     code = EXIT_TERMINATED if term else EXIT_INTERRUPTED
     r = res
     print(f"{r.runs} schedules in {r.explore_s + r.shrink_s:.1f} s ({r.runs / max(r.explore_s + r.shrink_s, 1e-9):.1f}/s)"
@@ -697,8 +706,7 @@ def cmd_stress(a) -> int:
               f"PASS: no hazard, divergence or crash in {r.runs} schedules", file=sys.stdout)
         return code if res.interrupted else 0
     case, failure = res.best
-    with sigterm_deferred():  # a second SIGTERM must not cost the reproducer
-        paths = write_artifacts(a.out, case, failure, faults=faults, seed=a.seed, model=a.model, detect=a.detect)
+    paths = write_artifacts(a.out, case, failure, faults=faults, seed=a.seed, model=a.model, detect=a.detect)
     first_case = res.first[0]
     print(f"FAIL: {failure.kind}: {failure.summary}")
     print(f"found after {r.first_found_s:.1f} s with {len(first_case.requests)} requests; shrunk to "
