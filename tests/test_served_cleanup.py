@@ -13,8 +13,12 @@ import psutil
 import pytest
 
 DRIVER = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     from harness.targets.served import ServedTarget
+
+    # a shell that starts a job in the background (CI's, nohup) has it ignore SIGINT; Ctrl-C at a
+    # terminal is what this driver stands for
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     class Tiny(ServedTarget):
         name = "tiny-http"

@@ -289,6 +289,9 @@ class Scheduler:
                 self.violations.append(f"step {batch.step}: {r.rid} length {lens[i]} != {r.fill} + {n}")
             r.fill = lens[i]
             for t in tokens[i][:n]:
+                # verify keeps no per-token record: a placeholder keeps records aligned with tokens
+                # (a retracted request's re-prefill appends the record of a later token)
+                r.output_logprobs.append(None)
                 self._append(r, t)
                 if r.state is not State.RUNNING:
                     break

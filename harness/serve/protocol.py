@@ -228,7 +228,7 @@ def completion_logprobs(ch: Choice, k: int, start: int, end: int) -> dict:
     toks, lps, tops, offs = [], [], [], []
     for i in range(start, end):
         t = ch.ids[i]
-        lp, top = ch.lps[i] if i < len(ch.lps) else (0.0, [])
+        lp, top = (ch.lps[i] if i < len(ch.lps) else None) or (0.0, [])  # None: no record (speculative)
         toks.append(_token_str(tok, t))
         lps.append(lp)
         tops.append({_token_str(tok, a): b for a, b in top[:k]} if k else None)
@@ -243,7 +243,7 @@ def chat_logprobs(ch: Choice, k: int, start: int, end: int) -> dict:
     content = []
     for i in range(start, end):
         t = ch.ids[i]
-        lp, top = ch.lps[i] if i < len(ch.lps) else (0.0, [])
+        lp, top = (ch.lps[i] if i < len(ch.lps) else None) or (0.0, [])  # None: no record (speculative)
         s = _token_str(tok, t)
         content.append({"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
                         "top_logprobs": [{"token": _token_str(tok, a), "logprob": b,
