@@ -25,7 +25,7 @@ from harness.divergence import record_problems, run_logprobs  # noqa: E402
 from harness.reference import divergences  # noqa: E402
 from harness.targets.vllm import VllmTarget  # noqa: E402
 
-ROUNDS = 3
+ROUNDS = 5
 
 
 class NoAgent(VllmTarget):
