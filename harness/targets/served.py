@@ -279,22 +279,28 @@ class ServedTarget(Target):
             out.append((rid, ids, c.get("finish_reason"), lps))
         return out
 
+    stream_path = "/v1/completions"
+
+    def stream_update(self, event: dict, ids: list, lps: list) -> tuple[list, list]:
+        """The ids and records received so far, after one streamed event of `stream_path`."""
+        for c in event.get("choices", []):
+            i, lp = _ids_and_logprobs(c.get("logprobs") or {})
+            ids, lps = ids + i, lps + lp
+        return ids, lps
+
     def _send_aborted(self, client, base, r, body):
         """A client that disconnects after `abort_after` tokens: what the server does on a drop.
         Its documented result is its first `abort_after` tokens."""
         import json
         body = {**body, "stream": True}
         ids, lps = [], []
-        with client.stream("POST", f"{base}/v1/completions", json=body) as resp:
+        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
             if resp.status_code != 200:
                 raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}")
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                for c in json.loads(line[6:]).get("choices", []):
-                    i, lp = _ids_and_logprobs(c.get("logprobs") or {})
-                    ids += i
-                    lps += lp
+                ids, lps = self.stream_update(json.loads(line[6:]), ids, lps)
                 if len(ids) >= r.abort_after:
                     break  # leaving the block closes the connection: the server aborts the request
         k = r.abort_after

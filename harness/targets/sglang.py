@@ -16,7 +16,6 @@ endpoint keys top logprobs by text).
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -140,27 +139,14 @@ class SglangTarget(ServedTarget):
         outs = outs if isinstance(outs, list) else [outs]
         return [((r.rid if len(outs) == 1 else f"{r.rid}#{i}"),) + parse_generate(o) for i, o in enumerate(outs)]
 
-    def _send_aborted(self, client, base, r, body):
-        """Streams and disconnects after `abort_after` tokens (SGLang aborts the request)."""
-        body = {**body, "stream": True}
-        ids, lps = [], []
-        with client.stream("POST", f"{base}/generate", json=body) as resp:
-            if resp.status_code != 200:
-                raise TargetError(f"sglang: request {r.rid} refused with {resp.status_code}")
-            for line in resp.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                got, _, lp = parse_generate(json.loads(line[6:]))
-                # chunks carry either everything so far or only the new tokens
-                if got[:len(ids)] == ids and len(got) >= len(ids):
-                    ids, lps = got, lp if len(lp) >= len(lps) else lps + lp
-                else:
-                    ids, lps = ids + got, lps + lp
-                if len(ids) >= r.abort_after:
-                    break
-        k = r.abort_after
-        return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
+    stream_path = "/generate"
 
+    def stream_update(self, event: dict, ids: list, lps: list) -> tuple[list, list]:
+        got, _, lp = parse_generate(event)
+        # chunks carry either everything so far or only the new tokens
+        if got[:len(ids)] == ids and len(got) >= len(ids):
+            return got, (lp if len(lp) >= len(lps) else lps + lp)
+        return ids + got, lps + lp
 
 def parse_generate(out: dict) -> tuple[list[int], str | None, list]:
     """(output ids, finish reason, [(own logprob, [(token id, logprob)] top-k)]) from one
