@@ -23,9 +23,9 @@ class SourceUnavailable(Exception):
 
 
 def cache_root() -> Path:
-    """OVERLAP_HARNESS_CACHE, else ~/.cache/overlap-harness."""
-    env = os.environ.get("OVERLAP_HARNESS_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "overlap-harness"
+    """The one cache folder every target shares (harness.setup_cmd.cache_root)."""
+    from harness.setup_cmd import cache_root as shared
+    return shared()
 
 
 def fetch_source(version: str = WRITTEN_AGAINST, cache: Path | None = None, timeout: float = 600) -> Path:
