@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import fcntl
-import os
 import subprocess
 import sys
 import zipfile
