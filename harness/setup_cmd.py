@@ -174,12 +174,13 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
 
 
 def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
-    """Our package in the vLLM venv without dependencies, for its entry point. Editable, so the
-    agent code is this checkout's own; reinstalled (a few seconds) when another checkout or
-    changed entry points ask for it."""
+    """Our package in the vLLM venv without dependencies, for its entry point only: the servers
+    run with this checkout first on PYTHONPATH (agent_pythonpath), so the agent code is always
+    the checkout's own and several checkouts (CI's clone, a worktree) share one install.
+    Reinstalled (a few seconds) when the entry points change."""
     stamp = _read_stamp(home)
     agent_id = _agent_id()
-    if not force and stamp.get("project_root") == str(ROOT) and stamp.get("agent_id") == agent_id:
+    if not force and stamp.get("agent_id") == agent_id:
         if label:
             print(f"{label} agent installed (from {ROOT})", file=sys.stderr)
         return
@@ -188,6 +189,13 @@ def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
           "--no-build-isolation", "-e", str(ROOT)], "installing the agent")
     stamp["project_root"], stamp["agent_id"] = str(ROOT), agent_id
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
+
+
+def agent_pythonpath(env: dict) -> str:
+    """PYTHONPATH for a server process: this checkout first, so `harness` (the agent) is imported
+    from here whichever checkout installed the entry point."""
+    rest = env.get("PYTHONPATH")
+    return str(ROOT) + (os.pathsep + rest if rest else "")
 
 
 def ready(home: Path | None = None) -> str | None:

@@ -83,6 +83,7 @@ class VllmTarget(ServedTarget):
         env.setdefault("VLLM_DO_NOT_TRACK", "1")
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # two servers share two cores here
         env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
         return env
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
