@@ -157,6 +157,7 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         stamp = {**want, "venv_ok": True}
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[4/{n}]")
+    stamp = _read_stamp(home)  # ensure_agent wrote its part of the stamp
     md = model_dir(home)
     if force or not _model_ok(md):
         _step(5, n, f"writing the SmolLM2 model directory {md}")
