@@ -118,3 +118,21 @@ def judge(counts: dict, tokens: int | None) -> tuple[bool | None, str]:
                        f"(more than {EARLY_FRACTION:.0%}); {ov} overlapped, {single} with one batch only "
                        "not counted")
     return True, figs
+
+
+def schedules_during_forwards(events, forwards) -> tuple[int, int]:
+    """(k, m): of the m schedules of a non-empty batch in `events` (HostOrder's) that fall within
+    the span of `forwards` (the worker's [start, end] ns of each forward), k began while a forward
+    ran. The time-side evidence where the worker is another process: an overlapped loop schedules
+    step N+1 during step N's forward; one that waits first schedules while the worker idles."""
+    fw = sorted((int(a), int(b)) for a, b in forwards or ())
+    if not fw:
+        return 0, 0
+    lo, hi = fw[0][0], fw[-1][1]
+    k = m = 0
+    for kind, _, t, _ in events or ():
+        if kind != "schedule" or not lo <= t <= hi:
+            continue
+        m += 1
+        k += any(a <= t <= b for a, b in fw)
+    return k, m

@@ -94,7 +94,8 @@ def _engine_loop(orig):
         f.set(async_scheduling=bool(self.vllm_config.scheduler_config.async_scheduling),
               scheduler=type(self.scheduler).__name__,
               batch_queue_size=int(getattr(self, "batch_queue_size", 1) or 1),
-              overlapped_schedules=0, steps=0, tokens_out=0)
+              overlapped_schedules=0, steps=0, tokens_out=0,
+              executor=type(getattr(self, "model_executor", None)).__name__)
         _register_stack_dump()
         _time_host(self)
         f.write(True)
@@ -180,7 +181,7 @@ def _delivered(core, outputs) -> None:
         p = sorted(_TOKENS["periods"])  # the median: one long prefill step does not move it
         f.set(token_period_ms=round(1000 * p[len(p) // 2], 3) if p else None)
     if _HOST is not None:
-        f.set(host_order=_HOST.facts())
+        f.set(host_order=_HOST.facts(last=96))
     f.write(idle)  # at the end of a burst at once: a run's last figures are there when it returns
 
 
@@ -259,15 +260,24 @@ def _worker_execute(orig):
     def execute_model(self, *a, **kw):
         _PLAN.delay("worker_execute")
         if "forward_inline" not in _facts("worker").data and _ENGINE_THREAD["id"] is not None:
-            # on the engine core's own thread (UniProcExecutor): no device runs the step meanwhile
+            # on the engine core's own thread (UniProcExecutor): nothing runs the step meanwhile
             _facts("worker").set(forward_inline=threading.get_ident() == _ENGINE_THREAD["id"])
             _facts("worker").write(True)
         t = time.monotonic()
+        t_ns = time.monotonic_ns()
         try:
             return orig(self, *a, **kw)
         finally:
             _measured(time.monotonic() - t)
+            # when the worker ran each forward, on the clock the engine core's events use: what
+            # the target compares the engine core's schedules with (did one run during a forward?)
+            _FORWARDS.append((t_ns, time.monotonic_ns()))
+            _facts("worker").set(forwards=[list(x) for x in _FORWARDS])
+            _facts("worker").write()
     return execute_model
+
+
+_FORWARDS: deque = deque(maxlen=64)
 
 
 # -- the sampled-id copy, asynchronous on CPU ---------------------------------------------

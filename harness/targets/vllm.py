@@ -126,10 +126,17 @@ class VllmTarget(ServedTarget):
         counts = host_order.delta(e["host_order"], b.get("host_order"))
         tokens = e.get("tokens_out", 0) - b.get("tokens_out", 0)
         effective, why = host_order.judge(counts, tokens)
-        inline = any(w.get("forward_inline") for w in facts if w.get("role") == "worker")
-        evidence = (f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
-                    + ("; the forward runs inline on the engine core's thread (UniProcExecutor on CPU), so only "
-                       "the order is judged, not device time" if inline else "; no device timestamps"))
+        workers = [w for w in facts if w.get("role") == "worker"]
+        inline = any(w.get("forward_inline") for w in workers)
+        evidence = f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
+        if inline:
+            evidence += ("; the forward runs inline on the engine core's thread (UniProcExecutor), so only the "
+                         "order is judged, not time")
+        else:
+            k, m = host_order.schedules_during_forwards(e["host_order"].get("last_events"),
+                                                        [x for w in workers for x in w.get("forwards") or ()])
+            evidence += (f"; time, {e.get('executor')} (the worker is its own process, same clock): {k} of the "
+                         f"last {m} schedules began during a forward" if m else "; no forward times to compare")
         verdict = {True: "effective", False: "LOST", None: "not judged"}[effective]
         return effective, f"overlap: {verdict} ({why}; {evidence})"
 
