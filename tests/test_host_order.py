@@ -79,3 +79,12 @@ def test_hang_bound():
     facts = [{"role": "engine", "tokens_out": 7, "token_period_ms": 40.0, "steps": 9}, {"role": "api"}]
     assert progress_of(facts) == (7, 0.04, 9)
     assert progress_of([{"role": "api"}])[0] is None  # no counter: no watchdog
+
+
+def test_schedules_during_forwards():
+    from harness.agents.host_order import schedules_during_forwards
+    fw = [(100, 200), (210, 300)]
+    events = [("schedule", 0, 50, 3), ("schedule", 1, 150, 3), ("wait", 0, 160, 0), ("schedule", 2, 205, 3),
+              ("schedule_empty", -1, 250, 0), ("schedule", 3, 250, 3)]
+    assert schedules_during_forwards(events, fw) == (2, 3)  # 50: before the span; 205: the worker idled
+    assert schedules_during_forwards(events, []) == (0, 0)
