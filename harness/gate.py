@@ -213,9 +213,19 @@ def overlap_line(res: GateResult) -> str:
 
 def served_overlap_line(target: str) -> str:
     """A served target's overlap, from what its agent saw (checked after every run already)."""
-    from harness.targets import make_target
-    summary = getattr(make_target(target), "overlap_summary", None)
+    summary = getattr(_served_pair(target), "overlap_summary", None)
     return summary() if summary else ""
+
+
+def _served_pair(target: str):
+    """The server pair the suites used, as it is (make_target would reset its faults)."""
+    from harness import targets
+    return targets._SERVED.get((target, targets._DEFAULTS.get(target, {}).get("model")))
+
+
+def served_hangs(target: str) -> list[dict]:
+    """The runs the progress watchdog ended as HANG: {"line", "report", "stacks"} each."""
+    return list(getattr(_served_pair(target), "hangs", []) or []) if target != "ref" else []
 
 
 def check_seeds(seeds, error) -> None:
@@ -259,11 +269,15 @@ def cmd_check(a) -> int:
     line = overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)
     if line:
         print(line)
-    verdict = "PASS" if res.ok else "FAIL"
+    hangs = served_hangs(a.target)
+    for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
+        print(h["line"])
+        print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+    verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
           + (f"; JUnit XML: {a.junit}" if a.junit else ""))
-    return 0 if res.ok else 1
+    return 0 if res.ok and not hangs else 1
 
 
 # -- mutants ----------------------------------------------------------------------------

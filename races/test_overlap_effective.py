@@ -23,3 +23,36 @@ def test_overlap_effective(target, tok, oh_options, scenario, record_property):
         if not v.effective:
             record_property("overlap", v.to_dict())
             pytest.fail(f"{v.line} (workload {scenario}, seed {seed})", pytrace=False)
+
+
+# ---- served targets: the host's order of events ----------------------------------------------
+# A real engine hides its device and streams, but its agent records when the engine core starts
+# scheduling step N+1 and when it waits on step N (harness.agents.host_order). The same question
+# as above, asked of those events: a loop that waits before it schedules is LOST, whatever its
+# batch queue looks like.
+@pytest.fixture(scope="module")
+def served(oh_options):
+    from harness.targets import make_target
+    if oh_options.target == "ref":
+        pytest.skip("the ref engine is judged by its device's records (test_overlap_effective above)")
+    return make_target(oh_options.target, oh_options.faults, **oh_options.target_kwargs())
+
+
+def test_served_overlap_effective(served, oh_options, record_property):
+    from harness import workloads
+    from harness.targets.served import TargetError
+    tok = served.tokenizer()
+    for seed in seeds(oh_options, default=1):
+        reqs = workloads.mixed(tok, 10, seed=seed)
+        for r in reqs:
+            r.max_new_tokens = max(r.max_new_tokens, 16)  # decode steps with a second batch to judge
+        try:
+            on = served.run(reqs, overlap=True)
+        except TargetError as e:  # the target's own check after the run (LOST, HANG): the finding
+            pytest.fail(str(e).removeprefix(f"{served.name}: "), pytrace=False)
+        effective, line = served.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
+        if effective is None:
+            pytest.skip(f"seed {seed}: {line}")
+        if not effective:
+            record_property("overlap", line)
+            pytest.fail(f"{line} (seed {seed})", pytrace=False)

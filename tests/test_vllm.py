@@ -111,6 +111,74 @@ def test_suites_through_the_gate(vllm):
     targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
 
 
+def test_overlap_is_judged_by_host_order(vllm, tok):
+    """The overlap oracle reads the engine core's order of events, not the batch queue's shape:
+    the correct engine is effective, also with the agent's delays and a CPU hog beside it; the
+    same engine waiting for the batch in flight before scheduling the next one (the queue still
+    holds two batches, the scheduler and flag unchanged) is LOST."""
+    import subprocess
+    import sys
+    from harness.targets.served import TargetError
+    on = vllm.run(_workload(tok), overlap=True)
+    effective, line = vllm.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
+    assert effective is True, line
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        on = vllm.run(_workload(tok), overlap=True, delays={"engine_step": {"p": 0.5, "ms": 5},
+                                                            "worker_execute": {"p": 0.5, "ms": 20}})
+    finally:
+        hog.kill()
+        hog.wait()
+    effective, line = vllm.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
+    assert effective is True, line
+    with pytest.raises(TargetError, match=r"overlap: LOST \(the host waited on step N before scheduling") as e:
+        vllm.run(_workload(tok), overlap=True, faults=["wait_before_schedule"])
+    engine = [f for f in vllm.facts_before if f["role"] == "engine"][-1]
+    assert engine["batch_queue_size"] == 2 and engine["scheduler"] == "AsyncScheduler", engine
+    assert "overlap: effective" not in str(e.value)
+
+
+def test_overlap_oracle_through_the_gate(vllm):
+    """`check --target vllm --fault wait_before_schedule` fails the overlap suite, which the
+    correct engine passes."""
+    from harness.gate import run_suites
+    from harness import targets
+    ok = run_suites("vllm", (), 1, suites=["test_overlap_effective"])
+    assert ok.suites["test_overlap_effective"].passed == 1, ok.suites
+    print(targets.make_target("vllm").overlap_summary())  # the line `check` prints, for -s
+    bad = run_suites("vllm", ("wait_before_schedule",), 1, suites=["test_overlap_effective"])
+    s = bad.suites["test_overlap_effective"]
+    assert s.failed == 1 and s.first_failure.removeprefix("Failed: ").startswith("overlap: LOST"), s
+    targets.make_target("vllm", ())
+
+
+def test_spinning_engine_is_a_hang(vllm, tok):
+    """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
+    within the watchdog's bound, with every server process's stacks and the agent's facts in the
+    report; the hung server's later runs fail at once. Last of the tests on the module's pair:
+    the hung server is stopped."""
+    import time
+    from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
+    from harness.agents import plan as planmod
+    _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
+    bound = hang_bound(period)
+    t = time.monotonic()
+    with pytest.raises(TargetHang, match=r"HANG: vllm \(overlap on\): no new token .*a livelock") as e:
+        vllm.run(_workload(tok), overlap=True, faults=["spin_no_progress"])
+    took = time.monotonic() - t
+    assert took <= min(bound, HANG_CAP_S) + 15, (took, bound)  # the bound, the stack dump, the stop
+    h = vllm.hangs[-1]
+    report = open(h["report"]).read()
+    assert h["stacks"] >= 2 and report.count("stacks of process") == h["stacks"], report[:500]
+    assert "step_with_batch_queue" in report or "run_busy_loop" in report, report[-2000:]
+    assert '"tokens_out"' in report  # the agent's last facts
+    t = time.monotonic()
+    with pytest.raises(TargetHang, match="in an earlier run"):
+        vllm.run(_workload(tok), overlap=True)
+    assert time.monotonic() - t < 1.0
+    assert vllm.overlap_summary().startswith("overlap: not judged (the async server hung")
+
+
 def test_silently_lost_overlap_fails(tmp_path):
     """Without our agent keeping it on, vLLM's CPU platform turns async scheduling off without a
     word: the server asked for overlap runs without it, and the target must refuse it."""

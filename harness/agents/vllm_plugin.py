@@ -9,17 +9,25 @@ Inert unless a plan is handed over (harness.agents.plan). With one it
   harm, exactly as with a non_blocking copy into pinned memory;
 - sleeps at named points of the async path by seeded plan (harness.agents.vllm_points);
 - injects the vLLM fault catalogue;
-- writes facts: the effective setting in each process, and how many schedules really ran while
-  another batch was in flight.
+- writes facts: the effective setting in each process, how many schedules ran while another
+  batch was in the queue, the host's order of schedule and wait events (harness.agents.host_order:
+  what the overlap oracle judges), and progress (tokens delivered, the median gap between steps
+  that delivered some: what the target's hang watchdog polls);
+- dumps every thread's stack into the facts folder on SIGUSR1 (faulthandler), for a HANG report.
 """
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import os
 import queue
+import signal
 import threading
 import time
+from collections import deque
 
 from harness.agents import plan as planmod
+from harness.agents.host_order import HostOrder
 from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
 
 _PLAN: planmod.Plan | None = None
@@ -86,16 +94,124 @@ def _engine_loop(orig):
         f.set(async_scheduling=bool(self.vllm_config.scheduler_config.async_scheduling),
               scheduler=type(self.scheduler).__name__,
               batch_queue_size=int(getattr(self, "batch_queue_size", 1) or 1),
-              overlapped_schedules=0, steps=0)
+              overlapped_schedules=0, steps=0, tokens_out=0,
+              executor=type(getattr(self, "model_executor", None)).__name__)
+        _register_stack_dump()
+        _time_host(self)
         f.write(True)
         return orig(self, *a, **kw)
     return run_busy_loop
+
+
+# -- the host's order of events (harness.agents.host_order) and progress --------------------
+_HOST: HostOrder | None = None
+_ENGINE_THREAD = {"id": None}
+_TOKENS = {"last_t": None, "periods": deque(maxlen=64)}  # gaps between steps that delivered tokens
+
+
+class _TimedFuture:
+    """A batch's result future that notes when the host starts and stops waiting on it."""
+
+    def __init__(self, fut, step):
+        self._fut, self._step = fut, step
+
+    def result(self, *a, **kw):
+        _HOST.wait_start(self._step)
+        try:
+            return self._fut.result(*a, **kw)
+        finally:
+            _HOST.wait_end(self._step)
+
+    def __getattr__(self, name):
+        return getattr(self._fut, name)
+
+
+class _TimedQueue(deque):
+    """The engine core's batch queue, unchanged in shape: each batch put in it gets a future
+    that times the host's wait on it."""
+
+    def appendleft(self, item):
+        fut, sched_out, *rest = item
+        step = _STEP_OF.pop(id(sched_out), None)
+        super().appendleft((_TimedFuture(fut, step) if step is not None else fut, sched_out, *rest))
+
+
+_STEP_OF: dict[int, int] = {}  # id(scheduler output) -> step number, between schedule and queue
+
+
+def _time_host(core) -> None:
+    """Record when the engine core starts scheduling each batch and when it waits on each."""
+    global _HOST
+    _ENGINE_THREAD["id"] = threading.get_ident()
+    if core.batch_queue is None:
+        return  # the synchronous loop: nothing overlaps, nothing to order
+    _HOST = HostOrder()
+    core.batch_queue = _TimedQueue(core.batch_queue, maxlen=core.batch_queue.maxlen)
+    schedule = core.scheduler.schedule
+
+    def timed_schedule(*a, **kw):
+        t = time.monotonic_ns()
+        out = schedule(*a, **kw)
+        step = _HOST.scheduled(out.num_scheduled_tokens.keys(), out.total_num_scheduled_tokens, t)
+        if step is not None:
+            _STEP_OF[id(out)] = step
+        return out
+    core.scheduler.schedule = timed_schedule
+
+
+def _delivered(core, outputs) -> None:
+    """Count the tokens a step handed to the API server, and the gap between such steps (what
+    the target's hang watchdog derives its bound from)."""
+    n = 0
+    for eco in (outputs or {}).values():
+        for o in getattr(eco, "outputs", None) or ():
+            n += len(getattr(o, "new_token_ids", None) or ())
+    f = _facts("engine")
+    now = time.monotonic()
+    if n:
+        f.add("tokens_out", n)
+        last = _TOKENS["last_t"]
+        if last is not None:
+            _TOKENS["periods"].append(now - last)
+        _TOKENS["last_t"] = now
+    idle = not core.scheduler.has_requests()
+    if idle:
+        _TOKENS["last_t"] = None  # an idle gap is no step period
+    if n or idle:
+        p = sorted(_TOKENS["periods"])  # the median: one long prefill step does not move it
+        f.set(token_period_ms=round(1000 * p[len(p) // 2], 3) if p else None)
+    if _HOST is not None:
+        f.set(host_order=_HOST.facts(last=96))
+    f.write(idle)  # at the end of a burst at once: a run's last figures are there when it returns
+
+
+def _register_stack_dump() -> None:
+    """SIGUSR1 makes this process write every thread's stack into facts_dir/stacks-<pid>.txt
+    (faulthandler: works while the interpreter is stuck too); the file's existence tells the
+    target this process can be asked. Once per process (a forked child registers again)."""
+    pid = os.getpid()
+    d = _PLAN.data.get("facts_dir") if _PLAN else None
+    if pid in _STACKS or not d:
+        return
+    try:
+        fh = open(os.path.join(d, f"stacks-{pid}.txt"), "w")
+        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return
+    _STACKS[pid] = fh
+
+
+_STACKS: dict = {}
 
 
 def _engine_step(orig):
     def step_with_batch_queue(self):
         _PLAN.delay("engine_step")
         q = self.batch_queue
+        if _PLAN.fault("spin_no_progress"):
+            return _spin()
+        if q and _PLAN.fault("wait_before_schedule"):
+            q[-1][0].result()  # the oldest batch in flight, before the next one is scheduled
         before = len(q) if q is not None else 0
         out = orig(self)
         f = _facts("engine")
@@ -105,16 +221,27 @@ def _engine_step(orig):
         # the queue is a schedule of step N+1 while step N is in flight.
         if q is not None and before >= 1 and len(q) >= before:
             f.add("overlapped_schedules")
-        f.write()
+        _delivered(self, out[0] if isinstance(out, tuple) else None)
         return out
     return step_with_batch_queue
 
 
+def _spin():
+    """Fault spin_no_progress: the engine core steps and never delivers (a livelock such as
+    outputs taken newest-first): vLLM's loop calls the step again after 1 ms, for ever."""
+    f = _facts("engine")
+    f.add("steps")
+    f.write()
+    return None, False
+
+
 def _engine_step_sync(orig):
     def step(self, *a, **kw):
+        if _PLAN.fault("spin_no_progress"):
+            return _spin()
         out = orig(self, *a, **kw)
         _facts("engine").add("steps")
-        _facts("engine").write()
+        _delivered(self, out[0] if isinstance(out, tuple) else None)
         return out
     return step
 
@@ -124,6 +251,7 @@ def _runner_init(orig):
         orig(self, *a, **kw)
         _facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
                              async_outputs=0)
+        _register_stack_dump()
         _facts("worker").write(True)
     return __init__
 
@@ -131,12 +259,25 @@ def _runner_init(orig):
 def _worker_execute(orig):
     def execute_model(self, *a, **kw):
         _PLAN.delay("worker_execute")
+        if "forward_inline" not in _facts("worker").data and _ENGINE_THREAD["id"] is not None:
+            # on the engine core's own thread (UniProcExecutor): nothing runs the step meanwhile
+            _facts("worker").set(forward_inline=threading.get_ident() == _ENGINE_THREAD["id"])
+            _facts("worker").write(True)
         t = time.monotonic()
+        t_ns = time.monotonic_ns()
         try:
             return orig(self, *a, **kw)
         finally:
             _measured(time.monotonic() - t)
+            # when the worker ran each forward, on the clock the engine core's events use: what
+            # the target compares the engine core's schedules with (did one run during a forward?)
+            _FORWARDS.append((t_ns, time.monotonic_ns()))
+            _facts("worker").set(forwards=[list(x) for x in _FORWARDS])
+            _facts("worker").write()
     return execute_model
+
+
+_FORWARDS: deque = deque(maxlen=64)
 
 
 # -- the sampled-id copy, asynchronous on CPU ---------------------------------------------
@@ -296,6 +437,7 @@ def register() -> None:
     if _PLAN is None:
         return  # no plan: inert
     _INSTALLED = True
+    _register_stack_dump()
     try:
         for point, make in PATCHES.items():
             _patch(point, make)

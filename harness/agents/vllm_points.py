@@ -66,6 +66,18 @@ CATALOGUE: dict[str, VllmFault] = {f.name: f for f in [
     VllmFault("penalty_stale_output_ids", "the penalties read the output tokens one step old: the "
               "placeholder of the newest token is never replaced by its id", "penalty_ids",
               "test_overlap_equivalence", ("vllm-project/vllm#27878",)),
+    # Overlap lost with the right tokens: the async flag, the scheduler class and the batch queue
+    # of two all stay as they were. As a source change: in EngineCore.step_with_batch_queue, before
+    # `self.scheduler.schedule(...)`, add `if batch_queue: batch_queue[-1][0].result()`.
+    VllmFault("wait_before_schedule", "the engine core waits for the batch in flight before it "
+              "schedules the next one: the tokens are right, the queue still holds two batches, and "
+              "no step is scheduled while another runs", "engine_step", "test_overlap_effective"),
+    # A livelock, as when the engine core takes outputs newest-first: it keeps stepping and never
+    # delivers a token. As a source change: `return None, False` at the top of
+    # EngineCore.step_with_batch_queue (and EngineCore.step).
+    VllmFault("spin_no_progress", "the engine core keeps stepping but never delivers an output: "
+              "every request waits for ever (the hang watchdog must end the run as HANG)", "engine_step",
+              "test_overlap_effective"),
 ]}
 
 
@@ -80,7 +92,7 @@ def check_names(names, exc=ValueError) -> None:
 ATTRIBUTES = {
     "output_copy": ("AsyncGPUModelRunnerOutput", ("_sampled_token_ids", "sampled_token_ids_cpu",
                                                   "async_copy_ready_event")),
-    "engine_step": ("EngineCore", ("batch_queue", "batch_queue_size")),
+    "engine_step": ("EngineCore", ("batch_queue", "batch_queue_size", "scheduler")),
     "runner_init": ("GPUModelRunner", ("use_async_scheduling",)),
 }
 

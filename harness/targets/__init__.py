@@ -36,6 +36,7 @@ def make_target(name: str, faults=frozenset(), **kw):
             t = _SERVED[key] = cls(faults=frozenset(faults), **kw)
         elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
             t.faults = frozenset(faults)
+            t.revive()  # a server the watchdog stopped (HANG) starts again for the new faults
             if True in t.servers:
                 t.set_plan(True)
         return t

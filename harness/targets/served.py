@@ -42,6 +42,36 @@ class TargetError(RuntimeError):
     """The target started but misbehaved (e.g. overlap was requested and did not take effect)."""
 
 
+class TargetHang(TargetError):
+    """A run made no progress within the watchdog's bound: the server was dumped and stopped."""
+
+
+# The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine
+# delivered) is polled rather than streaming every request: it costs one read of a few small
+# files per poll instead of parsing an event per token in 32 client threads that share the CPU
+# with the servers, and the request path (and its logprob records) stays as it is.
+HANG_STEPS = 50  # no token within this many median token periods ...
+HANG_FLOOR_S = 10.0  # ... but never less (a long prefill, a loaded machine) ...
+HANG_CAP_S = 60.0  # ... nor more; and this when no period was measured yet
+WATCH_POLL_S = 0.5
+
+
+def hang_bound(period_s: float | None) -> float:
+    """How long a run may go without a new token before it is a HANG."""
+    if not period_s:
+        return HANG_CAP_S
+    return min(HANG_CAP_S, max(HANG_FLOOR_S, HANG_STEPS * period_s))
+
+
+def progress_of(facts: list[dict]) -> tuple[int | None, float | None, int]:
+    """(tokens delivered, median token period in s, engine steps) from an agent's facts; tokens
+    None when no process reports a counter (no watchdog then: nothing to judge progress by)."""
+    counts = [int(f["tokens_out"]) for f in facts if isinstance(f.get("tokens_out"), int)]
+    periods = [float(f["token_period_ms"]) / 1000 for f in facts if f.get("token_period_ms")]
+    steps = sum(int(f.get("steps", 0)) for f in facts if "tokens_out" in f)
+    return (sum(counts) if counts else None), (max(periods) if periods else None), steps
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -165,6 +195,10 @@ class ServedTarget(Target):
         self.servers: dict[bool, ServerProcess] = {}
         self.plans: dict[bool, dict] = {}
         self._tok = None
+        self.hung: dict[bool, str] = {}  # a server the watchdog stopped: later runs on it fail at once
+        self.hangs: list[dict] = []  # every HANG of this target: {"line", "report"} for the gate
+        self._sent = 0
+        self.facts_before: list[dict] = []  # the agent's facts as the last run began
 
     # -- what a subclass says ----------------------------------------------------------
     def server_command(self, overlap: bool, port: int) -> list[str]:
@@ -178,6 +212,11 @@ class ServedTarget(Target):
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
         """Raise TargetError when the effective overlap setting is not `overlap`."""
+
+    def overlap_verdict(self, facts: list[dict], before: list[dict] | None = None) -> tuple[bool | None, str]:
+        """(effective, "overlap: ..." line) of the overlap-on server over the run between the
+        facts `before` and `facts` (before None: since the server started). None: not judged."""
+        return None, "overlap: not judged (this target's agent reports no host order of events)"
 
     # -- the servers ----------------------------------------------------------------------
     def facts_dir(self, overlap: bool) -> Path:
@@ -200,6 +239,9 @@ class ServedTarget(Target):
         pending = [o for o in which if o not in self.servers]
         for overlap in pending:
             self.facts_dir(overlap).mkdir(parents=True, exist_ok=True)
+            for old in self.facts_dir(overlap).iterdir():  # a restarted server's facts replace the last one's
+                if old.suffix in (".json", ".txt"):
+                    old.unlink(missing_ok=True)
             if overlap not in self.plans:
                 self.set_plan(overlap)
             port = free_port()
@@ -260,6 +302,7 @@ class ServedTarget(Target):
         if wait > 0:
             time.sleep(wait)
         body = self.payload(r, overlap)
+        self._sent += 1  # a new request is progress for the watchdog: it may take a step to answer
         if r.abort_after is not None:
             return self._send_aborted(client, base, r, body)
         return self.request(client, base, r, body)
@@ -306,29 +349,117 @@ class ServedTarget(Target):
         k = r.abort_after
         return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
 
+    # -- the progress watchdog ------------------------------------------------------------
+    def watch(self, futs, overlap: bool) -> None:
+        """Return when every request is answered; raise TargetHang (after dumping the server's
+        stacks and stopping it, which ends the requests) when no request is sent or answered and
+        the engine delivers no token for hang_bound(its median token period). Without a progress
+        counter from the agent there is nothing to judge by: the requests' own timeout stands."""
+        from concurrent.futures import wait
+        tokens, period, steps = progress_of(planmod.read_facts(str(self.facts_dir(overlap))))
+        last = (tokens, self._sent, 0)
+        since, steps_then = time.monotonic(), steps
+        while True:
+            done, pending = wait(futs, timeout=WATCH_POLL_S)
+            if not pending:
+                return
+            tokens, p, steps = progress_of(planmod.read_facts(str(self.facts_dir(overlap))))
+            period = p or period
+            now_state = (tokens, self._sent, len(done))
+            if now_state != last or tokens is None:
+                last, since, steps_then = now_state, time.monotonic(), steps
+                continue
+            stalled, bound = time.monotonic() - since, hang_bound(period)
+            if stalled > bound:
+                self._hang(overlap, stalled, bound, period, len(pending), steps - steps_then)
+
+    def stacks(self, overlap: bool, wait_s: float = 3.0) -> dict[int, str]:
+        """Every thread's stack of each process of one server whose agent registered for it
+        (faulthandler on SIGUSR1, facts_dir/stacks-<pid>.txt): {pid: text}."""
+        s = self.servers.get(overlap)
+        d = self.facts_dir(overlap)
+        pids = []
+        for f in d.glob("stacks-*.txt"):
+            try:
+                pid = int(f.stem.split("-", 1)[1])
+                if s is not None and os.getpgid(pid) == s.proc.pid:  # one of this server's, alive
+                    os.kill(pid, signal.SIGUSR1)
+                    pids.append(pid)
+            except (ValueError, ProcessLookupError, PermissionError):
+                continue
+        deadline = time.monotonic() + wait_s
+        out = {}
+        while pids and time.monotonic() < deadline:
+            for pid in pids:
+                text = (d / f"stacks-{pid}.txt").read_text(errors="replace")
+                if text.strip():
+                    out[pid] = text
+            if len(out) == len(pids):
+                break
+            time.sleep(0.2)
+        return out
+
+    def _hang(self, overlap: bool, stalled: float, bound: float, period, pending: int, steps: int):
+        import json
+        mode = "on" if overlap else "off"
+        how = (f"{HANG_STEPS} x median token period {period:.3f} s, at least {HANG_FLOOR_S:.0f} s, at most "
+               f"{HANG_CAP_S:.0f} s" if period else f"no token period measured yet: the cap, {HANG_CAP_S:.0f} s")
+        kind = (f"the engine kept stepping ({steps} steps, no token: a livelock)" if steps else
+                "the engine made no step (blocked)")
+        line = (f"HANG: {self.name} (overlap {mode}): no new token for {stalled:.1f} s with {pending} request(s) "
+                f"outstanding (bound {bound:.1f} s: {how}); {kind}")
+        stacks = self.stacks(overlap)
+        facts = planmod.read_facts(str(self.facts_dir(overlap)))
+        report = self.workdir / f"hang-{mode}-{len(self.hangs) + 1}.txt"
+        parts = [line, "", "the agent's last facts:", json.dumps(facts, indent=1), ""]
+        for pid, text in sorted(stacks.items()):
+            parts += [f"stacks of process {pid}:", text, ""]
+        if not stacks:
+            parts.append("no stacks: no process of the server answered SIGUSR1")
+        report.write_text("\n".join(parts))
+        s = self.servers.pop(overlap, None)
+        if s is not None:
+            s.stop(grace=3.0)  # ends the abandoned requests: their connections close
+        self.hung[overlap] = line
+        self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks)})
+        raise TargetHang(f"{line}; stacks of {len(stacks)} process(es) and the agent's facts in {report}")
+
+    def revive(self) -> None:
+        """Forget hung servers (a new fault set: the next run starts them again)."""
+        self.hung.clear()
+
     def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
             on_step=None, delays: dict | None = None, faults=None, **engine_kw) -> Run:
         """Send the workload to one server as concurrent requests. `delays` / `faults` (agent
         plan) apply to this run; engine switches of the ref engine (`engine_kw`) do not exist
         on a real server and are ignored."""
         import httpx
+        if overlap in self.hung:
+            raise TargetHang(f"{self.hung[overlap]} (in an earlier run; the server was stopped)")
         base = self.url(overlap)
         if delays is not None or faults is not None:
             self.set_plan(overlap, delays=delays, faults=faults or (), seed=seed)
             time.sleep(0.1)  # the agent re-reads its plan at most every 50 ms
+        self.facts_before = planmod.read_facts(str(self.facts_dir(overlap)))
         t0 = time.monotonic()
-        with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
-                          limits=httpx.Limits(max_connections=self.concurrency)) as client, \
-                ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(reqs)))) as pool:
-            futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
-            results = [x for f in futs for x in f.result()]
-        if delays is not None or faults is not None:
-            self.set_plan(overlap)  # back to the plain plan for whatever runs next
+        try:
+            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
+                              limits=httpx.Limits(max_connections=self.concurrency)) as client:
+                pool = ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(reqs))))
+                try:
+                    futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
+                    self.watch(futs, overlap)
+                    results = [x for f in futs for x in f.result()]
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if (delays is not None or faults is not None) and overlap not in self.hung:
+                self.set_plan(overlap)  # back to the plain plan for whatever runs next
         facts = planmod.read_facts(str(self.facts_dir(overlap)))
         self.check_overlap(overlap, facts, after_run=True)
         run = Run([(rid, ids, fin) for rid, ids, fin, _ in results],
                   summary={"target": self.name, "overlap": overlap, "seconds": time.monotonic() - t0,
-                           "facts": facts, "logs": self.logs()})
+                           "facts": facts, "facts_before": self.facts_before, "logs": self.logs()})
         run.logprobs = {rid: lps for rid, _, _, lps in results}
         return run
 

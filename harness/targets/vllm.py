@@ -106,18 +106,43 @@ class VllmTarget(ServedTarget):
         if overlap and e.get("batch_queue_size", 1) < 2:
             raise TargetError(f"vllm: async scheduling on but the batch queue holds {e.get('batch_queue_size')} "
                               "batch: no step can overlap another")
-        if overlap and after_run and e.get("steps", 0) > 4 and not e.get("overlapped_schedules"):
-            raise TargetError(f"vllm: async scheduling on, but in {e.get('steps')} engine steps no batch was "
-                              "scheduled while another was in flight: overlap LOST")
+        if overlap and after_run:
+            effective, line = self.overlap_verdict(facts, self.facts_before)
+            if effective is False:
+                raise TargetError(f"vllm: {line}")
+
+    def overlap_verdict(self, facts, before=None):
+        """Judged by the host's order of events (harness.agents.host_order), not the queue's shape:
+        the agent's counts over the run, the engine core's of this server (its pid)."""
+        from harness.agents import host_order
+        engines = [f for f in facts if f.get("role") == "engine"]
+        if not engines:
+            return None, "overlap: not judged (the async server reported nothing)"
+        e = max(engines, key=lambda f: f.get("tokens_out", 0))  # a restarted server's old file has less
+        b = next((f for f in before or () if f.get("role") == "engine" and f.get("pid") == e.get("pid")), {})
+        if "host_order" not in e:
+            return None, (f"overlap: not judged (vLLM {e.get('scheduler')}: the engine core reported no host "
+                          "order of events)")
+        counts = host_order.delta(e["host_order"], b.get("host_order"))
+        tokens = e.get("tokens_out", 0) - b.get("tokens_out", 0)
+        effective, why = host_order.judge(counts, tokens)
+        workers = [w for w in facts if w.get("role") == "worker"]
+        inline = any(w.get("forward_inline") for w in workers)
+        evidence = f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
+        if inline:
+            evidence += ("; the forward runs inline on the engine core's thread (UniProcExecutor), so only the "
+                         "order is judged, not time")
+        else:
+            k, m = host_order.schedules_during_forwards(e["host_order"].get("last_events"),
+                                                        [x for w in workers for x in w.get("forwards") or ()])
+            evidence += (f"; time, {e.get('executor')} (the worker is its own process, same clock): {k} of the "
+                         f"last {m} schedules began during a forward" if m else "; no forward times to compare")
+        verdict = {True: "effective", False: "LOST", None: "not judged"}[effective]
+        return effective, f"overlap: {verdict} ({why}; {evidence})"
 
     def overlap_summary(self) -> str:
         from harness.agents import plan as planmod
-        engines = [f for f in planmod.read_facts(str(self.facts_dir(True))) if f.get("role") == "engine"]
-        if not engines:
-            return "overlap: not judged (the async server reported nothing)"
-        e = engines[-1]
-        n, k = e.get("steps", 0), e.get("overlapped_schedules", 0)
-        verdict = "effective" if e.get("async_scheduling") and k else "LOST"
-        return (f"overlap: {verdict} (vLLM {e.get('scheduler')}, batch queue {e.get('batch_queue_size')}: {k} of "
-                f"{n} engine steps scheduled a batch while another was in flight)")
-
+        if True in self.hung:
+            return f"overlap: not judged (the async server hung: {self.hung[True]})"
+        effective, line = self.overlap_verdict(planmod.read_facts(str(self.facts_dir(True))))
+        return line

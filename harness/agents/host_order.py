@@ -1,0 +1,138 @@
+"""Overlap judged by what a served engine's host did, in time order (issue 17, item 1).
+
+The shape of a batch queue says nothing: a loop that waits for the batch in flight before it
+schedules the next one keeps a queue of two and loses the overlap. What decides it, as the ref
+engine's oracle (harness.overlap.early_waits) decides it for the sim, is the order of two host
+events: the engine core starting to schedule step N+1, and the engine core waiting on step N's
+result.
+
+The agent inside the engine records those events (`time.monotonic_ns`: one system-wide clock on
+Linux, comparable across processes) into a `HostOrder`: the last RING events are kept for the
+report, and each wait is classified online, so memory stays bounded however long the server
+runs:
+
+- overlapped: when the host began waiting on step N, a later non-empty batch was already
+  scheduled (step N+1 was prepared while step N was in flight);
+- early: no later batch was scheduled before the wait, and the next batch scheduled after it
+  continues a request of step N. Async scheduling schedules a running decode with a
+  placeholder for the token step N has not yet delivered, so that batch could have been
+  scheduled before the wait: the host waited first;
+- one batch only: neither (the last step of a burst, a next batch of new requests only, the
+  start-up): nothing else was there to overlap with, and it does not count against overlap.
+
+The rule: overlap is LOST when more than EARLY_FRACTION of the judged waits (overlapped +
+early) were early, with at least MIN_JUDGED judged waits; a run that delivered no token is
+never judged effective. This module is imported inside the engine's processes: stdlib only.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+RING = 4096  # events kept per engine core process (for the report; the counts are online)
+EARLY_FRACTION = 0.25  # more early waits than this fraction of the judged ones: overlap LOST
+MIN_JUDGED = 4  # fewer judged waits: not judged (a run that is all start-up and tail)
+COUNTS = ("scheduled", "waits", "overlapped", "early", "single", "wait_ns")
+
+
+class HostOrder:
+    """The engine core's schedule and wait events, classified as they happen (one thread)."""
+
+    def __init__(self, ring: int = RING):
+        self.events: deque = deque(maxlen=ring)  # (kind, step, t_ns, n)
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.inflight: dict[int, frozenset] = {}  # scheduled non-empty batches not yet waited on
+        self.candidate: frozenset | None = None  # requests of a wait that came before any later batch
+        self.next_step = 0
+        self._wait_t: dict[int, int] = {}
+
+    def scheduled(self, req_ids, tokens: int, t: int) -> int | None:
+        """The host scheduled a batch with these requests, starting at `t` (monotonic_ns taken
+        before scheduling began); returns the batch's step number, None for an empty batch."""
+        if not tokens:
+            self.events.append(("schedule_empty", -1, t, 0))
+            return None
+        n = self.next_step
+        self.next_step += 1
+        ids = frozenset(req_ids)
+        if self.candidate is not None:
+            self.counts["early" if self.candidate & ids else "single"] += 1
+            self.candidate = None
+        self.inflight[n] = ids
+        self.counts["scheduled"] += 1
+        self.events.append(("schedule", n, t, int(tokens)))
+        return n
+
+    def wait_start(self, n: int | None) -> None:
+        if n is None:
+            return
+        ids = self.inflight.pop(n, None)
+        if ids is None:
+            return  # its result was already waited for (a second result() returns at once)
+        t = time.monotonic_ns()
+        self.counts["waits"] += 1
+        self.events.append(("wait", n, t, 0))
+        self._wait_t[n] = t
+        if self.candidate is not None:  # the previous wait had no batch after it: one batch only
+            self.counts["single"] += 1
+            self.candidate = None
+        if any(m > n for m in self.inflight):
+            self.counts["overlapped"] += 1
+        else:
+            self.candidate = ids
+
+    def wait_end(self, n: int | None) -> None:
+        t0 = self._wait_t.pop(n, None) if n is not None else None
+        if t0 is not None:
+            t = time.monotonic_ns()
+            self.counts["wait_ns"] += t - t0
+            self.events.append(("waited", n, t, t - t0))
+
+    def facts(self, last: int = 24) -> dict:
+        return {**self.counts, "last_events": [list(e) for e in list(self.events)[-last:]]}
+
+
+def delta(after: dict | None, before: dict | None) -> dict:
+    """The counts of one run: `after` less `before` (both HostOrder.facts(), None: nothing)."""
+    after = after or {}
+    before = before or {}
+    d = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in COUNTS}
+    if any(v < 0 for v in d.values()):  # a restarted engine core: its counts began at zero
+        d = {k: int(after.get(k, 0)) for k in COUNTS}
+    return d
+
+
+def judge(counts: dict, tokens: int | None) -> tuple[bool | None, str]:
+    """(effective, why) from one run's counts: True, False (LOST) or None (not judged)."""
+    ov, early, single = counts.get("overlapped", 0), counts.get("early", 0), counts.get("single", 0)
+    judged = ov + early
+    if tokens is not None and tokens <= 0:
+        return None, "no token was delivered"
+    if judged < MIN_JUDGED:
+        return None, (f"only {judged} wait(s) had a second batch available, fewer than {MIN_JUDGED} "
+                      f"({single} with one batch only)")
+    figs = (f"{ov} of {judged} waits on step N came after step N+1 was scheduled, {early} before it; "
+            f"{single} with one batch only not counted")
+    if early > EARLY_FRACTION * judged:
+        return False, (f"the host waited on step N before scheduling step N+1 in {early} of {judged} steps "
+                       f"(more than {EARLY_FRACTION:.0%}); {ov} overlapped, {single} with one batch only "
+                       "not counted")
+    return True, figs
+
+
+def schedules_during_forwards(events, forwards) -> tuple[int, int]:
+    """(k, m): of the m schedules of a non-empty batch in `events` (HostOrder's) that fall within
+    the span of `forwards` (the worker's [start, end] ns of each forward), k began while a forward
+    ran. The time-side evidence where the worker is another process: an overlapped loop schedules
+    step N+1 during step N's forward; one that waits first schedules while the worker idles."""
+    fw = sorted((int(a), int(b)) for a, b in forwards or ())
+    if not fw:
+        return 0, 0
+    lo, hi = fw[0][0], fw[-1][1]
+    k = m = 0
+    for kind, _, t, _ in events or ():
+        if kind != "schedule" or not lo <= t <= hi:
+            continue
+        m += 1
+        k += any(a <= t <= b for a, b in fw)
+    return k, m
