@@ -85,7 +85,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
         if c <= 0:
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
-    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known)
+    both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
+    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both)
     for kid in gone:
         if record_property is not None:
             record_property("known_gone", kid)

@@ -275,7 +275,9 @@ def _penalty_ids(orig):
 
 
 # -- path counters: how often each attacked path ran (harness.targets.vllm_paths) ---------
-_IN_FLIGHT = {"engine": False}  # a batch is in the queue while the engine schedules the next
+# inside an engine step (a preemption there is the scheduler's, for KV space), and whether a
+# batch was in flight then (async: the scheduler works on step N+1 while N runs)
+_IN_FLIGHT = {"engine": False, "step": False}
 
 
 def _counting(role: str, key, when=None):
@@ -305,15 +307,27 @@ def _engine_step_in_flight(orig):
     def step_with_batch_queue(self):
         q = self.batch_queue
         _IN_FLIGHT["engine"] = q is not None and len(q) >= 1
+        _IN_FLIGHT["step"] = True
         try:
             return orig(self)
         finally:
-            _IN_FLIGHT["engine"] = False
+            _IN_FLIGHT["engine"] = _IN_FLIGHT["step"] = False
     return step_with_batch_queue
 
 
+def _engine_step_sync_flag(orig):
+    def step(self, *a, **kw):
+        _IN_FLIGHT["step"] = True
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            _IN_FLIGHT["step"] = False
+    return step
+
+
 def _preempted(a, out):
-    return {"preemptions": 1, "preemptions_in_flight": int(_IN_FLIGHT["engine"])}
+    return {"preemptions": 1, "preemptions_kv": int(_IN_FLIGHT["step"]),
+            "preemptions_in_flight": int(_IN_FLIGHT["engine"])}
 
 
 def _scheduled(a, out):
@@ -414,6 +428,11 @@ class _Rewind:
 def _bookkeeping(orig):
     def _bookkeeping_sync(self, *a, **kw):
         gens = self.input_batch.generators
+        mask = getattr(getattr(self, "discard_request_mask", None), "np", None)
+        if mask is not None and gens:  # path count: seeded samples vLLM discards (a partial prefill)
+            n = sum(1 for i in mask[:self.input_batch.num_reqs].nonzero()[0] if int(i) in gens)
+            if n:
+                _facts("worker").add("seeded_discards", n)
         if "cpu_generator_rewind" in _PLAN.data.get("stock", ()):
             return orig(self, *a, **kw)
         real = {i: g for i, g in gens.items() if isinstance(g, __import__("torch").Generator)
@@ -470,6 +489,7 @@ def register() -> None:
         for point, make in PATCHES.items():
             _patch(point, make)
         _patch("engine_step", _engine_step_in_flight)
+        _patch("engine_step_sync", _engine_step_sync_flag)
         for point, (role, key, when) in COUNTERS.items():
             _patch(point, _counting(role, key, when))
         _flusher()

@@ -257,15 +257,16 @@ class ServedTarget(Target):
         return body
 
     # the ref engine's switches a served target takes per run, and those fixed when its servers start
-    RUN_SWITCHES = ("max_running",)
-    FIXED_SWITCHES = ("pool_slots", "page_size", "prefix_cache")
+    RUN_SWITCHES = ()
+    FIXED_SWITCHES = ("max_running", "pool_slots", "page_size", "prefix_cache")
     _said: set = set()
 
     def served_switches(self, kw: dict) -> int:
-        """The client concurrency for a run given the ref engine's switches: `max_running` caps the
-        requests in flight (so at most that many run in the engine). Switches fixed when the
-        servers start (the KV pool, its page size, prefix caching) are not changed per run: said
-        once on stderr, with what the servers use. Any other switch is refused."""
+        """The client concurrency for a run given the ref engine's switches. Those fixed when the
+        servers start (running requests: --max-num-seqs; the KV pool, its page size, prefix
+        caching) are not changed per run (a restart costs most of a minute): said once on stderr,
+        with what the servers use. Any other switch is refused. (Capping the client at
+        max_running instead serializes the generated workloads: `check` took far longer.)"""
         unknown = sorted(set(kw) - set(self.RUN_SWITCHES) - set(self.FIXED_SWITCHES))
         if unknown:
             raise TargetError(f"{self.name}: engine switch(es) {', '.join(unknown)} have no meaning on a served "
@@ -275,7 +276,7 @@ class ServedTarget(Target):
             ServedTarget._said.add(fixed)
             print(f"{self.name}: {', '.join(f'{k}={kw[k]}' for k in fixed)} not applied per run: the servers keep "
                   f"{self.fixed_setting()}", file=sys.stderr)
-        return max(1, min(self.concurrency, int(kw.get("max_running") or self.concurrency)))
+        return self.concurrency
 
     def fixed_setting(self) -> str:
         """What the servers use for the switches fixed at start (a subclass says)."""
@@ -336,8 +337,7 @@ class ServedTarget(Target):
             on_step=None, delays: dict | None = None, faults=None, **engine_kw) -> Run:
         """Send the workload to one server as concurrent requests. `delays` / `faults` (agent
         plan) apply to this run. The ref engine's switches (`engine_kw`) go through
-        `served_switches`: what a server can honour per run is honoured, the rest is refused
-        with one line."""
+        `served_switches`: fixed at start (said once) or refused with one line."""
         import httpx
         limit = self.served_switches(engine_kw)
         base = self.url(overlap)

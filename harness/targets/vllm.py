@@ -88,9 +88,9 @@ class VllmTarget(ServedTarget):
     def fixed_setting(self) -> str:
         if self.paths:
             from harness.targets import vllm_paths as vp
-            return (f"a KV pool of {vp.KV_BLOCKS} blocks of {vp.BLOCK} tokens with prefix caching, "
-                    f"{vp.MAX_BATCHED_TOKENS} tokens a step")
-        return f"a KV pool of {self.kv_cache_bytes >> 20} MiB"
+            return (f"--max-num-seqs {self.max_num_seqs}, a KV pool of {vp.KV_BLOCKS} blocks of {vp.BLOCK} tokens "
+                    f"with prefix caching, {vp.MAX_BATCHED_TOKENS} tokens a step")
+        return f"--max-num-seqs {self.max_num_seqs}, a KV pool of {self.kv_cache_bytes >> 20} MiB"
 
     def server_env(self, overlap: bool) -> dict:
         env = dict(os.environ)

