@@ -151,10 +151,12 @@ def _req(rid, prompt, n_out, paths, arrival=0, **extra):
 
 
 def build(tok, seed: int = 0) -> list[Request]:
-    """About thirty requests; each is tagged with the rows it serves (`r.paths`). Seeded requests
-    (`r.seeded_group`) go first with short prompts, so none is ever given part of its prompt: on
-    vLLM's CPU build a seeded request in a partial prefill kills the engine (KNOWN_UPSTREAM
-    cpu-seeded-partial-prefill), and run_with_controls resets the cache only after they end."""
+    """About thirty requests; each is tagged with the rows it serves (`r.paths`). The seeded
+    requests (`r.seeded_group`) go first; one (sx0) has a prompt over the step budget on purpose:
+    on vLLM's CPU build a seeded request in a partial prefill kills the engine (KNOWN_UPSTREAM
+    cpu-seeded-partial-prefill; the agent works around it and counts it). run_with_controls resets
+    the cache (preempting every running request) only after the seeded ones end, so they are
+    never resumed in pieces."""
     rng = random.Random(seed)
 
     def words(k):
@@ -170,7 +172,7 @@ def build(tok, seed: int = 0) -> list[Request]:
         r = _req(f"s{i}", _ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
         r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
         reqs.append(r)
-    r = _req("sx0", _ids(tok, words(45)), 12, ["seeded_partial_prefill"], ignore_eos=True)
+    r = _req("sx0", _ids(tok, words(90)), 12, ["seeded_partial_prefill"], ignore_eos=True)
     r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
     reqs.append(r)
     r = _req("n0", _ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
