@@ -38,6 +38,9 @@ class GateResult:
     suites: dict[str, SuiteResult] = field(default_factory=dict)
     exit_code: int = 0
     seconds: float = 0.0
+    paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
+    known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
+    known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
 
     @property
     def ok(self) -> bool:
@@ -53,6 +56,7 @@ class _Collector:
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
         self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+        self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
 
     def pytest_collection_finish(self, session):  # in one process
         self.order = self.order or {item.nodeid: i for i, item in enumerate(session.items)}
@@ -65,6 +69,11 @@ class _Collector:
         if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
             return
         suite = Path(str(report.fspath)).stem
+        for k, v in report.user_properties:
+            if k in ("path_count", "known_gone"):
+                self.extra.append((report.nodeid, k, v))
+        if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
+            self.extra.append((report.nodeid, "known", report.wasxfail))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
@@ -83,6 +92,10 @@ class _Collector:
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
+        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone}
+        for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
+            if v not in slot[k]:
+                slot[k].append(v)
         return res
 
 
@@ -200,6 +213,17 @@ def format_table(res: GateResult) -> str:
     return "\n".join(lines)
 
 
+def path_lines(res: GateResult) -> list[str]:
+    """How often each attacked path ran (async on / off), and the known upstream bugs: reported
+    apart from new failures, never as a pass; one that stopped reproducing is said too."""
+    out = []
+    if res.paths:
+        out.append("paths exercised (count async on/off): " + ", ".join(p.replace("=", " ") for p in res.paths))
+    out += [k for k in res.known]
+    out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
+    return out
+
+
 def overlap_line(res: GateResult) -> str:
     """"overlap: effective / LOST", from the suite that judges it (races/test_overlap_effective)."""
     s = res.suites.get("test_overlap_effective")
@@ -266,6 +290,8 @@ def cmd_check(a) -> int:
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
     print(format_table(res))
+    for line in path_lines(res):
+        print(line)
     line = overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)
     if line:
         print(line)

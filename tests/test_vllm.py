@@ -100,13 +100,20 @@ def test_fault_is_caught(vllm, tok, fault, delays, penalty):
 
 def test_suites_through_the_gate(vllm):
     """`check --target vllm` runs the black-box suites in-process on the same servers: the correct
-    engine passes the equivalence suite, and a fault the suite names fails it."""
+    engine passes the equivalence suite and every path row (each path ran, counted by the agent;
+    a known upstream bug reported as such), and a fault the suites name fails them: stale output
+    ids fail the penalty row and the value-reading logits processor's row."""
     from harness.gate import run_suites
-    ok = run_suites("vllm", (), 1, suites=["test_overlap_equivalence"])
-    suite = ok.suites["test_overlap_equivalence"]
-    assert suite.failed == 0 and suite.passed > 0, suite
-    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_overlap_equivalence"])
+    suites = ["test_overlap_equivalence", "test_paths"]
+    ok = run_suites("vllm", (), 1, suites=suites)
+    for name in suites:
+        suite = ok.suites[name]
+        assert suite.failed == 0 and suite.passed > 0, suite
+    assert len(ok.paths) >= 18 and all(int(p.split("=")[1].split("/")[0]) > 0 for p in ok.paths), ok.paths
+    assert any(k.startswith("KNOWN UPSTREAM cpu-seeded-partial-prefill") for k in ok.known), ok.known
+    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=suites)
     assert bad.suites["test_overlap_equivalence"].failed > 0
+    assert bad.suites["test_paths"].failed >= 2, bad.suites["test_paths"]
     from harness import targets
     targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
 

@@ -295,7 +295,34 @@ class ServedTarget(Target):
         n = getattr(r, "n", 1)
         if n and n > 1:
             body["n"] = n
+        body.update(getattr(r, "extra", None) or {})  # engine fields a workload asks for (vllm_paths)
         return body
+
+    # the ref engine's switches a served target takes per run, and those fixed when its servers start
+    RUN_SWITCHES = ()
+    FIXED_SWITCHES = ("max_running", "pool_slots", "page_size", "prefix_cache")
+    _said: set = set()
+
+    def served_switches(self, kw: dict) -> int:
+        """The client concurrency for a run given the ref engine's switches. Those fixed when the
+        servers start (running requests: --max-num-seqs; the KV pool, its page size, prefix
+        caching) are not changed per run (a restart costs most of a minute): said once on stderr,
+        with what the servers use. Any other switch is refused. (Capping the client at
+        max_running instead serializes the generated workloads: `check` took far longer.)"""
+        unknown = sorted(set(kw) - set(self.RUN_SWITCHES) - set(self.FIXED_SWITCHES))
+        if unknown:
+            raise TargetError(f"{self.name}: engine switch(es) {', '.join(unknown)} have no meaning on a served "
+                              f"target (it takes {', '.join(self.RUN_SWITCHES + self.FIXED_SWITCHES)})")
+        fixed = tuple(sorted(k for k in kw if k in self.FIXED_SWITCHES))
+        if fixed and fixed not in ServedTarget._said:
+            ServedTarget._said.add(fixed)
+            print(f"{self.name}: {', '.join(f'{k}={kw[k]}' for k in fixed)} not applied per run: the servers keep "
+                  f"{self.fixed_setting()}", file=sys.stderr)
+        return self.concurrency
+
+    def fixed_setting(self) -> str:
+        """What the servers use for the switches fixed at start (a subclass says)."""
+        return "the setting they were started with"
 
     def _send(self, client, base: str, r, overlap: bool, t0: float):
         wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
@@ -431,11 +458,12 @@ class ServedTarget(Target):
     def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
             on_step=None, delays: dict | None = None, faults=None, **engine_kw) -> Run:
         """Send the workload to one server as concurrent requests. `delays` / `faults` (agent
-        plan) apply to this run; engine switches of the ref engine (`engine_kw`) do not exist
-        on a real server and are ignored."""
+        plan) apply to this run. The ref engine's switches (`engine_kw`) go through
+        `served_switches`: fixed at start (said once) or refused with one line."""
         import httpx
         if overlap in self.hung:
             raise TargetHang(f"{self.hung[overlap]} (in an earlier run; the server was stopped)")
+        limit = self.served_switches(engine_kw)
         base = self.url(overlap)
         if delays is not None or faults is not None:
             self.set_plan(overlap, delays=delays, faults=faults or (), seed=seed)
@@ -445,7 +473,7 @@ class ServedTarget(Target):
         try:
             with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
                               limits=httpx.Limits(max_connections=self.concurrency)) as client:
-                pool = ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(reqs))))
+                pool = ThreadPoolExecutor(max_workers=min(limit, max(1, len(reqs))))
                 try:
                     futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
                     self.watch(futs, overlap)

@@ -1,0 +1,133 @@
+"""The vLLM path table and its judge, without vLLM: a row that ran 0 times fails as "not
+exercised", a divergence on a row's request fails it, a known upstream divergence is reported as
+KNOWN UPSTREAM (never a pass) without hiding a new one, and one that stops reproducing is said.
+The live rows run in tests/test_vllm.py through the gate."""
+import re
+from pathlib import Path
+
+import pytest
+
+from equivalence.test_paths import judge
+from harness.targets import vllm_paths as vp
+from harness.targets.base import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(outputs):
+    r = Run(outputs)
+    r.logprobs = {}
+    return r
+
+
+def _path_run(on_ids, counts, rid="pen0", paths=("penalties",)):
+    req = vp._req(rid, [1, 2, 3], 4, paths)
+    off = _run([(rid, [5, 6, 7, 8], "length")])
+    on = _run([(rid, on_ids, "length")])
+    return vp.PathRun([req], off, on, dict(counts), dict(counts))
+
+
+ROW = vp.PATHS_BY_NAME["penalties"]
+KNOWN = [vp.KnownUpstream("injected-1", "penalties", "an injected example", "", "-",
+                          match=lambda f: "diverges at token 2" in f)]
+
+
+def test_a_path_that_ran_zero_times_fails_as_not_exercised():
+    with pytest.raises(pytest.fail.Exception, match="not exercised: penalties ran 0 times"):
+        judge(ROW, _path_run([5, 6, 7, 8], {"penalty_steps": 0}), known=[])
+
+
+def test_the_quiet_half_a_clean_row_passes():
+    judge(ROW, _path_run([5, 6, 7, 8], {"penalty_steps": 9}), known=[])
+
+
+def test_a_divergence_on_the_rows_request_fails():
+    with pytest.raises(pytest.fail.Exception, match="penalties: request pen0 diverges at token 1"):
+        judge(ROW, _path_run([5, 9, 7, 8], {"penalty_steps": 9}), known=[])
+
+
+def test_a_known_upstream_divergence_is_reported_never_passed():
+    with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM injected-1"):
+        judge(ROW, _path_run([5, 6, 9, 8], {"penalty_steps": 9}), known=KNOWN)
+
+
+def test_a_known_entry_never_hides_a_new_divergence():
+    with pytest.raises(pytest.fail.Exception, match="diverges at token 1"):
+        judge(ROW, _path_run([5, 9, 7, 8], {"penalty_steps": 9}), known=KNOWN)
+
+
+def test_a_known_entry_that_stops_reproducing_is_said(capsys):
+    props = []
+    judge(ROW, _path_run([5, 6, 7, 8], {"penalty_steps": 9}), lambda k, v: props.append((k, v)), known=KNOWN)
+    assert ("known_gone", "injected-1") in props and "no longer reproduces" in capsys.readouterr().out
+
+
+def test_a_worked_around_upstream_bug_is_reported_by_its_counter():
+    k = vp.KnownUpstream("injected-2", "penalties", "-", "", "-", counter="rewinds")
+    with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM injected-2"):
+        judge(ROW, _path_run([5, 6, 7, 8], {"penalty_steps": 9, "rewinds": 2}), known=[k])
+    new, seen, gone = vp.classify("penalties", [], [k], {"rewinds": 0})
+    assert (new, seen, gone) == ([], [], ["injected-2"])
+
+
+def test_max_tokens_steps_must_match_the_async_off_arm():
+    row = vp.PATHS_BY_NAME["max_tokens_1_2"]
+    pr = _path_run([5, 6, 7, 8], {}, rid="t0", paths=("max_tokens_1_2",))
+    pr.counts_off = {"sampled_max1": 1, "sampled_max2": 2, "max1_requests": 1, "max2_requests": 1}
+    pr.counts_on = dict(pr.counts_off, sampled_max2=3)
+    with pytest.raises(pytest.fail.Exception, match="max_tokens 2: 3 sampling steps async on, 2 off"):
+        judge(row, pr, known=[])
+    pr.counts_on = dict(pr.counts_off)
+    judge(row, pr, known=[])
+
+
+def test_a_placeholder_read_by_the_value_reading_processor_fails():
+    row = vp.PATHS_BY_NAME["logits_processor_entry_point"]
+    pr = _path_run([5, 6, 7, 8], {"lp_no_repeat_calls": 5}, rid="lpe0", paths=(row.name,))
+    pr.counts_on["lp_placeholder_reads"] = 1
+    with pytest.raises(pytest.fail.Exception, match="read 1 placeholder"):
+        judge(row, pr, known=[])
+
+
+def test_an_aborted_stream_must_be_a_prefix_of_its_twins():
+    row = vp.PATHS_BY_NAME["abort"]
+    req = vp._req("ab0", [1], 4, ["abort"])
+    twin = vp._req("ab0full", [1], 4, ["abort"])
+    off = _run([("ab0", [5, 6], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
+    on = _run([("ab0", [5, 9], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
+    pr = vp.PathRun([req, twin], off, on, {"aborted_requests": 2}, {"aborted_requests": 2})
+    with pytest.raises(pytest.fail.Exception, match="abort: request ab0 diverges|not a prefix"):
+        judge(row, pr, known=[])
+
+
+def test_every_row_is_counted_by_the_agent_or_says_why_not():
+    """Each counter a row names is one the agent (or our logits processors) writes."""
+    src = (ROOT / "harness/agents/vllm_plugin.py").read_text() + \
+        (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    for row in vp.PATHS:
+        assert row.counters or row.cpu_reason, row.name
+        for c in row.counters:
+            stem = re.sub(r"\d+$", "", c)
+            assert f'"{c}"' in src or f'"{stem}' in src or f"{stem}{{" in src, (row.name, c)
+
+
+def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
+    from harness import setup_cmd
+    d = setup_cmd.entry_point_shim(tmp_path)
+    text = (d / "overlap_harness-0.1.0.dist-info" / "entry_points.txt").read_text()
+    assert "[vllm.logits_processors]" in text and "vllm_logitsprocs:NoRepeatProcessor" in text
+    assert "[vllm.general_plugins]" in text
+
+
+def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys):
+    from harness.targets.served import ServedTarget, TargetError
+    t = ServedTarget(workdir=str(tmp_path), concurrency=32)
+    t.name = "served"
+    assert t.served_switches({}) == 32
+    t.served_switches({"max_running": 4, "pool_slots": 120, "page_size": 2})
+    err = capsys.readouterr().err
+    assert "max_running=4, page_size=2, pool_slots=120 not applied per run" in err, err
+    t.served_switches({"max_running": 4, "pool_slots": 120, "page_size": 2})
+    assert capsys.readouterr().err == ""  # said once
+    with pytest.raises(TargetError, match="no meaning on a served target"):
+        t.served_switches({"spec": True})
