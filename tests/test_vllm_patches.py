@@ -65,9 +65,8 @@ def test_copy_patches_only_its_files_and_never_the_install(pkg, tmp_path):
     other = "v1/core/sched/scheduler.py"  # not patched: the same file as installed
     assert (root / "vllm" / other).read_bytes() == (pkg / other).read_bytes()
     assert vllm_copy.ensure_copy(names, home) == root  # stamped: reused, not rebuilt
-    env = {"PYTHONPATH": "/elsewhere"}
-    path = vllm_copy.server_pythonpath(env, names, home).split(os.pathsep)
-    assert path[1:] == [str(root), "/elsewhere"] and path[0] == str(setup_cmd.ROOT)
+    path = vllm_copy.server_pythonpath(os.pathsep.join([str(setup_cmd.ROOT), "/elsewhere"]), names, home)
+    assert path.split(os.pathsep) == [str(root), str(setup_cmd.ROOT), "/elsewhere"]
 
 
 def test_unknown_patch_name_is_refused():

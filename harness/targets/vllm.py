@@ -97,7 +97,7 @@ class VllmTarget(ServedTarget):
             from harness.agents.vllm_patches import PatchError
             from harness.targets.vllm_copy import server_pythonpath
             try:
-                env["PYTHONPATH"] = server_pythonpath(os.environ, patches, self.home)
+                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home)
             except PatchError as e:
                 raise TargetUnavailable(str(e)) from None
         return env

@@ -110,9 +110,9 @@ def ensure_copy(names, home: Path | None = None) -> Path:
     return root
 
 
-def server_pythonpath(env: dict, names, home: Path | None = None) -> str:
-    """PYTHONPATH for a server that runs the patched vLLM: our checkout (the agent) first, then
-    the patched copy, then whatever the environment had."""
+def server_pythonpath(pythonpath: str | None, names, home: Path | None = None) -> str:
+    """A server's PYTHONPATH with the patched copy first: its `vllm` shadows the installed one
+    (site-packages comes after every PYTHONPATH entry); the copy holds nothing else, so the agent
+    is still imported from our checkout further along."""
     copy = str(ensure_copy(names, home))
-    return setup_cmd.agent_pythonpath({**env, "PYTHONPATH": copy + (os.pathsep + env["PYTHONPATH"]
-                                                                    if env.get("PYTHONPATH") else "")})
+    return copy + (os.pathsep + pythonpath if pythonpath else "")
