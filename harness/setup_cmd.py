@@ -191,6 +191,26 @@ def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
 
 
+def entry_point_shim(dest: Path) -> Path:
+    """A folder holding a distribution record of this package with THIS checkout's entry points
+    (pyproject.toml), for a server's PYTHONPATH: importlib.metadata finds it before the venv's
+    install of the same name and ignores that one, so a checkout whose entry points differ from
+    the installed ones (a new `vllm.logits_processors` processor) runs with its own, and
+    another checkout's servers are not handed a processor their code does not have."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("entry-points", {})
+    info = Path(dest) / "overlap_harness-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: overlap_harness\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
+        for group, entries in eps.items()))
+    return Path(dest)
+
+
 def agent_pythonpath(env: dict) -> str:
     """PYTHONPATH for a server process: this checkout first, so `harness` (the agent) is imported
     from here whichever checkout installed the entry point."""

@@ -25,10 +25,12 @@ def pkg():
 
 
 def test_catalogue_covers_the_async_paths():
-    paths = {p.path for p in PATCHES.values()}
+    from harness.targets.vllm_paths import PATHS
+    rows = {r.name for r in PATHS}
     assert len(PATCHES) >= 12
-    assert {"preemption", "chunked prefill", "penalties", "structured output", "spec decoding",
-            "cache reset", "max_tokens", "prefix cache"} <= paths
+    assert all(p.path in rows for p in PATCHES.values()), [p.path for p in PATCHES.values() if p.path not in rows]
+    assert {"preemption_in_flight", "chunked_prefill", "penalties", "structured_output", "spec_decode_ngram",
+            "prefix_cache_reset", "max_tokens_1_2", "prefix_cache_hit"} <= {p.path for p in PATCHES.values()}
     assert all(p.upstream and p.suite.startswith("test_") for p in PATCHES.values())
 
 

@@ -88,15 +88,18 @@ class Facts:
         self.data: dict = {"role": role, "pid": os.getpid()}
         self._lock = threading.Lock()
         self._written = 0.0
+        self.dirty = False  # changed since the last write (a flusher writes it soon)
         atexit.register(self.write, True)
 
     def set(self, **kw) -> None:
         with self._lock:
             self.data.update(kw)
+            self.dirty = True
 
     def add(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.data[key] = self.data.get(key, 0) + n
+            self.dirty = True
 
     def write(self, force: bool = False) -> None:
         if self.path is None:
@@ -107,6 +110,7 @@ class Facts:
         self._written = now
         with self._lock:
             text = json.dumps(self.data)
+            self.dirty = False
         tmp = f"{self.path}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as f:

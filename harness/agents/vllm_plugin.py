@@ -274,6 +274,174 @@ def _penalty_ids(orig):
     return update_async_output_token_ids
 
 
+# -- path counters: how often each attacked path ran (harness.targets.vllm_paths) ---------
+_IN_FLIGHT = {"engine": False}  # a batch is in the queue while the engine schedules the next
+
+
+def _counting(role: str, key, when=None):
+    """A patch that calls the original and adds to `key` (a name, or fn(self, args, result) ->
+    {name: n}) when `when(self, args, result)` holds."""
+    def make(orig):
+        fn = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+        def counted(*a, **kw):
+            out = fn(*a, **kw)
+            a = a + tuple(kw.values())  # keyword arguments in the signature's order, as callers pass them
+            try:
+                if when is None or when(a, out):
+                    counts = key(a, out) if callable(key) else {key: 1}
+                    f = _facts(role)
+                    for k, n in counts.items():
+                        if n:
+                            f.add(k, n)
+            except Exception as e:  # a counter must never break the engine
+                _facts(role).set(counter_error=f"{key}: {e}")
+            return out
+        return staticmethod(counted) if isinstance(orig, staticmethod) else counted
+    return make
+
+
+def _engine_step_in_flight(orig):
+    def step_with_batch_queue(self):
+        q = self.batch_queue
+        _IN_FLIGHT["engine"] = q is not None and len(q) >= 1
+        try:
+            return orig(self)
+        finally:
+            _IN_FLIGHT["engine"] = False
+    return step_with_batch_queue
+
+
+def _preempted(a, out):
+    return {"preemptions": 1, "preemptions_in_flight": int(_IN_FLIGHT["engine"])}
+
+
+def _scheduled(a, out):
+    """Per schedule: requests given only part of their prompt (chunked prefill), and the sampling
+    steps of requests with max_tokens 1 or 2 (a step samples once the request's known tokens
+    are all computed)."""
+    sched = a[0]
+    counts = {"chunked_prefills": 0, "sampled_max1": 0, "sampled_max2": 0}
+    for rid in out.num_scheduled_tokens:
+        r = sched.requests.get(rid)
+        if r is None:
+            continue
+        if r.num_computed_tokens < r.num_prompt_tokens:
+            counts["chunked_prefills"] += 1
+        elif r.max_tokens in (1, 2) and r.num_computed_tokens >= r.num_tokens:
+            counts[f"sampled_max{r.max_tokens}"] += 1
+    return counts
+
+
+def _added(a, out):
+    r = a[1]
+    sp = r.sampling_params
+    return {"seeded_requests": int(sp.seed is not None), "logprob_requests": int(bool(sp.logprobs)),
+            f"max{sp.max_tokens}_requests": int(sp.max_tokens in (1, 2)),
+            "stop_token_id_requests": int(bool(sp.stop_token_ids))}
+
+
+def _aborted(a, out):
+    ids, status = (a[1], a[2]) if len(a) > 2 else (a[1], None)
+    if status is None or getattr(status, "name", "") != "FINISHED_ABORTED":
+        return {}
+    return {"aborted_requests": 1 if isinstance(ids, str) else len(list(ids or ()))}
+
+
+def _stop_token(a, out):
+    r = a[0]
+    return {"stop_token_stops": int(bool(out) and isinstance(r.stop_reason, int))}
+
+
+def _prefix_hit(a, out):
+    n = int(out[1])
+    return {"prefix_hits": int(n > 0), "prefix_hit_tokens": n}
+
+
+COUNTERS = {
+    "preempt": ("engine", _preempted, None),
+    "schedule": ("engine", _scheduled, None),
+    "sched_add": ("engine", _added, None),
+    "finish": ("engine", _aborted, None),
+    "reset_cache": ("engine", "prefix_cache_resets", lambda a, out: bool(out)),
+    "check_stop": ("engine", _stop_token, None),
+    "prefix_lookup": ("engine", _prefix_hit, None),
+    "pause": ("engine", "pauses", None),
+    "resume": ("engine", "resumes", None),
+    "stop_strings": ("api", "stop_string_stops", lambda a, out: out is not None),
+    "parallel_sampling": ("api", "parallel_parents", None),
+    "penalties": ("worker", "penalty_steps", lambda a, out: not a[1].no_penalties),
+    "bad_words": ("worker", "bad_words_steps", lambda a, out: bool(a[1])),
+    "min_tokens": ("worker", "min_tokens_steps", lambda a, out: bool(a[0].min_toks)),
+    "logit_bias": ("worker", "logit_bias_steps", lambda a, out: bool(a[0].biases)),
+    "batch_condense": ("worker", "seeded_reorders", lambda a, out: bool(a[0].generators)),
+    "batch_swap": ("worker", "seeded_reorders", lambda a, out: bool(a[0].generators)),
+    "grammar": ("worker", "grammar_steps", None),
+}
+
+
+# -- CUDA's generator rewind, on CPU --------------------------------------------------------
+_GEN_STATES: dict = {}  # batch index -> (generator, its state before this step's sample)
+
+
+def _sampler_forward(orig):
+    def forward(self, logits, sampling_metadata, *a, **kw):
+        _GEN_STATES.clear()
+        for i, g in (sampling_metadata.generators or {}).items():
+            if g.device.type == "cpu":
+                _GEN_STATES[i] = (g, g.get_state())
+        return orig(self, logits, sampling_metadata, *a, **kw)
+    return forward
+
+
+class _Rewind:
+    """Stands in for a CPU generator while vLLM rewinds it by offset (a CUDA-only call): the
+    rewind restores the state from before the discarded sample, which is what the CUDA rewind
+    achieves."""
+
+    def __init__(self, gen, state):
+        self.gen, self.state = gen, state
+
+    def get_offset(self):
+        return 4
+
+    def set_offset(self, offset):
+        if self.state is not None:
+            self.gen.set_state(self.state)
+            _facts("worker").add("cpu_generator_rewinds")
+
+
+def _bookkeeping(orig):
+    def _bookkeeping_sync(self, *a, **kw):
+        gens = self.input_batch.generators
+        if "cpu_generator_rewind" in _PLAN.data.get("stock", ()):
+            return orig(self, *a, **kw)
+        real = {i: g for i, g in gens.items() if isinstance(g, __import__("torch").Generator)
+                and g.device.type == "cpu"}
+        for i, g in real.items():
+            st = _GEN_STATES.get(i)
+            gens[i] = _Rewind(g, st[1] if st is not None and st[0] is g else None)
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            for i, g in real.items():
+                if isinstance(gens.get(i), _Rewind):
+                    gens[i] = g
+    return _bookkeeping_sync
+
+
+def _flusher() -> None:
+    """Counters are written within 0.1 s of changing, so a run's last counts are on disk when the
+    target reads them (Facts.write alone is throttled and would drop the last ones)."""
+    def loop():
+        while True:
+            time.sleep(0.1)
+            for f in list(_FACTS.values()):
+                if f.dirty:
+                    f.write(True)
+    threading.Thread(target=loop, name="oh-facts", daemon=True).start()
+
+
 PATCHES = {
     "platform_config": _platform_config,
     "engine_loop": _engine_loop,
@@ -284,6 +452,8 @@ PATCHES = {
     "output_copy": _output_copy,
     "before_wait": _before_wait,
     "penalty_ids": _penalty_ids,
+    "sampler_forward": _sampler_forward,
+    "bookkeeping": _bookkeeping,
 }
 
 
@@ -299,6 +469,10 @@ def register() -> None:
     try:
         for point, make in PATCHES.items():
             _patch(point, make)
+        _patch("engine_step", _engine_step_in_flight)
+        for point, (role, key, when) in COUNTERS.items():
+            _patch(point, _counting(role, key, when))
+        _flusher()
     except AgentError as e:
         f = _facts("error")
         f.set(error=str(e))

@@ -42,6 +42,54 @@ POINTS = [
     Point("penalty_ids", "vllm.v1.worker.gpu_input_batch", "InputBatch.update_async_output_token_ids",
           "replaces the output-token placeholders the penalties read with the ids just copied"),
 ]
+# Path counters (harness.targets.vllm_paths): each counts, from inside vLLM, how often one path of
+# the async machinery ran, so a suite that attacks the path can fail as "not exercised".
+POINTS += [
+    Point("preempt", "vllm.v1.core.sched.scheduler", "Scheduler._preempt_request",
+          "preemption (KV cache full): counted, and counted apart when a batch was in flight"),
+    Point("schedule", "vllm.v1.core.sched.scheduler", "Scheduler.schedule",
+          "counts chunked-prefill steps and the sampling steps of max_tokens 1 and 2 requests"),
+    Point("sched_add", "vllm.v1.core.sched.scheduler", "Scheduler.add_request",
+          "counts requests by the sampling features they use (seed, logprobs, max_tokens 1/2)"),
+    Point("finish", "vllm.v1.core.sched.scheduler", "Scheduler.finish_requests",
+          "counts aborted requests"),
+    Point("reset_cache", "vllm.v1.core.sched.scheduler", "Scheduler.reset_prefix_cache",
+          "counts prefix-cache resets that took effect"),
+    Point("check_stop", "vllm.v1.core.sched.scheduler", "check_stop",
+          "the scheduler's stop check (imported by name): counts stops on a stop token id"),
+    Point("prefix_lookup", "vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
+          "counts prefix-cache hits and the tokens they cover"),
+    Point("pause", "vllm.v1.engine.core", "EngineCoreProc.pause_scheduler", "counts pauses"),
+    Point("resume", "vllm.v1.engine.core", "EngineCore.resume_scheduler", "counts resumes"),
+    Point("stop_strings", "vllm.v1.engine.detokenizer", "check_stop_strings",
+          "the API server's stop-string check: counts stops on a stop string"),
+    Point("parallel_sampling", "vllm.v1.engine.parallel_sampling", "ParentRequest.__init__",
+          "counts requests fanned out into n > 1 samples"),
+    Point("penalties", "vllm.v1.sample.sampler", "Sampler.apply_penalties",
+          "counts steps that apply repetition / presence / frequency penalties"),
+    Point("bad_words", "vllm.v1.sample.sampler", "apply_bad_words",
+          "the sampler's bad-words mask (imported by name): counts steps that apply it"),
+    Point("min_tokens", "vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.apply",
+          "counts steps that hold back stop tokens for min_tokens"),
+    Point("logit_bias", "vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.apply",
+          "counts steps that apply a logit_bias"),
+    Point("batch_condense", "vllm.v1.worker.gpu_input_batch", "InputBatch.condense",
+          "counts batch reorders (rows moved) while seeded requests hold generators"),
+    Point("batch_swap", "vllm.v1.worker.gpu_input_batch", "InputBatch.swap_states",
+          "counts batch reorders (rows swapped) while seeded requests hold generators"),
+    Point("grammar", "vllm.v1.worker.gpu_model_runner", "apply_grammar_bitmask",
+          "the worker's structured-output mask (imported by name): counts steps that apply it"),
+]
+# vLLM's CPU build crashes where the CUDA build rewinds a seeded request's generator after a
+# discarded sample (a partial prefill): `set_offset` does not exist for CPU generators. The agent
+# gives CPU generators the CUDA semantics (restore the state from before the sample) unless the
+# plan lists "cpu_generator_rewind" under "stock" (KNOWN_UPSTREAM cpu-seeded-partial-prefill).
+POINTS += [
+    Point("sampler_forward", "vllm.v1.sample.sampler", "Sampler.forward",
+          "snapshots the CPU generators' states before a sample, for the rewind below"),
+    Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
+          "rewinds the generators of discarded samples: on CPU from the snapshot"),
+]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 
@@ -98,7 +146,7 @@ def check_source(site_packages) -> list[str]:
         if tree is None:
             problems.append(f"{p.module}: no such module (point {p.name})")
             continue
-        if _find(tree, p.qualname) is None:
+        if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
             problems.append(f"{p.module}.{p.qualname}: not found (point {p.name}: {p.why[:60]})")
             continue
         cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
@@ -109,3 +157,11 @@ def check_source(site_packages) -> list[str]:
                         if isinstance(t, ast.Attribute)}
             problems += [f"{p.module}.{cls}.{a}: never assigned (point {p.name})" for a in attrs if a not in assigned]
     return problems
+
+
+def _imports(tree, name: str) -> bool:
+    """`name` is bound in the module by `from ... import name` (a function the module calls by
+    its own global name: the agent patches that binding)."""
+    import ast
+    return any(isinstance(n, ast.ImportFrom) and any((a.asname or a.name) == name for a in n.names)
+               for n in tree.body)

@@ -253,7 +253,33 @@ class ServedTarget(Target):
         n = getattr(r, "n", 1)
         if n and n > 1:
             body["n"] = n
+        body.update(getattr(r, "extra", None) or {})  # engine fields a workload asks for (vllm_paths)
         return body
+
+    # the ref engine's switches a served target takes per run, and those fixed when its servers start
+    RUN_SWITCHES = ("max_running",)
+    FIXED_SWITCHES = ("pool_slots", "page_size", "prefix_cache")
+    _said: set = set()
+
+    def served_switches(self, kw: dict) -> int:
+        """The client concurrency for a run given the ref engine's switches: `max_running` caps the
+        requests in flight (so at most that many run in the engine). Switches fixed when the
+        servers start (the KV pool, its page size, prefix caching) are not changed per run: said
+        once on stderr, with what the servers use. Any other switch is refused."""
+        unknown = sorted(set(kw) - set(self.RUN_SWITCHES) - set(self.FIXED_SWITCHES))
+        if unknown:
+            raise TargetError(f"{self.name}: engine switch(es) {', '.join(unknown)} have no meaning on a served "
+                              f"target (it takes {', '.join(self.RUN_SWITCHES + self.FIXED_SWITCHES)})")
+        fixed = tuple(sorted(k for k in kw if k in self.FIXED_SWITCHES))
+        if fixed and fixed not in ServedTarget._said:
+            ServedTarget._said.add(fixed)
+            print(f"{self.name}: {', '.join(f'{k}={kw[k]}' for k in fixed)} not applied per run: the servers keep "
+                  f"{self.fixed_setting()}", file=sys.stderr)
+        return max(1, min(self.concurrency, int(kw.get("max_running") or self.concurrency)))
+
+    def fixed_setting(self) -> str:
+        """What the servers use for the switches fixed at start (a subclass says)."""
+        return "the setting they were started with"
 
     def _send(self, client, base: str, r, overlap: bool, t0: float):
         wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
@@ -309,9 +335,11 @@ class ServedTarget(Target):
     def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
             on_step=None, delays: dict | None = None, faults=None, **engine_kw) -> Run:
         """Send the workload to one server as concurrent requests. `delays` / `faults` (agent
-        plan) apply to this run; engine switches of the ref engine (`engine_kw`) do not exist
-        on a real server and are ignored."""
+        plan) apply to this run. The ref engine's switches (`engine_kw`) go through
+        `served_switches`: what a server can honour per run is honoured, the rest is refused
+        with one line."""
         import httpx
+        limit = self.served_switches(engine_kw)
         base = self.url(overlap)
         if delays is not None or faults is not None:
             self.set_plan(overlap, delays=delays, faults=faults or (), seed=seed)
@@ -319,7 +347,7 @@ class ServedTarget(Target):
         t0 = time.monotonic()
         with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
                           limits=httpx.Limits(max_connections=self.concurrency)) as client, \
-                ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(reqs)))) as pool:
+                ThreadPoolExecutor(max_workers=min(limit, max(1, len(reqs)))) as pool:
             futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
             results = [x for f in futs for x in f.result()]
         if delays is not None or faults is not None:

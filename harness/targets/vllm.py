@@ -42,10 +42,8 @@ class VllmTarget(ServedTarget):
         why = setup_cmd.ready(self.home)
         if why:
             raise TargetUnavailable(why)
-        try:
-            setup_cmd.ensure_agent(self.home)
-        except setup_cmd.SetupError as e:
-            raise TargetUnavailable(str(e)) from None
+        # no install into the venv: the servers take this checkout's entry points from a shim on
+        # their PYTHONPATH (server_env), so checkouts with different entry points never clash
         self.python = str(setup_cmd.venv_python(self.home))
         if model in setup_cmd.MODEL_DIRS or model is None:
             self.model_path = str(setup_cmd.model_dir(self.home, model or "smollm2"))
@@ -55,6 +53,12 @@ class VllmTarget(ServedTarget):
             self.model_path = model
         if not Path(self.model_path, "config.json").is_file():
             raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
+        # the default model's pair runs the path attack's setting (harness.targets.vllm_paths): a KV
+        # pool far smaller than the workload, chunked prefill, prefix caching, our logits processors
+        self.paths = model in (None, "smollm2")
+        if self.paths:
+            from harness.targets import vllm_paths
+            max_model_len = min(max_model_len, vllm_paths.MAX_MODEL_LEN)
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
 
@@ -81,7 +85,20 @@ class VllmTarget(ServedTarget):
                 "--seed", str(self.seed), "--max-model-len", str(self.max_model_len),
                 "--max-num-seqs", str(self.max_num_seqs), "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
                 "--async-scheduling" if overlap else "--no-async-scheduling",
-                "--disable-log-stats", *self.extra_args]
+                "--disable-log-stats", *self.path_args(), *self.extra_args]
+
+    def path_args(self) -> list[str]:
+        if not self.paths:
+            return []
+        from harness.targets import vllm_paths
+        return list(vllm_paths.SERVER_ARGS)
+
+    def fixed_setting(self) -> str:
+        if self.paths:
+            from harness.targets import vllm_paths as vp
+            return (f"a KV pool of {vp.KV_BLOCKS} blocks of {vp.BLOCK} tokens with prefix caching, "
+                    f"{vp.MAX_BATCHED_TOKENS} tokens a step")
+        return f"a KV pool of {self.kv_cache_bytes >> 20} MiB"
 
     def server_env(self, overlap: bool) -> dict:
         env = dict(os.environ)
@@ -92,6 +109,13 @@ class VllmTarget(ServedTarget):
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # two servers share two cores here
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
+        if self.paths:
+            from harness.targets import vllm_paths
+            env.update(vllm_paths.SERVER_ENV)
+        # this checkout's entry points (the vllm.logits_processors one included) shadow whatever
+        # checkout last installed the agent into the venv
+        shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
+        env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
         patches = self.patches() if overlap else []
         if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
             from harness.agents.vllm_patches import PatchError

