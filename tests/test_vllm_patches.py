@@ -76,3 +76,14 @@ def test_unknown_patch_name_is_refused():
     with pytest.raises(ValueError, match="unknown vLLM fault nope"):
         check_fault_names(["nope"])
     check_fault_names(["max_tokens_counts_placeholders", "sampled_ids_no_wait"])
+
+
+def test_faults_lists_every_patch_with_its_upstream_issue(capsys):
+    import argparse
+
+    from harness.gate import cmd_faults
+    assert cmd_faults(argparse.Namespace(target="vllm")) == 0
+    out = capsys.readouterr().out
+    for p in PATCHES.values():
+        assert p.name in out and f"patch of vllm/{p.file}, on the {p.path} path" in out
+        assert ", ".join(p.upstream) in out
