@@ -111,10 +111,10 @@ def test_suites_through_the_gate(vllm):
     targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
 
 
-# Representative source patches of vLLM (harness.agents.vllm_patches), one per kind of path the
-# default pair exercises; `mutants --target vllm` runs them all. Each restarts only the async-on
+# Representative source patches of vLLM (harness.agents.vllm_patches): one in the engine core, one
+# in the worker; `mutants --target vllm` runs them all. Each restarts only the async-on
 # server, on its patched copy of vLLM (about 30-60 s here); the off run is shared.
-CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder", "penalty_ids_wrong_row"]
+CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
 
 
 @pytest.fixture(scope="module")
