@@ -159,6 +159,32 @@ def test_overlap_oracle_through_the_gate(vllm):
     targets.make_target("vllm", ())
 
 
+# Representative source patches of vLLM (harness.agents.vllm_patches): one in the engine core, one
+# in the worker; `mutants --target vllm` runs them all. Each restarts only the async-on
+# server, on its patched copy of vLLM (about 30-60 s here); the off run is shared.
+CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
+
+
+@pytest.fixture(scope="module")
+def stock_off(vllm, tok):
+    reqs = _workload(tok, penalty=True)
+    return reqs, vllm.run(reqs, overlap=False)
+
+
+@pytest.mark.parametrize("patch", CI_PATCHES)
+def test_source_patch_is_caught(vllm, tok, stock_off, patch):
+    """The quiet half is test_overlap_on_equals_off: the same workload on stock vLLM."""
+    from harness import targets
+    reqs, off = stock_off
+    try:
+        assert targets.make_target("vllm", {patch}) is vllm  # the same pair, the on server restarted
+        bad = vllm.run(reqs, overlap=True)
+    finally:
+        targets.make_target("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
+    found = _clear_divergences(off, bad) or record_problems(bad.outputs, run_logprobs(bad))
+    assert found, f"{patch}: the patched async server still equals stock vLLM with async off"
+
+
 def test_spinning_engine_is_a_hang(vllm, tok):
     """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
     within the watchdog's bound, with every server process's stacks and the agent's facts in the

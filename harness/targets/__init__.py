@@ -35,9 +35,11 @@ def make_target(name: str, faults=frozenset(), **kw):
                 from harness.targets.sglang import SglangTarget as cls
             t = _SERVED[key] = cls(faults=frozenset(faults), **kw)
         elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
-            t.faults = frozenset(faults)
+            old, t.faults = t.faults, frozenset(faults)
             t.revive()  # a server the watchdog stopped (HANG) starts again for the new faults
-            if True in t.servers:
+            if hasattr(t, "refresh_faults"):  # vLLM's source patches restart the async-on server
+                t.refresh_faults(old)
+            elif True in t.servers:
                 t.set_plan(True)
         return t
     raise ValueError(f"unknown target {name!r}: expected one of {', '.join(TARGETS)} "
@@ -46,9 +48,10 @@ def make_target(name: str, faults=frozenset(), **kw):
 
 def fault_catalogue(name: str) -> dict:
     """The faults a target can be given: the ref engine's, or its agent's."""
-    if name == "vllm":
+    if name == "vllm":  # the agent's switches, then source patches of vLLM's own code
+        from harness.agents.vllm_patches import PATCHES
         from harness.agents.vllm_points import CATALOGUE
-        return CATALOGUE
+        return {**CATALOGUE, **PATCHES}
     if name == "sglang":
         from harness.agents.sglang_points import CATALOGUE
         return CATALOGUE

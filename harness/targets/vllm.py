@@ -20,6 +20,15 @@ from harness import setup_cmd
 from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
 
 
+def check_fault_names(faults, exc=ValueError) -> None:
+    """The agent's faults and the source patches of vLLM."""
+    from harness.agents.vllm_patches import PATCHES
+    from harness.agents.vllm_points import CATALOGUE
+    unknown = sorted(set(faults) - set(CATALOGUE) - set(PATCHES))
+    if unknown:
+        raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
+
+
 class VllmTarget(ServedTarget):
     name = "vllm"
 
@@ -27,8 +36,7 @@ class VllmTarget(ServedTarget):
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, **kw):
         super().__init__(**kw)
-        from harness.agents.vllm_points import check_names
-        check_names(faults, ValueError)
+        check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
         self.home = home or setup_cmd.vllm_home()
         why = setup_cmd.ready(self.home)
@@ -108,7 +116,30 @@ class VllmTarget(ServedTarget):
         # checkout last installed the agent into the venv
         shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
         env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
+        patches = self.patches() if overlap else []
+        if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
+            from harness.agents.vllm_patches import PatchError
+            from harness.targets.vllm_copy import server_pythonpath
+            try:
+                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home)
+            except PatchError as e:
+                raise TargetUnavailable(str(e)) from None
         return env
+
+    def patches(self) -> list[str]:
+        """The faults that are source patches of vLLM (harness.agents.vllm_patches)."""
+        from harness.agents.vllm_patches import PATCHES
+        return sorted(f for f in self.faults if f in PATCHES)
+
+    def refresh_faults(self, old) -> None:
+        """The faults changed: agent faults go to the plan; a different set of source patches
+        restarts the async-on server on its own copy of vLLM (the off server keeps running)."""
+        from harness.agents.vllm_patches import PATCHES
+        if {f for f in old if f in PATCHES} != set(self.patches()) and True in self.servers:
+            self.servers.pop(True).stop()
+            for f in self.facts_dir(True).glob("*.json"):  # the stopped server's facts
+                f.unlink()
+        self.set_plan(True)
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
         err = [f["error"] for f in facts if f.get("error")]

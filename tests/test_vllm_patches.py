@@ -1,0 +1,89 @@
+"""The vLLM source patches (harness.agents.vllm_patches) against the installed vLLM, without
+starting it: every patch applies exactly once and compiles, the private copy changes only the
+patched files and never the install, and a patch whose text is gone is one clear error.
+Which suite catches each patch is tests/test_vllm.py's and `mutants --target vllm`'s job."""
+import os
+
+import pytest
+
+from harness import setup_cmd
+from harness.agents import vllm_patches
+from harness.agents.vllm_patches import PATCHES, PatchError, VllmPatch
+
+REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
+
+
+@pytest.fixture(scope="module")
+def pkg():
+    why = setup_cmd.ready()
+    if why:
+        if REQUIRED:
+            pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
+        pytest.skip(why)
+    from harness.targets.vllm_copy import installed_package
+    return installed_package()
+
+
+def test_catalogue_covers_the_async_paths():
+    from harness.targets.vllm_paths import PATHS
+    rows = {r.name for r in PATHS}
+    assert len(PATCHES) >= 12
+    assert all(p.path in rows for p in PATCHES.values()), [p.path for p in PATCHES.values() if p.path not in rows]
+    assert {"preemption_in_flight", "chunked_prefill", "penalties", "structured_output", "spec_decode_ngram",
+            "prefix_cache_reset", "max_tokens_1_2", "prefix_cache_hit"} <= {p.path for p in PATCHES.values()}
+    assert all(p.upstream and p.suite.startswith("test_") for p in PATCHES.values())
+
+
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_patch_applies_and_compiles(pkg, name):
+    p = PATCHES[name]
+    source = (pkg / p.file).read_text()
+    after = vllm_patches.apply(p, source)
+    assert after != source
+    compile(after, str(pkg / p.file), "exec")
+    assert vllm_patches.diff(p, source).count("\n-") >= 1  # a real change of vLLM's own lines
+
+
+def test_missing_text_is_one_clear_error(pkg):
+    gone = VllmPatch("gone", "", "x", "test_overlap_equivalence", "v1/core/sched/utils.py",
+                     "this text is not in vLLM\n", "")
+    with pytest.raises(PatchError, match=r"gone: the text 'this text is not in vLLM' is not found in "
+                                         r"vllm/v1/core/sched/utils.py \(written against vLLM 0.32.0\)"):
+        vllm_patches.apply(gone, (pkg / gone.file).read_text())
+
+
+def test_copy_patches_only_its_files_and_never_the_install(pkg, tmp_path):
+    from harness.targets import vllm_copy
+    home = tmp_path / "vllm"
+    (home / "venv").mkdir(parents=True)
+    os.symlink(pkg.parent.parent.parent, home / "venv" / "lib")  # the real install, read only
+    names = ["max_tokens_counts_placeholders", "penalty_ids_wrong_row"]
+    before = {PATCHES[n].file: (pkg / PATCHES[n].file).read_text() for n in names}
+    root = vllm_copy.ensure_copy(names, home)
+    for n in names:
+        p = PATCHES[n]
+        assert (pkg / p.file).read_text() == before[p.file]  # the install is unchanged
+        assert p.replace in (root / "vllm" / p.file).read_text()
+    other = "v1/core/sched/scheduler.py"  # not patched: the same file as installed
+    assert (root / "vllm" / other).read_bytes() == (pkg / other).read_bytes()
+    assert vllm_copy.ensure_copy(names, home) == root  # stamped: reused, not rebuilt
+    path = vllm_copy.server_pythonpath(os.pathsep.join([str(setup_cmd.ROOT), "/elsewhere"]), names, home)
+    assert path.split(os.pathsep) == [str(root), str(setup_cmd.ROOT), "/elsewhere"]
+
+
+def test_unknown_patch_name_is_refused():
+    from harness.targets.vllm import check_fault_names
+    with pytest.raises(ValueError, match="unknown vLLM fault nope"):
+        check_fault_names(["nope"])
+    check_fault_names(["max_tokens_counts_placeholders", "sampled_ids_no_wait"])
+
+
+def test_faults_lists_every_patch_with_its_upstream_issue(capsys):
+    import argparse
+
+    from harness.gate import cmd_faults
+    assert cmd_faults(argparse.Namespace(target="vllm")) == 0
+    out = capsys.readouterr().out
+    for p in PATCHES.values():
+        assert p.name in out and f"patch of vllm/{p.file}, on the {p.path} path" in out
+        assert ", ".join(p.upstream) in out
