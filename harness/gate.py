@@ -211,6 +211,17 @@ def overlap_line(res: GateResult) -> str:
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
 
 
+def invariance_lines(target: str) -> str:
+    """The ref engine's batch invariance as measured here, and, where it is not verified, how
+    the suites judged it (as a real engine: tie or race)."""
+    if target != "ref":
+        return ""
+    from harness.reference import INEXACT
+    from harness.targets import make_target
+    inv = make_target("ref").invariance
+    return inv.line if inv.ok else f"{inv.line}\n{INEXACT}"
+
+
 def served_overlap_line(target: str) -> str:
     """A served target's overlap, from what its agent saw (checked after every run already)."""
     from harness.targets import make_target
@@ -256,9 +267,9 @@ def cmd_check(a) -> int:
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
     print(format_table(res))
-    line = overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)
-    if line:
-        print(line)
+    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
+        if line:
+            print(line)
     verdict = "PASS" if res.ok else "FAIL"
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"

@@ -5,9 +5,9 @@ Batch invariance by construction (a request's logits are the same bits whatever 
 the batch): every matmul and reduction whose shape could follow the batch runs in a shape
 fixed by the model alone, because which kernel (and so which summation order) a CPU or GPU
 library picks for a shape differs between machines, but one shape always gets one kernel.
-- Linear layers run on tiles of exactly ROW_TILE rows (the last one padded with zeros), on
-  both the F.linear and the oneDNN-packed path: a batch changes how many tiles run, never a
-  tile's shape.
+- Linear layers run on tiles of a fixed number of rows per path (PACKED_TILE for the oneDNN-
+  packed weights, PLAIN_TILE for F.linear; the last tile padded with zeros): a batch changes
+  how many tiles run, never a tile's shape.
 - Attention treats every query token as its own block (a decode step and a prefill, chunked
   or not, compute a position alike): the block's query heads padded to R rows (fixed by the
   model), over its own keys in chunks of KV_CHUNK (a constant), so every score and P.V matmul
@@ -32,9 +32,13 @@ import torch.nn.functional as F
 from harness.engine.config import ModelConfig
 
 ROW_ALIGN = 4  # the engine pads a batch to a multiple of this (as CUDA graphs pad to a recorded size)
-# Rows of every linear-layer call. A constant, never derived from the batch. 8: a decode batch
-# of up to 8 is one call (no extra cost), and a prefill pays one call per 8 tokens.
-ROW_TILE = 8
+# Rows of every linear-layer call, per path: constants, never derived from the batch. oneDNN
+# (the large weights, where rows cost compute): 8, so a decode batch of up to 8 is one call at no
+# extra cost. F.linear (small weights, where a call costs its overhead): 16. Measured with MKL held
+# to AVX2, an 8-row F.linear gives rows 6 and 7 other bits than rows 0-5 (its kernel's row block is
+# 6); 4, 12 and 16 rows do not, and oneDNN gives every row the same bits at every tile size tried.
+PACKED_TILE = 8
+PLAIN_TILE = 16
 # (block, chunk) pairs per attention call: bounds the keys one call gathers (a prefill of
 # many tokens runs in several calls; each block's result does not depend on the split).
 ATTN_PAIRS = 512
@@ -133,16 +137,16 @@ class Model:
         """x @ W.T for the weight `name`. Large weights go through oneDNN with the weight packed
         once (measured on SmolLM2, 8 rows, 1 thread: 1.6x less CPU time than F.linear on the MLP,
         2.4x on the output head). Each weight always takes the same path, and every call is
-        exactly ROW_TILE rows (see the module docstring)."""
+        exactly PACKED_TILE or PLAIN_TILE rows by path (see the module docstring)."""
         w = self.w[name] if w is None else w
         ent = self._packed.get(name)
         if ent is None or ent[0] is not w:  # first use, or the weight was replaced (spec's draft head)
             ent = self._packed[name] = (w, _pack(w))
         pk = ent[1]
 
-        def tile(t):  # t: exactly ROW_TILE rows
+        def tile(t):  # t: exactly T rows
             return F.linear(t, w) if pk is None else _onednn_linear(t, pk, None, "none", [], "")
-        n, T = x.shape[0], ROW_TILE
+        n, T = x.shape[0], (PLAIN_TILE if pk is None else PACKED_TILE)
         if n == T:
             return tile(x.contiguous())
         xp = _pad_to(x.contiguous(), max(T, -(-n // T) * T))
