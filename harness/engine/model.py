@@ -12,12 +12,13 @@ library picks for a shape differs between machines, but one shape always gets on
   or not, compute a position alike): the block's query heads padded to R rows (fixed by the
   model), over its own keys in chunks of KV_CHUNK (a constant), so every score and P.V matmul
   is [R, d] x [d, KV_CHUNK] / [R, KV_CHUNK] x [KV_CHUNK, d] whatever the batch; the batch only
-  sets how many such products one bmm runs. The chunks are combined in chunk order by plain
-  additions; a chunk past a request's length contributes exact zeros, so any upper bound on
-  the length gives the same bits, and the cost follows the tokens present, not max_context.
-- RMSNorm and softmax reduce within a row.
-What is left to the machine (a row's position inside a tile, the number of products in a
-bmm, the -inf padding of a softmax row) is measured at start-up on the kernels in use
+  sets how many such products one bmm runs. The softmax is merged over chunks: maxima (exact
+  in any order), then sums over one chunk's KV_CHUNK keys, then over a block's chunks in chunk
+  order; a chunk past a request's length contributes exact zeros, so any upper bound on the
+  length gives the same bits, and the cost follows the tokens present, not max_context.
+- RMSNorm reduces within a row.
+What is left to the machine (a row's position inside a tile, the number of products in one
+bmm, the thread count) is measured at start-up on the kernels in use
 (harness/engine/invariance.py); where it does not hold, the suites judge this engine as they
 judge a real one (tie or race), never calling rounding a race.
 """
@@ -43,9 +44,7 @@ PLAIN_TILE = 16
 # many tokens runs in several calls; each block's result does not depend on the split).
 ATTN_PAIRS = 512
 # Keys per attention chunk. A constant, never derived from the batch: the shapes of a
-# request's attention matmuls then depend on its own length only. 32 keeps the softmax
-# rows a multiple of the AVX-512 vector (16 floats), so padding a row with masked chunks
-# adds exact zeros lane by lane.
+# request's attention matmuls then depend on its own length only (32: two AVX-512 vectors).
 KV_CHUNK = 32
 
 
