@@ -4,8 +4,9 @@ hypothesis generates (arrival times, prompt and output lengths, shared prefixes,
 max tokens, aborts, pool pressure, seeded sampling, repetition penalty), with speculative
 decoding off and on.
 
-The ref target is batch-invariant, so any divergence fails. A target that is not (a real
-engine: `batch_invariant = False`) fails only on divergences that begin at a clear winner;
+The ref target is batch-invariant where its start-up probe verified it, and then any divergence
+fails. A target that is not (a real engine, or the ref engine on kernels the probe caught:
+`batch_invariant = False`) fails only on divergences that begin at a clear winner;
 each divergence is reported with the request, the first divergent position, both
 continuations and whether the two tokens there were a numerical tie (harness.divergence).
 """
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from harness import strategies, workloads
 from harness.divergence import record_problems, report, run_logprobs
-from harness.reference import absolute_reference, divergences
+from harness.reference import absolute_reference, batch_invariant, divergences
 from harness.engine.config import EngineConfig
 
 # ---- speculative decoding ----------------------------------------------------------------
@@ -47,10 +48,6 @@ PRESETS = {
 }
 
 
-def _batch_invariant(target) -> bool:
-    return getattr(target, "batch_invariant", target.name == "ref")
-
-
 def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
     off = target.run(reqs, overlap=False, **kw)
     on = target.run(reqs, overlap=True, **kw)
@@ -69,7 +66,7 @@ def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
     if record_property is not None:
         record_property("divergences", "\n".join(report(d, detok) for _, _, d in found))
     for reference, under, divs in found:
-        bad = divs if _batch_invariant(target) else [d for d in divs if not d.near_tie]
+        bad = divs if batch_invariant(target) else [d for d in divs if not d.near_tie]
         if not bad:  # only numerical ties on a target that is not batch-invariant: rounding, reported
             print(f"{where}: {report(divs, detok)}")
             continue

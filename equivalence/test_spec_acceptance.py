@@ -9,6 +9,7 @@ import pytest
 from harness import strategies, workloads
 from harness.acceptance import band_problem, per_request_problems
 from harness.engine.request import Request
+from harness.reference import batch_invariant
 
 K, WRONG = 4, 0.1  # (1 - WRONG) ** K = 66% of windows accept every draft: a wasted draft shows
 
@@ -37,7 +38,13 @@ def test_accept_lengths(target, tok, oh_options, drafter):
         kw = dict(max_running=24, spec=drafter, spec_k=K, spec_wrong=WRONG)
         off = target.run(reqs, overlap=False, **kw)
         on = target.run(reqs, overlap=True, **kw)
-        diff = per_request_problems(on.engine.spec.accept_by_rid, off.engine.spec.accept_by_rid)
+        acc_on, acc_off = on.engine.spec.accept_by_rid, off.engine.spec.accept_by_rid
+        if not batch_invariant(target):  # rounding may move a token at a tie (the equivalence suite
+            # judges those): compare the requests whose tokens agree
+            same = {o[0] for o, f in zip(sorted(on.outputs), sorted(off.outputs)) if o == f}
+            acc_on = {r: a for r, a in acc_on.items() if r in same}
+            acc_off = {r: a for r, a in acc_off.items() if r in same}
+        diff = per_request_problems(acc_on, acc_off)
         assert not diff, f"seed {seed}, {drafter}: accept lengths differ with overlap on; first: {diff[0]}"
         if drafter == "oracle":
             for label, run in (("overlap on", on), ("overlap off", off)):

@@ -158,7 +158,8 @@ def cmd_run(a) -> int:
                    discarded_rows=eng.sched.n_discarded, clock="virtual" if cfg.device == "sim" else "wall",
                    spec=cfg.spec, spec_k=cfg.spec_k if cfg.spec else None,
                    mean_accept_len=(sum(eng.spec.accept_lens) / len(eng.spec.accept_lens)
-                                    if eng.spec is not None and eng.spec.accept_lens else None))
+                                    if eng.spec is not None and eng.spec.accept_lens else None),
+                   batch_invariance=eng.invariance.line)
     from harness.overlap import judge, off_summary
     ngram = cfg.spec == "ngram"
     verdict = judge(eng, off_summary(cfg, fresh, build) if cfg.overlap and not ngram else None, ngram)
@@ -198,7 +199,8 @@ def _format_summary(s: dict) -> str:
             f"discarded rows {s['discarded_rows']}"
             + (f"\nspeculative {s['spec']} k={s['spec_k']}: mean accept length {s['mean_accept_len']:.2f}"
                if s.get("mean_accept_len") is not None else "")
-            + (f"\n{s['overlap_line']}" if s.get("overlap_line") else ""))
+            + (f"\n{s['overlap_line']}" if s.get("overlap_line") else "")
+            + (f"\n{s['batch_invariance']}" if s.get("batch_invariance") else ""))
 
 
 # -- main -----------------------------------------------------------------------------

@@ -235,6 +235,17 @@ def overlap_line(res: GateResult) -> str:
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
 
 
+def invariance_lines(target: str) -> str:
+    """The ref engine's batch invariance as measured here, and, where it is not verified, how
+    the suites judged it (as a real engine: tie or race)."""
+    if target != "ref":
+        return ""
+    from harness.reference import INEXACT
+    from harness.targets import make_target
+    inv = make_target("ref").invariance
+    return inv.line if inv.ok else f"{inv.line}\n{INEXACT}"
+
+
 def served_overlap_line(target: str) -> str:
     """A served target's overlap, from what its agent saw (checked after every run already)."""
     summary = getattr(_served_pair(target), "overlap_summary", None)
@@ -292,9 +303,9 @@ def cmd_check(a) -> int:
     print(format_table(res))
     for line in path_lines(res):
         print(line)
-    line = overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)
-    if line:
-        print(line)
+    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
+        if line:
+            print(line)
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])

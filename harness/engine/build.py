@@ -72,5 +72,8 @@ def build_engine(cfg: EngineConfig) -> tuple[Engine, object]:
     c = cfg.costs
     dev = make_device(cfg.device, cfg.policy, cfg.seed, launch_overhead=c.launch_ms / c.launches_per_step)
     model = Model(mcfg, weights, dev.torch_device)
-    return Engine(cfg, mcfg, model, dev, tok.decode), tok
+    eng = Engine(cfg, mcfg, model, dev, tok.decode)
+    from harness.engine.invariance import verify
+    eng.invariance = verify(model)  # measured once per machine and build, then cached
+    return eng, tok
 

@@ -1,16 +1,26 @@
 """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) whose
 attention finds each request's KV slots through the slot table.
 
-Batch invariance, by construction and checked in tests/test_model.py: on the CPU a
-float32 matmul gives a row the same result whatever the other rows are only when
-the row count is a multiple of 4, so every matmul here runs on a row count padded to
-a multiple of 4 (as CUDA graphs pad a batch to a recorded size). What would break
-invariance in attention is a reduction whose split depends on the batch; so attention
-reduces over each request's own keys in chunks of KV_CHUNK (a constant): every
-score and P.V matmul has the fixed shape [rows, d] x [d, KV_CHUNK] / [rows, KV_CHUNK]
-x [KV_CHUNK, d], and the chunks are combined in chunk order by plain additions. A
-chunk past a request's length contributes exact zeros, so any upper bound on the
-length gives the same bits, and the cost follows the tokens present, not max_context.
+Batch invariance by construction (a request's logits are the same bits whatever else is in
+the batch): every matmul and reduction whose shape could follow the batch runs in a shape
+fixed by the model alone, because which kernel (and so which summation order) a CPU or GPU
+library picks for a shape differs between machines, but one shape always gets one kernel.
+- Linear layers run on tiles of a fixed number of rows per path (PACKED_TILE for the oneDNN-
+  packed weights, PLAIN_TILE for F.linear; the last tile padded with zeros): a batch changes
+  how many tiles run, never a tile's shape.
+- Attention treats every query token as its own block (a decode step and a prefill, chunked
+  or not, compute a position alike): the block's query heads padded to R rows (fixed by the
+  model), over its own keys in chunks of KV_CHUNK (a constant), so every score and P.V matmul
+  is [R, d] x [d, KV_CHUNK] / [R, KV_CHUNK] x [KV_CHUNK, d] whatever the batch; the batch only
+  sets how many such products one bmm runs. The softmax is merged over chunks: maxima (exact
+  in any order), then sums over one chunk's KV_CHUNK keys, then over a block's chunks in chunk
+  order; a chunk past a request's length contributes exact zeros, so any upper bound on the
+  length gives the same bits, and the cost follows the tokens present, not max_context.
+- RMSNorm reduces within a row.
+What is left to the machine (a row's position inside a tile, the number of products in one
+bmm, the thread count) is measured at start-up on the kernels in use
+(harness/engine/invariance.py); where it does not hold, the suites judge this engine as they
+judge a real one (tie or race), never calling rounding a race.
 """
 from __future__ import annotations
 
@@ -22,11 +32,19 @@ import torch.nn.functional as F
 
 from harness.engine.config import ModelConfig
 
-ROW_ALIGN = 4
+ROW_ALIGN = 4  # the engine pads a batch to a multiple of this (as CUDA graphs pad to a recorded size)
+# Rows of every linear-layer call, per path: constants, never derived from the batch. oneDNN
+# (the large weights, where rows cost compute): 8, so a decode batch of up to 8 is one call at no
+# extra cost. F.linear (small weights, where a call costs its overhead): 16. Measured with MKL held
+# to AVX2, an 8-row F.linear gives rows 6 and 7 other bits than rows 0-5 (its kernel's row block is
+# 6); 4, 12 and 16 rows do not, and oneDNN gives every row the same bits at every tile size tried.
+PACKED_TILE = 8
+PLAIN_TILE = 16
+# (block, chunk) pairs per attention call: bounds the keys one call gathers (a prefill of
+# many tokens runs in several calls; each block's result does not depend on the split).
+ATTN_PAIRS = 512
 # Keys per attention chunk. A constant, never derived from the batch: the shapes of a
-# request's attention matmuls then depend on its own length only. 32 keeps the softmax
-# rows a multiple of the AVX-512 vector (16 floats), so padding a row with masked chunks
-# adds exact zeros lane by lane.
+# request's attention matmuls then depend on its own length only (32: two AVX-512 vectors).
 KV_CHUNK = 32
 
 
@@ -117,15 +135,23 @@ class Model:
     def linear(self, x: torch.Tensor, name: str, w: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T for the weight `name`. Large weights go through oneDNN with the weight packed
         once (measured on SmolLM2, 8 rows, 1 thread: 1.6x less CPU time than F.linear on the MLP,
-        2.4x on the output head); a row's result does not depend on the row count from 2 rows up
-        (tests/test_model.py). Each weight always takes the same path."""
+        2.4x on the output head). Each weight always takes the same path, and every call is
+        exactly PACKED_TILE or PLAIN_TILE rows by path (see the module docstring)."""
         w = self.w[name] if w is None else w
         ent = self._packed.get(name)
         if ent is None or ent[0] is not w:  # first use, or the weight was replaced (spec's draft head)
             ent = self._packed[name] = (w, _pack(w))
-        if ent[1] is None:
-            return F.linear(x, w)
-        return _onednn_linear(x.contiguous(), ent[1], None, "none", [], "")
+        pk = ent[1]
+
+        def tile(t):  # t: exactly T rows
+            return F.linear(t, w) if pk is None else _onednn_linear(t, pk, None, "none", [], "")
+        n, T = x.shape[0], (PLAIN_TILE if pk is None else PACKED_TILE)
+        if n == T:
+            return tile(x.contiguous())
+        xp = _pad_to(x.contiguous(), max(T, -(-n // T) * T))
+        if xp.shape[0] == T:
+            return tile(xp)[:n]
+        return torch.cat([tile(xp[i:i + T]) for i in range(0, xp.shape[0], T)])[:n]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # one call (the same bits as w * x * rsqrt(mean(x^2) + eps), measured): each torch call
@@ -135,10 +161,14 @@ class Model:
     def _attend(self, q, k_pool, v_pool, a: dict) -> torch.Tensor:
         """Attention of G query blocks over their own chunks of keys.
 
-        q: [G, kv_heads, R, d] (R query rows, a multiple of 4); a: one chunk plan (_chunk_plan).
-        Returns [G, kv_heads, R, d]."""
+        q: [G, kv_heads, R, d] (R query rows, fixed by the model); a: one chunk plan (_chunk_plan).
+        Returns [G, kv_heads, R, d].
+
+        A softmax merged over chunks (as flash-decoding merges splits): every reduction is over
+        one chunk's fixed C keys or over a block's chunks in chunk order, so no reduction's
+        length or order follows the batch; a fully masked chunk adds exact zeros."""
         G, kvh, R, d = q.shape
-        C, K, pr, pc = KV_CHUNK, a["K"], a["pair_req"], a["pair_chunk"]
+        C, pr = KV_CHUNK, a["pair_req"]
         P = pr.numel()  # (block, chunk) pairs: each block's own chunks only
         # gathered head-major ([P * kv, C, d], contiguous): bmm on a permuted view costs 3x
         k = k_pool.view(-1, d).index_select(0, a["elems"]).view(P * kvh, C, d)
@@ -146,18 +176,19 @@ class Model:
         if P > G:  # (with one chunk per block the pairs are the blocks, in order)
             q = q.index_select(0, pr)
         # scale * q.k + mask, in one call (fewer calls: each one costs the hazard tracker)
-        s = torch.baddbmm(a["bias"], q.view(P * kvh, R, d), k.transpose(1, 2), alpha=self.scale)  # [P*kv, R, C]
-        if P == G:
-            p = torch.softmax(s, dim=-1)
-        else:
-            # the softmax runs over a block's row of K chunks; chunks it does not have stay -inf,
-            # i.e. exact zeros appended to its lanes (the same bits as a row of its own length)
-            row = s.new_full((G, kvh, R, K, C), float("-inf"))
-            row[pr, :, :, pc] = s.view(P, kvh, R, C)
-            p = torch.softmax(row.view(G, kvh, R, K * C), dim=-1).view(G, kvh, R, K, C)[pr, :, :, pc]
-        o = torch.bmm(p.reshape(P * kvh, R, C), v).view(P, kvh, R, d)
-        # chunk results added in chunk order from zero: a chunk past the length adds exact zeros
-        return q.new_zeros(G, kvh, R, d).index_add_(0, pr, o)
+        s = torch.baddbmm(a["bias"], q.reshape(P * kvh, R, d), k.transpose(1, 2), alpha=self.scale)  # [P*kv, R, C]
+        m = s.amax(-1).view(P, kvh, R)  # a max is exact in any order
+        if P > G:
+            m = q.new_full((G, kvh, R), float("-inf")).scatter_reduce_(
+                0, pr[:, None, None].expand(P, kvh, R), m, "amax").index_select(0, pr)
+        e = torch.exp(s.view(P, kvh, R, C) - m[..., None])  # [P, kv, R, C]; masked keys: exact zeros
+        # weights and values summed over a chunk's C keys, then over chunks in chunk order from zero
+        den = e.sum(-1)  # [P, kv, R]
+        num = torch.bmm(e.view(P * kvh, R, C), v).view(P, kvh, R, d)
+        if P > G:
+            den = q.new_zeros(G, kvh, R).index_add_(0, pr, den)
+            num = q.new_zeros(G, kvh, R, d).index_add_(0, pr, num)
+        return num / den[..., None]
 
     def _chunk_plan(self, kv_rows, lens, qpos) -> dict:
         """Gather indices and masks for G query blocks. kv_rows: [G, width] slots of each block's
@@ -181,45 +212,52 @@ class Model:
         hide = (keypos[:, None, :] > qp[:, :, None]) & (qp[:, :, None] >= 0)
         bias = torch.zeros(hide.shape, device=dev).masked_fill_(hide, float("-inf"))  # [P, R, C]
         bias = bias[:, None].expand(-1, kvh, -1, -1).reshape(-1, R, C)  # [P * kv, R, C], as baddbmm takes it
-        return {"K": K, "pair_req": pr, "pair_chunk": pc, "elems": elems.reshape(-1), "bias": bias}
+        return {"pair_req": pr, "elems": elems.reshape(-1), "bias": bias}
 
     @staticmethod
     def _kv_len(positions, groups, width: int, hint) -> list[int]:
-        """Keys each group sees: its last position + 1, read from the positions the device has
+        """Keys each query token sees: its position + 1, read from the positions the device has
         (so a fault that corrupts them is computed as the device would). On another device that
-        read would be a host sync inside a forward op: there the caller's host-side lengths serve
-        (as a real engine plans attention from the CPU's lengths), else the row width (any upper
-        bound gives the same bits)."""
+        read would be a host sync inside a forward op: there the caller's host-side lengths of
+        each group serve (as a real engine plans attention from the CPU's lengths), else the row
+        width (any upper bound gives the same bits)."""
         if positions.device.type != "cpu":
-            return list(hint) if hint is not None else [width] * len(groups)
-        pos = positions.tolist()
-        return [max(pos[s:s + n]) + 1 for s, n in groups]
+            per_group = list(hint) if hint is not None else [width] * len(groups)
+            return [n_keys for (_, n), n_keys in zip(groups, per_group) for _ in range(n)]
+        n_tok = sum(n for _, n in groups)
+        return [p + 1 for p in positions[:n_tok].tolist()]
 
     def pass_context(self, positions, groups, kv_indices, kv_len=None) -> dict:
         """What every layer of one pass shares: RoPE tables, masks, gather indices (built once).
         kv_len: keys each group sees (host ints), if the caller knows them without a device read
-        (used off the CPU; see _kv_len)."""
-        cfg, rep = self.cfg, self.n_rep
+        (used off the CPU; see _kv_len).
+
+        Every query token of a group is one attention block over its group's row of
+        kv_indices (a decode step's groups are its rows, padded rows included; a prefill's
+        padding tokens belong to no group and attend to nothing). Blocks run in calls of at
+        most ATTN_PAIRS (block, chunk) pairs, each call a contiguous range of tokens."""
+        rep = self.n_rep
         N = positions.shape[0]
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         ctx = {"cos": emb.cos()[:, None, :], "sin": emb.sin()[:, None, :], "groups": groups,
                "positions": positions, "N": N}
-        kv_len = self._kv_len(positions, groups, kv_indices.shape[1], kv_len)
-        ctx["decode"] = decode = all(c == 1 for _, c in groups) and len(groups) == N
-        if decode:  # one query per request: a kv group's rows are its rep query heads, padded to 4
-            R = pad_rows(rep)
-            qpos = positions[:, None].expand(N, R).clone()
-            qpos[:, rep:] = -1
-            ctx["plan"] = self._chunk_plan(kv_indices[:N], kv_len, qpos)
-            ctx["R"] = R
-        else:
-            ctx["per_group"] = []
-            for b, (start, n) in enumerate(groups):
-                R = pad_rows(n * rep)
-                qpos = torch.full((1, R), -1, dtype=torch.long, device=positions.device)
-                qpos[0, :n * rep] = positions[start:start + n].repeat_interleave(rep)
-                ctx["per_group"].append((self._chunk_plan(kv_indices[b:b + 1], kv_len[b:b + 1], qpos), R))
+        lens = self._kv_len(positions, groups, kv_indices.shape[1], kv_len)  # per token
+        dev = positions.device
+        R = pad_rows(rep)  # a block's rows: one token's query heads of a kv head, padded
+        row_of = [g for g, (_, n) in enumerate(groups) for _ in range(n)]  # token -> its group's row
+        calls, start, pairs = [], 0, 0
+        for t in range(len(lens) + 1):
+            c = kv_chunks(lens[t]) if t < len(lens) else 0
+            if t == len(lens) or (t > start and pairs + c > ATTN_PAIRS):
+                if t > start:
+                    rows = kv_indices[torch.tensor(row_of[start:t], device=dev)]
+                    qpos = positions[start:t, None].expand(t - start, R).clone()
+                    qpos[:, rep:] = -1
+                    calls.append((start, t, self._chunk_plan(rows, lens[start:t], qpos)))
+                start, pairs = t, 0
+            pairs += c
+        ctx["calls"], ctx["R"], ctx["n_tok"] = calls, R, len(lens)
         return ctx
 
     def _rope(self, x: torch.Tensor, ctx: dict) -> torch.Tensor:
@@ -265,22 +303,18 @@ class Model:
         return self._rms(x, self.w["model.norm.weight"])
 
     def _attention(self, q, ctx, k_pool, v_pool) -> torch.Tensor:
-        cfg, rep, N = self.cfg, self.n_rep, ctx["N"]
+        cfg, rep, N, R = self.cfg, self.n_rep, ctx["N"], ctx["R"]
         kvh, d = cfg.kv_heads, cfg.head_dim
-        if ctx["decode"]:
-            R = ctx["R"]
-            qq = q.view(N, kvh, rep, d)
-            if R != rep:
-                qq = torch.cat([qq, qq.new_zeros(N, kvh, R - rep, d)], dim=2)
-            o = self._attend(qq, k_pool, v_pool, ctx["plan"])[:, :, :rep]  # [N, kv, rep, d]
-            return o.reshape(N, cfg.heads * d)
-        out = q.new_zeros(N, cfg.heads * d)
-        for (start, n), (plan, R) in zip(ctx["groups"], ctx["per_group"]):
-            qq = q[start:start + n].view(n, kvh, rep, d).permute(1, 0, 2, 3).reshape(kvh, n * rep, d)
-            qq = torch.cat([qq, qq.new_zeros(kvh, R - n * rep, d)], dim=1)[None]
-            o = self._attend(qq, k_pool, v_pool, plan)[0, :, :n * rep]  # [kv, n*rep, d]
-            out[start:start + n] = o.view(kvh, n, rep, d).permute(1, 0, 2, 3).reshape(n, -1)
-        return out
+        qq = q.view(N, kvh, rep, d)
+        if R != rep:
+            qq = torch.cat([qq, qq.new_zeros(N, kvh, R - rep, d)], dim=2)
+        calls = ctx["calls"]
+        if len(calls) == 1 and calls[0][:2] == (0, N):  # one call over every row (a decode step)
+            return self._attend(qq, k_pool, v_pool, calls[0][2])[:, :, :rep].reshape(N, cfg.heads * d)
+        out = q.new_zeros(N, kvh, rep, d)  # padding tokens of a prefill attend to nothing
+        for a, b, plan in calls:
+            out[a:b] = self._attend(qq[a:b], k_pool, v_pool, plan)[:, :, :rep]
+        return out.view(N, cfg.heads * d)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, hidden] with M a multiple of 4 -> [M, vocab]."""

@@ -63,7 +63,7 @@ def draft_head_forward(model, tokens_next, hiddens, positions, out_loc, groups, 
     w = model.w
     e = model._rms(F.embedding(tokens_next, w["model.embed_tokens.weight"]), w["mtp.enorm.weight"])
     h = model._rms(hiddens, w["mtp.hnorm.weight"])
-    x = F.linear(torch.cat([e, h], dim=-1), w["mtp.fc.weight"])
+    x = model.linear(torch.cat([e, h], dim=-1), "mtp.fc.weight")  # row tiles, as every linear layer
     ctx = model.pass_context(positions, groups, kv_indices)
     x = model.layer("mtp.layer.", x, ctx, out_loc, dk, dv)
     g = model._rms(x, w["mtp.norm.weight"])

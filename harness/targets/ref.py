@@ -17,6 +17,18 @@ class RefTarget(Target):
         self.model = model
         self.engine_kw = engine_kw
 
+    @property
+    def invariance(self):
+        """The engine's batch invariance as measured on this machine (harness.engine.invariance)."""
+        if getattr(self, "_invariance", None) is None:
+            self._invariance = self.engine()[0].invariance
+        return self._invariance
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Exact only where measured so: elsewhere the suites judge by tie or race, as for a real engine."""
+        return self.invariance.ok
+
     def engine(self, overlap=True, policy="serial", seed=0, **kw):
         cfg = EngineConfig(model=self.model, overlap=overlap, policy=policy, seed=seed, faults=self.faults,
                            **{**self.engine_kw, **kw})
