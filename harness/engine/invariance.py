@@ -100,7 +100,7 @@ def cache_key(model) -> str:
 
 
 def _cache_path() -> Path:
-    from harness.setup_cmd import cache_root
+    from harness.cache import cache_root
     return cache_root() / CACHE_FILE
 
 
