@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from harness import stats as S  # noqa: E402
+from harness.oracles import stats as S  # noqa: E402
 
 
 def power_table(n: int = 1319) -> str:

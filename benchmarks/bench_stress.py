@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.faults import CATALOGUE  # noqa: E402
-from harness.stress import Stress  # noqa: E402
-from harness.strategies import POLICY_KINDS  # noqa: E402
+from harness.search.explore import Stress  # noqa: E402
+from harness.workloads.strategies import POLICY_KINDS  # noqa: E402
 
 MODES = {
     "full": dict(detect="all", kinds=POLICY_KINDS),

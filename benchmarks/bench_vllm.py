@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from harness import workloads  # noqa: E402
-from harness.divergence import record_problems, run_logprobs  # noqa: E402
-from harness.reference import divergences  # noqa: E402
+from harness.workloads import presets as workloads  # noqa: E402
+from harness.oracles.divergence import record_problems, run_logprobs  # noqa: E402
+from harness.oracles.reference import divergences  # noqa: E402
 from harness.targets.vllm import VllmTarget  # noqa: E402
 
 ROUNDS = 5

@@ -176,7 +176,7 @@ fi
 
 # -- 7. compute-sanitizer over a GPU run ---------------------------------------------------------
 step "overlap-harness sanitize (memcheck)"
-if "$VPY" -c 'from harness.sanitize import find_sanitizer; print(find_sanitizer())' 2>/dev/null; then
+if "$VPY" -c 'from harness.oracles.sanitizer import find_sanitizer; print(find_sanitizer())' 2>/dev/null; then
   if timeout 600 "${OH[@]}" sanitize --tool memcheck --junit "$OUTDIR/sanitize-memcheck.xml" \
        --log "$OUTDIR/sanitize-memcheck.log" -- "${OH[@]}" run --device cuda --prompt hello --max-tokens 8; then
     pass "$OUTDIR/sanitize-memcheck.xml"

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.engine.request import State
-from harness.reference import INEXACT, absolute_reference, batch_invariant
+from harness.oracles.reference import INEXACT, absolute_reference, batch_invariant
 
 
 def _plan(reqs, seed: int, waiting: bool) -> dict:

@@ -8,16 +8,16 @@ The ref target is batch-invariant where its start-up probe verified it, and then
 fails. A target that is not (a real engine, or the ref engine on kernels the probe caught:
 `batch_invariant = False`) fails only on divergences that begin at a clear winner;
 each divergence is reported with the request, the first divergent position, both
-continuations and whether the two tokens there were a numerical tie (harness.divergence).
+continuations and whether the two tokens there were a numerical tie (harness.oracles.divergence).
 """
 import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from harness import strategies, workloads
-from harness.divergence import record_problems, report, run_logprobs
-from harness.reference import absolute_reference, batch_invariant, divergences
+from harness.workloads import strategies, presets as workloads
+from harness.oracles.divergence import record_problems, report, run_logprobs
+from harness.oracles.reference import absolute_reference, batch_invariant, divergences
 from harness.engine.config import EngineConfig
 
 # ---- speculative decoding ----------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_overlap_on_equals_off(target, tok, oh_options, preset, record_property)
 
 @pytest.mark.parametrize("spec", [pytest.param(False, id="plain"), pytest.param(True, id="spec")])
 def test_generated_workloads_overlap_on_equals_off(target, tok, oh_options, spec, record_property):
-    """Workloads from harness.strategies; derandomized, so a CI failure reproduces locally."""
+    """Workloads from harness.workloads.strategies; derandomized, so a CI failure reproduces locally."""
     if spec and not target.white_box:
         pytest.skip(f"speculative decoding on {target.name}: its servers run without a drafter")
     _spec_or_skip(spec)

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from harness.agents import plan as planmod
-from harness.divergence import record_problems, run_logprobs
-from harness.reference import divergences
+from harness.oracles.divergence import record_problems, run_logprobs
+from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
 
 

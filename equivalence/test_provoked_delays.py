@@ -10,9 +10,9 @@ targets only.
 """
 import pytest
 
-from harness import workloads
-from harness.divergence import record_problems, report, run_logprobs
-from harness.reference import divergences
+from harness.workloads import presets as workloads
+from harness.oracles.divergence import record_problems, report, run_logprobs
+from harness.oracles.reference import divergences
 
 # Each plan holds back some points of the async path. "steps" are the worker's forward time as
 # the agent measures it, so a reader held back two steps lets the host run a full step ahead of

@@ -1,15 +1,15 @@
 """Speculative acceptance (issue 10, item 7): per request, the accept lengths with overlap on
 equal those with overlap off, window for window, for every drafter; and the oracle drafter's
-mean accept length lies in the band its wrong-token probability implies (harness.acceptance).
+mean accept length lies in the band its wrong-token probability implies (harness.oracles.acceptance).
 Tokens cannot show a verify that wastes drafts: they stay right, only fewer come per step."""
 import random
 
 import pytest
 
-from harness import strategies, workloads
-from harness.acceptance import band_problem, per_request_problems
+from harness.workloads import strategies, presets as workloads
+from harness.oracles.acceptance import band_problem, per_request_problems
 from harness.engine.request import Request
-from harness.reference import batch_invariant
+from harness.oracles.reference import batch_invariant
 
 K, WRONG = 4, 0.1  # (1 - WRONG) ** K = 66% of windows accept every draft: a wasted draft shows
 

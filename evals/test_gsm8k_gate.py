@@ -39,7 +39,7 @@ def test_overlap_keeps_gsm8k_accuracy(oh_options, heldout):
     except ModelUnavailable as e:
         pytest.skip(str(e))
     from harness.evals.run import GateOptions, run_gate
-    from harness.stats import LOSS
+    from harness.oracles.stats import LOSS
     r = run_gate(GateOptions(data=str(heldout), limit=N_QUESTIONS, min_effect=MIN_EFFECT,
                              engine={**ENGINE, **oh_options.target_kwargs(),
                                      "faults": ",".join(sorted(oh_options.faults))}))
@@ -81,7 +81,7 @@ def test_served_pair_keeps_gsm8k_accuracy(oh_options, heldout):
     if why:
         pytest.skip(why)
     from harness.evals.gsm8k import EvalError, RunFailure
-    from harness.stats import LOSS
+    from harness.oracles.stats import LOSS
     t, kind = served_gate_target(oh_options.target, oh_options.faults)
     if kind == "gsm8k" and not GSM8K_TEST.is_file():
         pytest.skip(f"no GSM8K test set at {GSM8K_TEST}")

@@ -2,7 +2,7 @@
 name says, and a check that it did."""
 from __future__ import annotations
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.engine.request import Request
 from harness.engine.spec import FIXTURES
 

@@ -1,12 +1,12 @@
 """Overlap is real (issue 10, item 1): with overlap on under the serial policy, every host wait
 on step N's copy-done comes after step N+1's forward work was issued, and the GPU idle gap and
 the period per step are those of an overlapped loop, judged against the overlap-off run of the
-same workload in this process (harness.overlap). Tokens cannot show this: a loop that waits
+same workload in this process (harness.oracles.overlap). Tokens cannot show this: a loop that waits
 before issuing gives the right tokens and only loses the overlap. NGRAM waits for every step
 by design, so it is not judged here."""
 import pytest
 
-from harness.overlap import judge
+from harness.oracles.overlap import judge
 from races.scenarios import SCENARIOS, seeds
 
 JUDGED = sorted(s for s in SCENARIOS if s != "spec_ngram")
@@ -39,7 +39,7 @@ def served(oh_options):
 
 
 def test_served_overlap_effective(served, oh_options, record_property):
-    from harness import workloads
+    from harness.workloads import presets as workloads
     from harness.targets.served import TargetError
     tok = served.tokenizer()
     for seed in seeds(oh_options, default=1):

@@ -5,8 +5,8 @@ these schedules (one per seed, in turn), so what a step touches under other inte
 checked too, not only under the serial policy of test_war_slot_table."""
 import pytest
 
-from harness.divergence import compare_runs
-from harness.reference import ABSOLUTE, absolute_reference, batch_invariant
+from harness.oracles.divergence import compare_runs
+from harness.oracles.reference import ABSOLUTE, absolute_reference, batch_invariant
 from races.scenarios import SCENARIOS, seeds
 
 

@@ -1,8 +1,8 @@
-"""harness.acceptance: the oracle drafter's accept-length distribution and band, per-request
+"""harness.oracles.acceptance: the oracle drafter's accept-length distribution and band, per-request
 comparison; quiet on the correct engine, and `verify_wastes_last_draft` (tokens right) caught."""
 import pytest
 
-from harness.acceptance import band, band_problem, oracle_distribution, per_request_problems
+from harness.oracles.acceptance import band, band_problem, oracle_distribution, per_request_problems
 from harness.targets.ref import RefTarget
 from equivalence.test_spec_acceptance import K, WRONG, _workload
 
@@ -37,7 +37,7 @@ def test_mtp_prefix_pages_are_shared_only_with_the_same_next_token():
     next token, so a prompt page cached by a request whose prompt continued differently gave the
     other request stale draft KV (tokens right, drafts wasted, accept lengths on != off)."""
     from harness.engine.memory import KVPool, PrefixCache
-    from harness.acceptance import per_request_problems
+    from harness.oracles.acceptance import per_request_problems
     cache = PrefixCache(KVPool(64, 2), lookahead=1)
     nodes, _ = cache.insert([1, 2, 3, 4, 5], [1, 2, 3], 0)
     assert len(nodes) == 2  # pages [1, 2] and [3, 4]: each needs the token after it

@@ -267,8 +267,9 @@ def test_gsm8k_openai_refusal_shows_the_servers_message_and_a_vanished_server_is
 # -- replay ------------------------------------------------------------------------------------------
 def _repro(tmp_path, faults=()):
     from harness.engine.request import Request
-    from harness.strategies import Case
-    from harness.stress import Failure, reproducer
+    from harness.workloads.strategies import Case
+    from harness.search.case import Failure
+    from harness.search.reproducer import reproducer
     case = Case({"max_running": 2}, "serial", [Request("r0", [256, 104, 105], 3), Request("r1", [256, 120], 2)])
     return reproducer(case, Failure("hazard", "recorded", 1, ("hazard",)), faults=faults, seed=0, model="tiny",
                       detect="all")

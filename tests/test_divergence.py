@@ -1,5 +1,5 @@
-"""harness.divergence: the first divergent position, both continuations, and the near-tie verdict."""
-from harness.divergence import compare, compare_runs, first_difference, report
+"""harness.oracles.divergence: the first divergent position, both continuations, and the near-tie verdict."""
+from harness.oracles.divergence import compare, compare_runs, first_difference, report
 from harness.targets.ref import RefTarget
 
 
@@ -94,7 +94,7 @@ def test_a_record_of_another_token_is_a_race_not_a_tie():
 
 def test_server_records_as_token_dicts():
     """A real engine's record: {token id: logprob} over the top-k plus the chosen token."""
-    from harness.divergence import inconsistency, record_problems
+    from harness.oracles.divergence import inconsistency, record_problems
     off = {"a": [{7: -0.2, 9: -2.5}]}
     on = {"a": [{9: -1.0, 7: -1.004}]}
     d, = compare([("a", [7], "length")], [("a", [9], "length")], off, on, tol=1e-2)
@@ -110,7 +110,7 @@ def test_stale_logprobs_fault_is_a_race_at_the_divergence():
     """Injected: records read from the other step's pinned buffer (stale_logprobs) plus a real
     divergence (penalty_from_cpu). Every divergence is classified as a race, none as a tie; with
     the records right, the same divergences are clear winners."""
-    from harness.divergence import record_problems, run_logprobs
+    from harness.oracles.divergence import record_problems, run_logprobs
     from harness.engine.request import Request
     t = RefTarget(faults={"penalty_from_cpu", "stale_logprobs"})
     tok = t.tokenizer()

@@ -1,7 +1,7 @@
 """End to end on the tiny model: overlap on and off give identical tokens."""
 import pytest
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.engine.build import build_engine
 from harness.engine.config import EngineConfig
 from harness.engine.request import Request, State

@@ -3,7 +3,8 @@ exactly what a run in one process reports: the same suites in the same order, th
 and the same first finding per suite."""
 import pytest
 
-from harness.gate import run_suites, worker_count
+from harness.gate import run_suites
+from harness.commands.check import worker_count
 
 SUITES = ["test_war_slot_table", "test_fence_placement"]
 

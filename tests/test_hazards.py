@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.device import make_device
 from harness.engine.build import build_engine
 from harness.engine.config import EngineConfig

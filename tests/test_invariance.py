@@ -100,7 +100,7 @@ def test_suites_judge_an_unverified_engine_by_tie_or_race(monkeypatch, tmp_path)
     import harness.engine.build as build
     from equivalence.test_overlap_equivalence import PRESETS, _check
     from harness.gate import invariance_lines
-    from harness.reference import absolute_reference, batch_invariant
+    from harness.oracles.reference import absolute_reference, batch_invariant
     from harness.targets.ref import RefTarget
     monkeypatch.setattr(build, "Model", SplitK)
     t = RefTarget()

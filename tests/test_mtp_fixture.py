@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.engine.build import build_engine
 from harness.engine.config import TINY, EngineConfig
 from harness.engine.spec import FIXTURES, init_draft_head, load_draft_head

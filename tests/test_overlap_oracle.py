@@ -1,4 +1,4 @@
-"""The overlap-lost oracle (harness.overlap, races/test_overlap_effective): quiet on the correct
+"""The overlap-lost oracle (harness.oracles.overlap, races/test_overlap_effective): quiet on the correct
 engine, LOST under `wait_before_issue` although the tokens stay right, reported by `run` and
 `check` as "overlap: effective / LOST"."""
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from harness.cli import main
-from harness.overlap import early_waits, judge
+from harness.oracles.overlap import early_waits, judge
 from harness.targets.ref import RefTarget
 from races.scenarios import SCENARIOS
 

@@ -4,7 +4,7 @@ while the tokens stay exactly right (the vllm-ascend #13501 class), and a specul
 that runs past the reservation while the CPU's own reservation check sees nothing wrong."""
 import pytest
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.hazards.ownership import KV_PREFIXES, check
 from harness.targets.ref import RefTarget
 

@@ -1,9 +1,9 @@
-"""The absolute reference (harness.reference): each request alone, overlap off, serial. Exact on
+"""The absolute reference (harness.oracles.reference): each request alone, overlap off, serial. Exact on
 the correct engine; it catches a bug that corrupts overlap on and off alike."""
-from harness import workloads
-from harness.divergence import compare_runs
+from harness.workloads import presets as workloads
+from harness.oracles.divergence import compare_runs
 from harness.engine.request import Request
-from harness.reference import ABSOLUTE, RELATIVE, absolute_reference, divergences
+from harness.oracles.reference import ABSOLUTE, RELATIVE, absolute_reference, divergences
 from harness.targets.ref import RefTarget
 
 
@@ -33,7 +33,8 @@ def test_a_bug_that_corrupts_on_and_off_alike_is_caught_against_the_reference():
 def test_stress_names_the_absolute_reference():
     """stress compares a case with the fault-free overlap-off run, then with the requests alone;
     a bug both batched runs share shows only against the second, and the summary says so."""
-    from harness.stress import Case, _divergence_failure, check, execute
+    from harness.workloads.strategies import Case
+    from harness.search.case import _divergence_failure, check, execute
     t = RefTarget()
     tok = t.tokenizer()
     reqs = [Request(f"s{i}", [tok.bos_id] + tok.encode(f"slot {i} " * (i + 1)), max_new_tokens=6) for i in range(4)]

@@ -178,7 +178,7 @@ def test_a_server_that_lost_overlap_fails_the_run(tmp_path):
 @pytest.mark.gpu
 def test_real_sglang_pair_gives_the_same_tokens(tmp_path):
     """On a GPU runner: OVERLAP_HARNESS_SGLANG_MODEL names a small model (path or HF id)."""
-    from harness.divergence import compare_runs, report
+    from harness.oracles.divergence import compare_runs, report
     model = os.environ.get("OVERLAP_HARNESS_SGLANG_MODEL")
     if not model:
         pytest.skip("set OVERLAP_HARNESS_SGLANG_MODEL to a small model to run SGLang")

@@ -2,7 +2,7 @@
 drafter; the reservation's worst case (Figure 7) reproduced and held; no slot leaks."""
 import pytest
 
-from harness import workloads
+from harness.workloads import presets as workloads
 from harness.engine.build import build_engine
 from harness.engine.config import EngineConfig
 from harness.engine.request import Request

@@ -1,9 +1,9 @@
-"""harness.stats against known values (hand-computed, or scipy's where it is installed)."""
+"""harness.oracles.stats against known values (hand-computed, or scipy's where it is installed)."""
 import math
 
 import pytest
 
-from harness import stats as S
+from harness.oracles import stats as S
 
 
 def test_binom_test_matches_hand_values():

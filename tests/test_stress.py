@@ -13,7 +13,8 @@ import pytest
 
 from harness.device.trace import png_size
 from harness.faults import CATALOGUE
-from harness.stress import Stress, load_reproducer, replay, write_artifacts
+from harness.search.explore import Stress
+from harness.search.reproducer import load_reproducer, replay, write_artifacts
 
 CLI = [sys.executable, "-m", "harness.cli"]
 ORDERING = sorted(f for f, x in CATALOGUE.items() if x.ordering)
@@ -185,7 +186,7 @@ def test_shards_explore_disjoint_bursts_and_a_shard_finding_replays_alone(tmp_pa
     sequence; a finding in shard 1/2 replays from its reproducer alone (no shard in it)."""
     import itertools
     from harness.cli import main
-    from harness.stress import burst_seeds
+    from harness.search.explore import burst_seeds
     whole = list(itertools.islice(burst_seeds(7), 30))
     parts = [list(itertools.islice(burst_seeds(7, i, 3), 10)) for i in range(3)]
     assert all(not set(a) & set(b) for a, b in itertools.combinations(parts, 2))

@@ -10,9 +10,10 @@ import os
 
 import pytest
 
-from harness import setup_cmd, workloads
-from harness.divergence import record_problems, run_logprobs
-from harness.reference import divergences
+from harness.targets import vllm_setup as setup_cmd
+from harness.workloads import presets as workloads
+from harness.oracles.divergence import record_problems, run_logprobs
+from harness.oracles.reference import divergences
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
@@ -236,7 +237,7 @@ def test_gsm8k_gate_on_vllm(tmp_path):
     if setup_cmd.ready():
         _unavailable(setup_cmd.ready())
     from fixtures.arith import problems
-    from harness.stats import LOSS
+    from harness.oracles.stats import LOSS
     from evals.test_gsm8k_gate import run_served_gate, served_gate_target
     from harness import targets
     t, _ = served_gate_target("vllm")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from harness import setup_cmd
+from harness.targets import vllm_setup as setup_cmd
 from harness.agents import vllm_patches
 from harness.agents.vllm_patches import PATCHES, PatchError, VllmPatch
 
@@ -81,7 +81,7 @@ def test_unknown_patch_name_is_refused():
 def test_faults_lists_every_patch_with_its_upstream_issue(capsys):
     import argparse
 
-    from harness.gate import cmd_faults
+    from harness.commands.check import cmd_faults
     assert cmd_faults(argparse.Namespace(target="vllm")) == 0
     out = capsys.readouterr().out
     for p in PATCHES.values():

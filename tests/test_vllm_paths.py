@@ -112,7 +112,7 @@ def test_every_row_is_counted_by_the_agent_or_says_why_not():
 
 
 def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
-    from harness import setup_cmd
+    from harness.targets import vllm_setup as setup_cmd
     d = setup_cmd.entry_point_shim(tmp_path)
     text = (d / "overlap_harness-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert "[vllm.logits_processors]" in text and "vllm_logitsprocs:NoRepeatProcessor" in text

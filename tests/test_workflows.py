@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.cli import UsageError, make_parser
+from harness.flags import UsageError
+from harness.cli import make_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))

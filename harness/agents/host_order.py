@@ -2,7 +2,7 @@
 
 The shape of a batch queue says nothing: a loop that waits for the batch in flight before it
 schedules the next one keeps a queue of two and loses the overlap. What decides it, as the ref
-engine's oracle (harness.overlap.early_waits) decides it for the sim, is the order of two host
+engine's oracle (harness.oracles.overlap.early_waits) decides it for the sim, is the order of two host
 events: the engine core starting to schedule step N+1, and the engine core waiting on step N's
 result.
 

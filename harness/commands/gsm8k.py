@@ -72,7 +72,7 @@ def _write_jsonl(path: Path, rows) -> None:
 
 
 def _read_runs(path: str) -> list[dict]:
-    from harness.cli import UsageError
+    from harness.flags import UsageError
     from harness.jsonl import read_lines
     out = []
     for i, obj in records(read_lines(path, "--judge file", UsageError), path, UsageError):
@@ -90,9 +90,9 @@ def _read_runs(path: str) -> list[dict]:
 
 def cmd_judge(a) -> int:
     """Judge two saved runs (per-question records written by --save-runs)."""
-    from harness.cli import UsageError
+    from harness.flags import UsageError
     from harness.evals.gsm8k import EvalError, pair_records
-    from harness.stats import judge
+    from harness.oracles.stats import judge
     if not 0 < a.alpha < 1 or not 0 <= a.min_effect < 100:
         raise UsageError(f"--alpha must be in (0, 1) and --min-effect in [0, 100) points, got {a.alpha:g} and "
                          f"{a.min_effect:g}")
@@ -111,7 +111,7 @@ def cmd_judge(a) -> int:
 
 
 def cmd_gsm8k(a) -> int:
-    from harness.cli import UsageError, engine_config
+    from harness.flags import UsageError, engine_config
     if a.judge:
         return cmd_judge(a)
     from harness.evals.gsm8k import lm_eval_available
@@ -124,7 +124,7 @@ def cmd_gsm8k(a) -> int:
     if not 0 <= a.background <= 64:  # requests per question: more would swamp the questions themselves
         raise UsageError(f"--background must be between 0 and 64, got {a.background}")
     if a.save_runs:
-        from harness.stress import check_writable
+        from harness.search.reproducer import check_writable
         try:
             check_writable(a.save_runs)  # now, not after the run
         except OSError as e:
@@ -137,7 +137,7 @@ def cmd_gsm8k(a) -> int:
     if nshot < 0:
         raise UsageError(f"--num-fewshot must be at least 0, got {nshot}")
     if a.target == "ref":
-        from harness.cli import build
+        from harness.flags import build
         build(cfg)  # a missing model is a one-line error now, not mid-run
     from harness.evals.gsm8k import EvalError, RunFailure, resolve_data
     from harness.evals.run import GateOptions, run_gate, validate
@@ -189,7 +189,7 @@ def cmd_gsm8k(a) -> int:
 
 
 def add_commands(sub) -> None:
-    from harness.cli import add_engine_flags
+    from harness.flags import add_engine_flags
     p = sub.add_parser("gsm8k", help="GSM8K accuracy gate: overlap on vs off, exact McNemar test",
                        description=__doc__)
     add_engine_flags(p)

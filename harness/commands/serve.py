@@ -10,7 +10,7 @@ SMOLLM2_CONTEXT = 2048  # lm-eval assumes 2048 and does not read max_model_len: 
 
 
 def cmd_serve(a) -> int:
-    from harness.cli import UsageError, engine_config
+    from harness.flags import UsageError, engine_config
     if not 0 <= a.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {a.port}")
     if a.api_key is not None and not a.api_key.strip():
@@ -46,7 +46,7 @@ def cmd_serve(a) -> int:
 
 
 def add_commands(sub) -> None:
-    from harness.cli import add_engine_flags
+    from harness.flags import add_engine_flags
     p = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
     add_engine_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

@@ -14,7 +14,7 @@ start-ups cost a file read. A model whose probed methods are not this repository
 subclass, a patched method) is probed each time and never cached.
 
 Where it is not verified, the ref target reports `batch_invariant = False`, and the suites
-judge it as a real engine: tie or race, never rounding called a race (harness/reference.py).
+judge it as a real engine: tie or race, never rounding called a race (harness/oracles/reference.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The GSM8K gate: the same questions with overlap off (reference) and on (candidate),
-judged with the exact McNemar test on the discordant pairs (harness.stats.judge)."""
+judged with the exact McNemar test on the discordant pairs (harness.oracles.stats.judge)."""
 from __future__ import annotations
 
 import json
@@ -106,7 +106,7 @@ def validate(o: GateOptions) -> None:
 
 def run_gate(o: GateOptions) -> dict:
     """Run both sides and judge. Raises EvalError (bad input) or RunFailure (target failed)."""
-    from harness.stats import judge
+    from harness.oracles.stats import judge
     validate(o)
     ds = resolve_data(o.data, o.train, o.num_fewshot)
     task = make_task(ds, o.num_fewshot)

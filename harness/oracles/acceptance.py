@@ -1,4 +1,6 @@
-"""The speculative acceptance oracle (issue 10, item 7).
+"""Are the accept lengths right: equal overlap on and off, in the oracle drafter's band?
+
+The speculative acceptance oracle (issue 10, item 7).
 
 A bug can keep every token right and still waste drafts (a verify that drops a match, a
 drafter fed stale state under overlap): only the accept lengths show it. Two checks:

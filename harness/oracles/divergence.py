@@ -1,4 +1,6 @@
-"""Token-for-token comparison of two runs of one workload, and what a divergence looks like.
+"""Where do two runs of one workload first differ, and was it a near-tie or a race?
+
+Token-for-token comparison of two runs of one workload, and what a divergence looks like.
 
 For each request whose tokens differ between a reference run (overlap off) and a run under
 test (overlap on), a `Divergence` gives the first divergent position, both continuations

@@ -117,7 +117,7 @@ def off_summary(cfg, reqs, build) -> dict:
     """step_summary of the same workload (fresh copies of `reqs`) with overlap off, on a new
     engine `build(cfg)` makes: what `overlap-harness run` judges its overlap-on run against."""
     from harness.device.timeline import step_summary
-    from harness.workloads import clone
+    from harness.workloads.presets import clone
     off, _ = build(cfg.with_(overlap=False))
     off.run(clone(reqs))
     return step_summary(off.dev)

@@ -1,4 +1,6 @@
-"""The absolute reference (issue 10, item 2): each request run alone, overlap off, serial.
+"""Do a run's tokens match the absolute reference: each request alone, overlap off, serial?
+
+The absolute reference (issue 10, item 2): each request run alone, overlap off, serial.
 
 Comparing overlap on with overlap off of the same engine misses a bug that corrupts both
 alike (a slip that depends on which requests share a batch, say). A batch-invariant engine
@@ -30,7 +32,7 @@ INEXACT = ("batch invariance not verified for this target: divergences are judge
 
 
 def _key(target, reqs, kw) -> str:
-    from harness.workloads import clone
+    from harness.workloads.presets import clone
     reqs = [{k: v for k, v in vars(r).items()} for r in clone(reqs)]  # the workload, no run state
     return json.dumps([getattr(target, "name", "?"), sorted(getattr(target, "faults", ())),
                        getattr(target, "model", None), repr(sorted(getattr(target, "engine_kw", {}).items())),
@@ -62,7 +64,7 @@ def divergences(off, on, ref=None, tol=None) -> list[tuple[str, str, list]]:
     """Every comparison that found a divergence, as (reference, run under test, divergences):
     overlap on against the overlap-off run, then overlap on and overlap off against the
     absolute reference `ref` (when there is one). Runs are targets' Runs."""
-    from harness.divergence import DEFAULT_TIE_TOL, compare_runs
+    from harness.oracles.divergence import DEFAULT_TIE_TOL, compare_runs
     tol = DEFAULT_TIE_TOL if tol is None else tol
     out = []
     d = compare_runs(off, on, tol)

@@ -1,4 +1,6 @@
-"""`overlap-harness sanitize`: run a command under NVIDIA's compute-sanitizer and turn its
+"""Did compute-sanitizer see an error inside a kernel of a run (memcheck, racecheck, synccheck, initcheck)?
+
+`overlap-harness sanitize`: run a command under NVIDIA's compute-sanitizer and turn its
 report into the verdict table and JUnit XML that `check` gives.
 
 compute-sanitizer sees what happens *inside* kernels: out-of-bounds and misaligned accesses
@@ -15,8 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from xml.etree import ElementTree as ET
 
@@ -54,7 +54,6 @@ def find_sanitizer(env=None, search_path=None) -> str:
                                f"nvidia-cuda-sanitizer-api wheel: {INSTALL_HINT}")
 
 
-# -- the report ---------------------------------------------------------------------------
 # Every line the sanitizer writes starts with its prefix ("========= " by default); a
 # finding is an unindented line after the prefix followed by indented detail lines.
 _PREFIX = re.compile(r"^(=+) ?")
@@ -151,7 +150,6 @@ def parse_report(text: str) -> Report:
     return rep
 
 
-# -- verdict table and JUnit, shaped like `check`'s --------------------------------------------
 def gate_result(rep: Report, tool: str, command_rc: int | None, seconds: float = 0.0):
     from harness.gate import GateResult, SuiteResult
     res = GateResult(seconds=seconds)
@@ -209,7 +207,6 @@ def write_junit(path: str, rep: Report, tool: str, command_rc: int | None, secon
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-# -- the command -----------------------------------------------------------------------------
 def run_under_sanitizer(binary: str, tool: str, cmd: list[str], log_path: str, extra=()) -> int:
     """Run `cmd` under the sanitizer; its report goes to log_path, the command's own output
     to our stdout/stderr. Child processes are followed (a server's scheduler subprocesses)."""
@@ -225,86 +222,3 @@ def run_under_sanitizer(binary: str, tool: str, cmd: list[str], log_path: str, e
             proc.kill()
             proc.wait()
         raise
-
-
-def cmd_sanitize(a) -> int:
-    from harness.cli import UsageError
-    from harness.gate import format_table
-    cmd = list(a.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if a.from_log and cmd:
-        raise UsageError("give either --from-log FILE or a command after --, not both")
-    if not a.from_log and not cmd:
-        raise UsageError("no command: overlap-harness sanitize [--tool T] -- CMD ARGS...")
-    for flag, path in (("--junit", a.junit), ("--log", a.log)):
-        d = os.path.dirname(os.path.abspath(path)) if path else None
-        if d and not (os.path.isdir(d) and os.access(d, os.W_OK)):
-            raise UsageError(f"cannot write {flag} {path}: {d} is not a writable directory")
-    t0 = time.perf_counter()
-    rc = None
-    if a.from_log:
-        try:
-            with open(a.from_log, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"cannot read --from-log {a.from_log}: {e.strerror}") from None
-    else:
-        try:
-            binary = find_sanitizer()
-        except SanitizerUnavailable as e:
-            raise UsageError(str(e)) from None
-        if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
-            raise UsageError(f"command not found: {cmd[0]}")
-        print(f"overlap-harness sanitize: {binary} --tool {a.tool} -- {' '.join(cmd)}", file=sys.stderr)
-        fd, log = tempfile.mkstemp(prefix="sanitizer-", suffix=".log", dir=os.path.dirname(os.path.abspath(a.log)) if a.log else None)
-        os.close(fd)
-        try:
-            rc = run_under_sanitizer(binary, a.tool, cmd, log, a.sanitizer_arg)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        finally:
-            if a.log:
-                os.replace(log, a.log)
-            else:
-                os.unlink(log)
-    seconds = time.perf_counter() - t0
-    rep = parse_report(text)
-    if not rep.started:
-        print(f"overlap-harness: error: no compute-sanitizer report found"
-              f"{' in ' + a.from_log if a.from_log else ' (the sanitizer did not start; exit ' + str(rc) + ')'}",
-              file=sys.stderr)
-        return 2
-    if rep.nothing_checked and not rep.findings:
-        print("overlap-harness: error: the command made no CUDA call the sanitizer could instrument: "
-              "nothing was checked (is it running on --device cuda?)", file=sys.stderr)
-        return 2
-    res = gate_result(rep, a.tool, rc, seconds)
-    if a.junit:
-        write_junit(a.junit, rep, a.tool, rc, seconds)
-    print(format_table(res))
-    for s in rep.summaries:
-        print(s)
-    failed = sum(s.failed for s in res.suites.values())
-    verdict = "PASS" if failed == 0 else "FAIL"
-    print(f"\n{verdict}: compute-sanitizer {a.tool}: {rep.errors} error(s)"
-          + (f", command exit {rc}" if rc is not None else "") + (f"; JUnit XML: {a.junit}" if a.junit else "")
-          + (f"; raw report: {a.log}" if a.log else ""))
-    return 0 if failed == 0 else 1
-
-
-def add_commands(sub) -> None:
-    import argparse
-    s = sub.add_parser("sanitize", help="run a command under compute-sanitizer; verdict table and JUnit XML",
-                       description="Runs CMD under NVIDIA compute-sanitizer (kernel-level memory errors, "
-                       "shared-memory races, barrier misuse, uninitialised reads) and prints a verdict: exit 0 "
-                       "clean, 1 errors found, 2 could not check. Races between streams are not its job: "
-                       "use `check` (the happens-before detector) for those.")
-    s.add_argument("--tool", default="memcheck", choices=TOOLS, help="sanitizer tool (default memcheck)")
-    s.add_argument("--junit", metavar="FILE", help="write JUnit XML")
-    s.add_argument("--log", metavar="FILE", help="keep the sanitizer's raw report here")
-    s.add_argument("--from-log", metavar="FILE", help="judge a report written earlier (no command is run)")
-    s.add_argument("--sanitizer-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for compute-sanitizer itself (repeatable), e.g. --sanitizer-arg=--leak-check=full")
-    s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the command to check")
-    s.set_defaults(fn=cmd_sanitize)

@@ -1,4 +1,6 @@
-"""Paired tests and intervals for accuracy gates (standard library only).
+"""Did accuracy drop with overlap on, beyond chance? Paired tests and intervals (standard library only).
+
+Paired tests and intervals for accuracy gates (standard library only).
 
 - `mcnemar_exact`: the exact McNemar test: on the discordant questions (right with one
   setting, wrong with the other), the count of losses is Binomial(b + c, 1/2) under H0.

@@ -116,7 +116,7 @@ def check_reproducer(d: dict, detect_modes: tuple[str, ...], request_fields: tup
         why = eng.check_fits(r)  # a request that can never run would leave the engine waiting forever
         if why:
             raise BadReproducer(why)
-    from harness.stress import step_limit
+    from harness.search.case import step_limit
     if step_limit(reqs) > MAX_STEPS:
         raise BadReproducer(f"the workload may need {step_limit(reqs)} steps (more than {MAX_STEPS}); "
                             f"a reproducer is a shrunk case")

@@ -6,7 +6,7 @@ The server is a front end of the engine, not part of it: one engine thread owns 
 
 
 def __getattr__(name: str):
-    # lazy: the CLI imports harness.serve.command to build its parser, and the HTTP stack takes a second
+    # lazy: the CLI imports harness.commands.serve to build its parser, and the HTTP stack takes a second
     if name in ("Server", "make_server"):
         from harness.serve import server
         return getattr(server, name)

@@ -213,6 +213,6 @@ def _largest_fit(check, r: Request, hi: int) -> int:
 
 def make_server(cfg, host: str = "127.0.0.1", port: int = 0, quiet: bool = True, **kw) -> Server:
     """Build the engine for an EngineConfig and a server around it (not started)."""
-    from harness.cli import build
+    from harness.flags import build
     eng, tok = build(cfg)
     return Server(eng, tok, cfg.model, host, port, quiet, **kw)

@@ -5,7 +5,7 @@ from harness.device.timeline import step_summary
 from harness.engine.build import build_engine
 from harness.engine.config import EngineConfig
 from harness.targets.base import Run, Target
-from harness.workloads import clone
+from harness.workloads.presets import clone
 
 
 class RefTarget(Target):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness import setup_cmd
+from harness.targets import vllm_setup as setup_cmd
 from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
 
 

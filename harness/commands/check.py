@@ -1,0 +1,156 @@
+"""`overlap-harness check` (the gate), `mutants` (the kill matrix) and `faults` (the catalogue):
+their flags and what they print; the gate itself is harness/gate.py."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from harness.gate import (format_matrix, format_table, invariance_lines, kill_matrix, overlap_line, path_lines,
+    run_suites, served_hangs, served_overlap_line, start_served)
+
+
+def worker_count(value: str) -> int:
+    """--workers: "auto" (every core this process may use) or a positive count; argparse type."""
+    import argparse
+    if value == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {value!r}")
+    return n
+
+
+def _progress_printer(stream=sys.stderr):
+    counts = {}
+
+    def show(suite, report):
+        counts[suite] = counts.get(suite, 0) + 1
+        mark = "." if report.passed else ("s" if report.skipped else "F")
+        stream.write(mark)
+        stream.flush()
+    return show
+
+
+def check_seeds(seeds, error) -> None:
+    if seeds is not None and seeds < 1:  # 0 would silently mean "the suite's default"
+        raise error(f"--seeds must be at least 1, got {seeds}")
+
+
+def cmd_check(a) -> int:
+    from harness.flags import UsageError
+    from harness.targets import check_fault_names
+    check_fault_names(a.target, a.fault, UsageError)
+    check_seeds(a.seeds, UsageError)
+    if a.device != "sim":
+        if a.target != "ref":
+            raise UsageError("--device applies to the ref engine only (a served target runs on its own devices)")
+        from harness.device.cuda import cuda_unavailable_reason
+        why = cuda_unavailable_reason()
+        if why:
+            raise UsageError(why)
+    if a.junit:
+        d = os.path.dirname(os.path.abspath(a.junit))
+        if os.path.isdir(a.junit):
+            raise UsageError(f"cannot write --junit {a.junit}: it is a directory (give a file name)")
+        if not os.path.isdir(d):
+            raise UsageError(f"cannot write --junit {a.junit}: no directory {d}")
+        if not os.access(d, os.W_OK):
+            raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+    # a served target's servers and a GPU belong to this process: their cases run here
+    workers = a.workers if a.target == "ref" and a.device == "sim" else 1
+    hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
+    print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
+          + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
+                     workers=workers)
+    print(file=sys.stderr)
+    if res.exit_code not in (0, 1):
+        print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
+        return 2
+    print(format_table(res))
+    for line in path_lines(res):
+        print(line)
+    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
+        if line:
+            print(line)
+    hangs = served_hangs(a.target)
+    for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
+        print(h["line"])
+        print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+    verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
+    print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
+          f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
+          + (f"; JUnit XML: {a.junit}" if a.junit else ""))
+    return 0 if res.ok and not hangs else 1
+
+
+def cmd_mutants(a) -> int:
+    from harness.flags import UsageError
+    from harness.targets import check_fault_names
+    check_fault_names(a.target, a.fault, UsageError)
+    check_seeds(a.seeds, UsageError)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg)
+
+    def progress(label):
+        print(f"running the suites against: {label}", file=sys.stderr)
+    m = kill_matrix(a.seeds, a.fault or None, progress, a.intended_only, target=a.target)
+    if a.json:
+        print(json.dumps(m))
+    else:
+        print(format_matrix(m))
+    return 0 if m["ok"] else 1
+
+
+def cmd_faults(a) -> int:
+    from harness.targets import fault_catalogue
+    for f in fault_catalogue(getattr(a, "target", "ref")).values():
+        where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
+        print(f"{f.name:22} {where} {f.suite:24} {f.description}")
+        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
+            print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
+        if f.upstream:  # real bugs of the same class
+            print(f"{'':22} upstream: {', '.join(f.upstream)}")
+    return 0
+
+
+def _served_flags(p) -> None:
+    p.add_argument("--served-model", metavar="NAME", help="a served target's model (sglang: required; "
+                   "vllm: default SmolLM2-135M from `setup vllm`)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
+
+
+def add_commands(sub) -> None:
+    from harness.targets import TARGETS
+    c = sub.add_parser("check", help="run the suites against a target and print a verdict table")
+    c.add_argument("--target", default="ref", choices=TARGETS)
+    _served_flags(c)
+    c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
+    c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
+    c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
+    c.add_argument("--device", default="sim", choices=("sim", "cuda"),
+                   help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
+    c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
+                   help="processes to spread the cases over with pytest-xdist: auto (default: every core) "
+                        "or a number; 1 runs them in this process")
+    c.set_defaults(fn=cmd_check)
+    m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
+    m.add_argument("--target", default="ref", choices=TARGETS, help="whose fault catalogue (default: ref)")
+    _served_flags(m)
+    m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")
+    m.add_argument("--seeds", type=int, default=None)
+    m.add_argument("--intended-only", action="store_true",
+                   help="run each fault against the suite that must catch it only (faster)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_mutants)
+    f = sub.add_parser("faults", help="list the fault catalogue")
+    f.add_argument("--target", default="ref", choices=TARGETS, help="whose catalogue (default: ref)")
+    f.set_defaults(fn=cmd_faults)

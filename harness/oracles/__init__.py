@@ -1,0 +1,1 @@
+"""Oracles: each module answers one question about a run (its first docstring line asks it)."""

@@ -1,0 +1,1 @@
+"""Workload generation: request streams (presets), hypothesis strategies, prompt files."""
