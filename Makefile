@@ -17,7 +17,7 @@ run: venv
 	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
 
 test: venv vllm
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 bench: venv
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
