@@ -357,7 +357,10 @@ _GENERIC = object()
 def _basic_index(idx) -> bool:
     """An index of ints, int slices, None and Ellipsis: a view (slice / select / unsqueeze) that
     reads no tensor. Anything else (tensors, bools, lists) is advanced indexing."""
-    for i in (idx if type(idx) is tuple else (idx,)):
+    t = type(idx)
+    if t is int:
+        return True
+    for i in (idx if t is tuple else (idx,)):
         t = type(i)
         if t is int or i is None or i is Ellipsis:
             continue
@@ -483,9 +486,9 @@ def _setitem(tr, func, args, kwargs):
 
 def _reshape(tr, func, args, kwargs):
     """A view when the strides allow one (nothing recorded), else a copy: aten.clone reads `t`."""
-    out = func(*args, **kwargs) if kwargs else func(*args)
     t = args[0]
     b = tr._resolve(t)
+    out = func(*args, **kwargs) if kwargs else func(*args)
     if b is not None and isinstance(out, torch.Tensor) and out.untyped_storage()._cdata != t.untyped_storage()._cdata:
         tr._on_call(aten.clone.default, [(0, t, b, False)], (t,), {})
     return out
