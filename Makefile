@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 OH := .venv/bin/overlap-harness
 
-.PHONY: check test run bench venv vllm
+.PHONY: check test run bench bench-long venv vllm
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -19,6 +19,19 @@ run: venv
 test: venv vllm
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
+# `make bench`: the quick benchmarks, then every ratio against its anchor side by side
+# (benchmarks/table.py --quick); about 6 minutes on 2 idle cores. `make bench-long` (or
+# `BENCH_LONG=1 make bench`) runs every benchmark at full length: stress detection rates over
+# seeds, GSM8K throughput, serve under 20,000 requests, vLLM, SmolLM2, and the full table.
+BENCH_QUICK := bench_engine bench_spec bench_detector
+ifdef BENCH_LONG
+bench: bench-long
+else
 bench: venv
+	@for f in $(BENCH_QUICK); do echo "== benchmarks/$$f.py"; $(PY) benchmarks/$$f.py || exit 1; done
+	@echo "== every benchmark against its anchor, side by side (benchmarks/table.py --quick)"; $(PY) benchmarks/table.py --quick
+endif
+
+bench-long: venv
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 	@echo "== every benchmark against its anchor, side by side (benchmarks/table.py)"; $(PY) benchmarks/table.py

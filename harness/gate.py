@@ -48,13 +48,20 @@ class GateResult:
 class _Collector:
     """Each case's outcome. Under pytest-xdist the cases finish in any order, so the table is
     built afterwards in collection order: the same suites, counts and first findings as a run
-    in one process."""
+    in one process. It also times each case (setup to teardown) and, under xdist, hands the
+    cases to the workers longest first (`_longest_first`)."""
 
-    def __init__(self, progress):
+    def __init__(self, progress, durations: dict | None = None):
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
         self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
         self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
+        self.known = durations or {}  # node id -> seconds, from earlier runs
+        self.durations: dict[str, float] = {}  # node id -> seconds, this run
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)  # ahead of xdist's own (the first answer counts)
+    def pytest_xdist_make_scheduler(self, config, log):
+        return _longest_first(config, log, _case_cost(self.known))
 
     def pytest_collection_finish(self, session):  # in one process
         self.order = self.order or {item.nodeid: i for i, item in enumerate(session.items)}
@@ -64,6 +71,7 @@ class _Collector:
         self.order = self.order or {nid: i for i, nid in enumerate(ids)}
 
     def pytest_runtest_logreport(self, report):
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
         if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
             return
         suite = Path(str(report.fspath)).stem
@@ -95,6 +103,68 @@ class _Collector:
             if v not in slot[k]:
                 slot[k].append(v)
         return res
+
+
+# -- spreading the cases over workers --------------------------------------------------------
+def _durations_file() -> Path:
+    from harness.cache import cache_root
+    return cache_root() / "check-durations.json"
+
+
+def load_durations() -> dict[str, float]:
+    """Seconds per case (node id) from earlier runs against the correct ref engine; {} if none."""
+    try:
+        d = json.loads(_durations_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float))} if isinstance(d, dict) else {}
+
+
+def save_durations(new: dict[str, float]) -> None:
+    """Merge this run's case times into the file (written whole, then renamed: runs may overlap)."""
+    if not new:
+        return
+    path = _durations_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**load_durations(), **{k: round(v, 3) for k, v in new.items()}}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(merged, indent=0, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # only a scheduling hint: a read-only cache costs speed, never the verdict
+
+
+def _case_cost(known: dict[str, float]):
+    """A case's expected seconds: its last time here; never timed: the evals suite's cases (a
+    whole benchmark each, the longest by far) first, any other the typical case."""
+    times = sorted(known.values())
+    typical = times[len(times) // 2] if times else 0.0
+
+    def cost(nodeid: str) -> float:
+        t = known.get(nodeid)
+        if t is not None:
+            return t
+        return float("inf") if nodeid.startswith("evals/") else typical
+    return cost
+
+
+def _longest_first(config, log, cost):
+    """pytest-xdist's load scheduling, handing the cases out longest first, one at a time. In
+    collection order the longest case (the GSM8K gate) came last and ran alone while the other
+    worker idled; longest first, the last cases to finish are short ones."""
+    from xdist.scheduler import LoadScheduling
+
+    class LongestFirst(LoadScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.maxschedchunk = 1  # each worker holds its running case and one more
+
+        def _send_tests(self, node, num: int) -> None:
+            c = self.collection
+            self.pending.sort(key=lambda i: -cost(c[i]))  # stable: ties keep collection order
+            super()._send_tests(node, num)
+    return LongestFirst(config, log)
 
 
 def _message(report) -> str:
@@ -130,19 +200,23 @@ def xdist_args(workers) -> list[str]:
 
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
                suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1) -> GateResult:
+    xd = xdist_args(workers)
     args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
-                                  "--oh-target", target, "--oh-device", device] + xdist_args(workers)
+                                  "--oh-target", target, "--oh-device", device] + xd
     for f in faults:
         args += ["--oh-fault", f]
     if seeds:
         args += ["--oh-seeds", str(seeds)]
     if junit:
         args += ["--junitxml", junit]
-    col = _Collector(progress)
+    timed = target == "ref" and not faults and not seeds and device == "sim"  # times that predict a check's
+    col = _Collector(progress, load_durations() if xd and timed else None)
     t = time.perf_counter()
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
         code = pytest.main(args, plugins=[col])
+    if timed and code in (0, 1):
+        save_durations(col.durations)
     res = col.res
     res.exit_code = int(code)
     res.seconds = time.perf_counter() - t

@@ -344,10 +344,10 @@ def test_report_round_trips_to_json():
 
 
 # -- the engine ------------------------------------------------------------------------------------
-def run_engine(faults=(), policy="serial", workload="row_reuse", prefilter=True, **kw):
+def run_engine(faults=(), policy="serial", workload="row_reuse", prefilter=True, log=(), **kw):
     cfg = EngineConfig(overlap=True, max_running=3, policy=policy, faults=frozenset(faults), **kw)
     eng, tok = build_engine(cfg)
-    tr = AccessTracker(eng.dev, prefilter=prefilter)
+    tr = AccessTracker(eng.dev, prefilter=prefilter, log=log)
     eng.dev.tracker = tr
     reqs = workloads.row_reuse(tok, 16) if workload == "row_reuse" else workloads.mixed(tok, 10)
     eng.run(reqs)
@@ -399,10 +399,19 @@ def test_missing_fence_first_hazard_is_the_same_under_other_policies():
         assert sig([run_engine(faults={"no_fence"}, policy=pol)[1].first_hazard()]) == ref, pol
 
 
-def test_prefilter_does_not_change_what_is_found():
-    a = run_engine(faults={"no_fence"})[1].hazards
-    b = run_engine(faults={"no_fence"}, prefilter=False)[1].hazards
-    assert sig(a) == sig(b) and a
+def _accesses(tr):
+    return [(x.op_id, x.thread, x.buffer, x.write, x.units,
+             [p.tolist() if isinstance(p, torch.Tensor) else (p.start, p.stop) for p in x.parts]) for x in tr.log]
+
+
+@pytest.mark.parametrize("workload,kw", [("row_reuse", {}), ("mixed", {"pool_slots": 200, "page_size": 2})])
+def test_prefilter_does_not_change_what_is_found(workload, kw):
+    """The pre-filter and its fast paths (which record the commonest calls without the dispatch
+    mode) see every access the dispatch mode alone sees, unit for unit and call for call."""
+    a = run_engine(faults={"no_fence"}, workload=workload, log=("",), **kw)[1]
+    b = run_engine(faults={"no_fence"}, workload=workload, log=("",), prefilter=False, **kw)[1]
+    assert sig(a.hazards) == sig(b.hazards) and a.hazards
+    assert _accesses(a) == _accesses(b) and a.log
 
 
 def test_blocking_copy_is_a_host_stall():

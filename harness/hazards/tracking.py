@@ -59,6 +59,7 @@ import math
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -73,6 +74,20 @@ _INDEX_READ = {aten.index, aten.index_select, aten.gather, aten.embedding}
 _INDEX_WRITE = {aten.index_copy_, aten.index_put_, aten._index_put_impl_, aten.scatter_, aten.scatter_add_,
                 aten.scatter_reduce_}
 _INDEXING = _INDEX_READ | _INDEX_WRITE
+_INDEXING_OPS: dict[int, bool] = {}  # id(OpOverload) -> is it one of _INDEXING (overloads are never freed)
+_INDEX_OP = aten.index.Tensor._op  # the op itself, without OpOverload.__call__'s Python layer
+
+
+def _indexing(op) -> bool:
+    r = _INDEXING_OPS.get(id(op))
+    if r is None:
+        r = _INDEXING_OPS[id(op)] = op.overloadpacket in _INDEXING
+    return r
+
+
+def _floordiv(t: torch.Tensor, k: int) -> torch.Tensor:
+    """t // k for an integer tensor (Tensor.__floordiv__ is a Python wrapper; this is one C call)."""
+    return torch.div(t, k, rounding_mode="floor")
 
 
 class _Buf:
@@ -109,13 +124,17 @@ class _Buf:
 
 
 class _Shadow:
-    """One thread's last write, and last read since that write, of every unit of a buffer."""
+    """One thread's last write and last read of every unit of a buffer, as access numbers (0:
+    none). A read counts only while it is later than the thread's last write of the unit (a
+    thread's access numbers grow in check order), so a write need not clear the reads. The
+    arrays are numpy: an update is one slice or index assignment, far cheaper than a tensor
+    op for the few units an op touches."""
 
     __slots__ = ("w", "r", "max_w", "max_r", "eps", "ids")
 
     def __init__(self, n: int):
-        self.w = torch.zeros(n, dtype=torch.int32)  # access number (0: none)
-        self.r = torch.zeros(n, dtype=torch.int32)
+        self.w = np.zeros(n, dtype=np.int32)
+        self.r = np.zeros(n, dtype=np.int32)
         self.max_w = 0  # largest epoch written / read
         self.max_r = 0
         self.eps: list[int] = []  # epochs of this thread's accesses to the buffer, increasing
@@ -160,6 +179,30 @@ class _Actor:
     @property
     def epoch(self) -> int:
         return self.clock.get(self.thread)
+
+
+def _merge(els: list):
+    """One op's units of a buffer from its calls' parts (slices, LongTensors): one slice when the
+    slices cover one run, a tuple of slices when they are all slices, else one LongTensor."""
+    if all(type(e) is slice for e in els):
+        runs = sorted(els, key=lambda e: e.start)
+        lo, hi = runs[0].start, runs[0].stop
+        for e in runs[1:]:
+            if e.start > hi:
+                return tuple(els)
+            if e.stop > hi:
+                hi = e.stop
+        return slice(lo, hi)
+    return _as_tensor(tuple(els))
+
+
+def _as_tensor(el) -> torch.Tensor:
+    """Units as a LongTensor: from a slice, a LongTensor, or a tuple of either."""
+    if type(el) is slice:
+        return torch.arange(el.start, el.stop, dtype=torch.int64)
+    if type(el) is tuple:
+        return torch.cat([torch.arange(e.start, e.stop, dtype=torch.int64) if type(e) is slice else e for e in el])
+    return el
 
 
 class _Found:
@@ -254,15 +297,31 @@ class _Filter(TorchFunctionMode):
     """A cheap pre-filter: a torch function none of whose arguments is (a view of) a named
     buffer cannot touch one, so only the others run under the dispatch mode. This keeps
     the per-call cost of the dispatch mode off the model's arithmetic on weights and
-    temporaries. (A torch function only reaches tensors through its arguments.)"""
+    temporaries. (A torch function only reaches tensors through its arguments.)
+
+    The calls the engine makes most often skip the dispatch mode too (`_FAST`): views and
+    metadata (basic indexing, `.view`, `.T`, `.shape`) touch nothing, and `copy_`,
+    `t[i] = v`, `index_select`, `index_copy_`, `clone`, ... are each one aten call whose
+    accesses are recorded here exactly as the dispatch mode would record them
+    (`prefilter=False` runs everything under the dispatch mode; a test compares the logs)."""
 
     def __init__(self, tracker: "AccessTracker"):
         super().__init__()
         self.tracker = tracker
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
+        try:
+            fast = _FAST.get(func)
+        except TypeError:  # an unhashable callable
+            fast = None
+        if fast is not None:
+            if fast is _VIEW:
+                return func(*args, **kwargs) if kwargs else func(*args)
+            if fast is _getitem and not kwargs and len(args) == 2 and _basic_index(args[1]):
+                return func(*args)  # a view: nothing to record
+            r = fast(self.tracker, func, args, kwargs or {})
+            if r is not _GENERIC:
+                return r
         by = self.tracker._by_storage
         hit = False
         for x in args:  # _touches, inlined for the common case of plain tensor arguments
@@ -281,10 +340,183 @@ class _Filter(TorchFunctionMode):
             # stack again; put it back for this call only (the raw push / pop is cheap)
             _push_dispatch(self.tracker._mode)
             try:
-                return func(*args, **kwargs)
+                return func(*args, **kwargs) if kwargs else func(*args)
             finally:
                 _pop_dispatch(None)
-        return func(*args, **kwargs)
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+
+# -- fast paths of the filter -------------------------------------------------------------------
+# A handler gets (tracker, func, args, kwargs), records what the dispatch mode would record for
+# the call, and returns the call's result; or returns _GENERIC, having done nothing, to leave the
+# call to the generic path (the argument scan, then the dispatch mode).
+_VIEW = object()  # the call only makes a view or reads metadata: no access
+_GENERIC = object()
+
+
+def _basic_index(idx) -> bool:
+    """An index of ints, int slices, None and Ellipsis: a view (slice / select / unsqueeze) that
+    reads no tensor. Anything else (tensors, bools, lists) is advanced indexing."""
+    t = type(idx)
+    if t is int:
+        return True
+    for i in (idx if t is tuple else (idx,)):
+        t = type(i)
+        if t is int or i is None or i is Ellipsis:
+            continue
+        if t is slice and ((a := i.start) is None or type(a) is int) and ((a := i.stop) is None or type(a) is int) \
+                and ((a := i.step) is None or type(a) is int):
+            continue
+        return False
+    return True
+
+
+def _tensor_index(idx):
+    """The index tensors of `t[idx]` when it is one aten.index call over them: integer tensors of
+    one or more dims, alone or in a tuple of only such tensors; else None."""
+    ts = idx if type(idx) is tuple else (idx,)
+    for i in ts:
+        if not isinstance(i, torch.Tensor) or i.dim() == 0 or i.dtype in (torch.bool, torch.uint8) \
+                or i.is_floating_point():
+            return None
+    return list(ts)
+
+
+def _found(tr, op_info, args, kwargs):
+    """What the dispatch mode's scan finds for one call of an aten op with these arguments:
+    [(position, tensor, buffer, is_write)] or None (the same loop as _Mode.__torch_dispatch__)."""
+    by = tr._by_storage
+    found = None
+    for i, name, w, is_list in op_info:
+        v = args[i] if i < len(args) else kwargs.get(name)
+        if v is None:
+            continue
+        for t in (v if is_list else (v,)):
+            if isinstance(t, torch.Tensor):
+                try:
+                    b = by.get(t.untyped_storage()._cdata)
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if b is not None:
+                    if found is None:
+                        found = []
+                    found.append((i, t, b, w))
+    return found
+
+
+def _direct(op, out_op=None, positional: int = 0):
+    """A handler for a torch function that is the one aten call `op` (`out_op` with an out=
+    tensor) with the same arguments. Keyword arguments must carry the schema's names when they
+    hold a tensor; indexing ops need their first `positional` arguments given by position."""
+    infos = {False: _func_info(op), True: _func_info(out_op) if out_op is not None else None}
+    names = {k: {n for _, n, _, _ in v} for k, v in infos.items() if v is not None}
+
+    def handler(tr, func, args, kwargs):
+        has_out = "out" in kwargs
+        info = infos[has_out]
+        if info is None or len(args) < positional or (positional > 1 and type(args[1]) is not int):
+            return _GENERIC  # an out= form we do not know, a named dim, ...
+        for k, v in kwargs.items():
+            if isinstance(v, (torch.Tensor, list, tuple)) and k not in names[has_out]:
+                return _GENERIC
+        found = _found(tr, info, args, kwargs)
+        if found is not None:
+            tr._on_call(out_op if has_out else op, found, args, kwargs)
+        return func(*args, **kwargs) if kwargs else func(*args)
+    return handler
+
+
+def _getitem(tr, func, args, kwargs):
+    if len(args) != 2 or kwargs:
+        return _GENERIC
+    t, idx = args
+    if _basic_index(idx):
+        return func(t, idx)  # a view: nothing to record
+    ts = _tensor_index(idx)
+    if ts is None:
+        return _GENERIC
+    found = _found(tr, _INDEX_INFO, (t, ts), {})
+    if found is not None:
+        tr._on_call(aten.index.Tensor, found, (t, ts), {})
+    return func(t, idx)
+
+
+def _copy(tr, func, args, kwargs):
+    """Tensor.copy_(src, non_blocking=False): aten.copy_ writes self and reads src."""
+    if not 2 <= len(args) <= 3 or (kwargs and (len(kwargs) > 1 or "non_blocking" not in kwargs)):
+        return _GENERIC
+    dst, src = args[0], args[1]
+    if not isinstance(src, torch.Tensor):
+        return _GENERIC
+    by = tr._by_storage
+    try:
+        bd = by.get(dst.untyped_storage()._cdata)
+        bs = by.get(src.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return _GENERIC
+    if bd is not None or bs is not None:
+        a = tr._actor()
+        if bd is not None:
+            tr._record(a, bd, dst, True)
+        if bs is not None:
+            tr._record(a, bs, src, False)
+    return func(*args, **kwargs) if kwargs else func(*args)
+
+
+def _setitem(tr, func, args, kwargs):
+    """t[idx] = v with a basic index: copy_ (or fill_) into the view t[idx], reading v."""
+    if len(args) != 3 or kwargs or not _basic_index(args[1]):
+        return _GENERIC
+    t, idx, v = args
+    if isinstance(v, torch.Tensor):
+        bv = tr._resolve(v)
+    elif type(v) in (int, float, bool):
+        bv = None
+    else:
+        return _GENERIC
+    bt = tr._resolve(t)
+    if bt is not None or bv is not None:
+        a = tr._actor()
+        if bt is not None:
+            tr._record(a, bt, t[idx], True)
+        if bv is not None:
+            tr._record(a, bv, v, False)
+    return func(t, idx, v)
+
+
+def _reshape(tr, func, args, kwargs):
+    """A view when the strides allow one (nothing recorded), else a copy: aten.clone reads `t`."""
+    t = args[0]
+    b = tr._resolve(t)
+    out = func(*args, **kwargs) if kwargs else func(*args)
+    if b is not None and isinstance(out, torch.Tensor) and out.untyped_storage()._cdata != t.untyped_storage()._cdata:
+        tr._on_call(aten.clone.default, [(0, t, b, False)], (t,), {})
+    return out
+
+
+_INDEX_INFO = _func_info(aten.index.Tensor)
+_T = torch._C.TensorBase
+_FAST: dict = {
+    _T.__getitem__: _getitem,
+    _T.__setitem__: _setitem,
+    _T.copy_: _copy,
+    _T.index_select: _direct(aten.index_select.default, aten.index_select.out, positional=3),
+    torch.index_select: _direct(aten.index_select.default, aten.index_select.out, positional=3),
+    _T.index_copy_: _direct(aten.index_copy_.default, positional=4),
+    _T.clone: _direct(aten.clone.default),
+    _T.zero_: _direct(aten.zero_.default),
+    _T.add: _direct(aten.add.Tensor),
+    torch.argmax: _direct(aten.argmax.default),
+    _T.argmax: _direct(aten.argmax.default),
+    torch.log_softmax: _direct(aten._log_softmax.default),
+    _T.reshape: _reshape,
+}
+for _f in (_T.view, _T.view_as, _T.transpose, _T.permute, _T.expand, _T.unsqueeze, _T.t, _T.numel, _T.size,
+           _T.dim, _T.stride, _T.storage_offset, _T.is_contiguous, _T.element_size, _T.data_ptr):
+    _FAST[_f] = _VIEW
+for _name in ("shape", "dtype", "device", "ndim", "layout", "itemsize", "nbytes", "T", "mT", "data",
+              "requires_grad", "is_leaf", "grad_fn", "_base", "is_cpu", "is_cuda", "is_meta"):
+    _FAST[_T.__dict__[_name].__get__] = _VIEW
 
 
 class _Executing:
@@ -517,18 +749,34 @@ class AccessTracker:
             flat = buf.flat.as_strided(t.shape, t.stride(), off).reshape(-1)
         except RuntimeError:
             return slice(0, buf.nunits)
-        return flat if u == 1 else flat // u
+        return flat if u == 1 else _floordiv(flat, u)
 
-    def _on_call(self, func, found, args, kwargs) -> None:
-        """Record an aten call's accesses: found = [(argument position, tensor, buffer, is_write)]."""
+    def _actor(self) -> _Actor:
+        """The running op's actor (made on its first access)."""
         a = self._cur_actor
         if a is None:
             r = self._cur
             a = self._cur_actor = self._new_actor(r.stream, r.clock, float(r.id), r.name, r.site, r.step,
                                                   r.meta, r.id)
+        return a
+
+    def _record(self, a: _Actor, b: _Buf, t: torch.Tensor, w: bool) -> None:
+        """One access of a call that is not an indexing op: the units view `t` covers."""
+        el = self._elements(b, t)
+        if el is None:
+            return
+        lst = a.acc.get((b, w))
+        if lst is None:
+            a.acc[(b, w)] = [el]
+        else:
+            lst.append(el)
+
+    def _on_call(self, func, found, args, kwargs) -> None:
+        """Record an aten call's accesses: found = [(argument position, tensor, buffer, is_write)]."""
+        a = self._actor()
         for i, t, b, w in found:
             el = None
-            if i == 0 and self.precise_indices and func.overloadpacket in _INDEXING:
+            if i == 0 and self.precise_indices and _indexing(func):
                 el = self._precise(func.overloadpacket, b, t, args, kwargs)
                 if el is not None and el.numel() == 0:
                     continue
@@ -556,7 +804,7 @@ class AccessTracker:
                 m = self._index_map(buf, t)
                 if m is None:
                     return None
-                return self._units(buf, aten.index.Tensor(m, [None if x is None else x.cpu() for x in idx]))
+                return self._units(buf, _INDEX_OP(m, [None if x is None else x.cpu() for x in idx]))
             if packet is aten.embedding:
                 idx = args[1] if len(args) > 1 else kwargs["indices"]
                 rows = self._rows(buf, t, idx)
@@ -584,8 +832,14 @@ class AccessTracker:
         if buf.unit == 1 or t.dim() == 0:
             return None
         r0 = buf.rows_view(t)
-        idx = index.cpu().reshape(-1).to(torch.int64)
-        idx = torch.where(idx < 0, idx + t.shape[0], idx)
+        idx = index if index.dim() == 1 else index.reshape(-1)
+        if not idx.is_cpu:
+            idx = idx.cpu()
+        if idx.dtype != torch.int64:
+            idx = idx.to(torch.int64)
+        # negative indices count from the end (one op, and a fresh tensor: the op's own index
+        # tensor may be rewritten later); an index out of range fails the op itself
+        idx = idx.remainder(t.shape[0])
         if r0 is None:
             # a contiguous view that cuts whole rows into shorter ones (the KV pool as
             # [slots * kv_heads, head_dim], which attention gathers head-major): the unit of
@@ -595,7 +849,11 @@ class AccessTracker:
             if (not n or not t.is_contiguous() or t.element_size() != buf.itemsize or buf.unit % n
                     or off % n):
                 return None
-            return (off + idx * n) // buf.unit
+            # (off + idx * n) // unit, with n dividing both off and unit
+            if off:
+                idx = idx + off // n
+            k = buf.unit // n
+            return _floordiv(idx, k) if k != 1 else idx
         return idx + r0 if r0 else idx
 
     def _index_map(self, buf: _Buf, t: torch.Tensor):
@@ -609,21 +867,17 @@ class AccessTracker:
     @staticmethod
     def _units(buf: _Buf, flat: torch.Tensor) -> torch.Tensor:
         flat = flat.reshape(-1)
-        return flat if buf.unit == 1 else flat // buf.unit
+        return flat if buf.unit == 1 else _floordiv(flat, buf.unit)
 
     # -- the check ------------------------------------------------------------------------
     def _apply_actor(self, a: _Actor) -> None:
         # reads first, then writes: an op that reads and writes an element counts as its writer
-        items = sorted(a.acc.items(), key=lambda kv: kv[0][1])
-        for (buf, write), els in items:
-            if len(els) == 1:
-                el = els[0]
-            else:
-                el = torch.cat([torch.arange(e.start, e.stop, dtype=torch.int64) if isinstance(e, slice) else e
-                                for e in els])
+        acc = a.acc.items()
+        for (buf, write), els in [kv for kv in acc if not kv[0][1]] + [kv for kv in acc if kv[0][1]]:
+            el = els[0] if len(els) == 1 else _merge(els)
             self._apply(a, buf, el, write)
             if self.log_prefixes and buf.name.startswith(self.log_prefixes):
-                units = torch.arange(el.start, el.stop) if isinstance(el, slice) else el
+                units = _as_tensor(el)
                 self.log.append(Access(a.op_id, a.thread, a.name, a.step, a.meta, a.clock, buf.name,
                                        sorted(set(units.tolist())), write, tuple(els)))
         a.acc = {}
@@ -646,27 +900,37 @@ class AccessTracker:
         if not sh.ids or sh.ids[-1] != a.idx:
             sh.eps.append(e)
             sh.ids.append(a.idx)
+        i = a.idx
+        arr = sh.w if write else sh.r
+        if type(el) is tuple:  # runs with gaps between them: a slice assignment each
+            for s in el:
+                arr[s] = i
+        elif type(el) is slice:
+            arr[el] = i
+        else:
+            arr[el.numpy()] = i
         if write:
-            sh.w[el] = a.idx
-            if sh.max_r:
-                sh.r[el] = 0
             if e > sh.max_w:
                 sh.max_w = e
-        else:
-            sh.r[el] = a.idx
-            if e > sh.max_r:
-                sh.max_r = e
+        elif e > sh.max_r:
+            sh.max_r = e
 
     def _conflicts(self, sh: _Shadow, arr, el, ct, buf, first_write, a, write) -> None:
         seen = sh.last_seen(ct)
-        cur = arr[el]
+        if type(el) is tuple:
+            el = _as_tensor(el)
+        ix = el if type(el) is slice else el.numpy()
+        cur = arr[ix]
+        if not first_write:  # a read the thread's own later write superseded does not count
+            cur = np.where(cur > sh.w[ix], cur, 0)
         m = cur > seen  # the stored access is not ordered before this one
-        if not bool(m.any()):
+        if not m.any():
             return
-        if isinstance(el, slice):
+        if type(el) is slice:
             el = torch.arange(el.start, el.stop, dtype=torch.int64)
-        elems = el[m]
-        owners = cur[m]
+        mt = torch.from_numpy(m)
+        elems = el[mt]
+        owners = torch.from_numpy(cur)[mt]
         for o in torch.unique(owners).tolist():
             first = self._actors[o]
             kind = "WAW" if first_write and write else ("RAW" if first_write else "WAR")
