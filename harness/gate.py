@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
