@@ -247,23 +247,9 @@ class _Mode(TorchDispatchMode):
         if info == 0:
             info = self.finfo[id(func)] = _func_info(func)
         if info is not None:
-            # the fast scan, inline: does any tensor argument live in a named buffer's storage?
-            by = self.tracker._by_storage
-            found = None
-            for i, name, w, is_list in info:
-                v = args[i] if i < len(args) else kwargs.get(name)
-                if v is None:
-                    continue
-                for t in (v if is_list else (v,)):
-                    if isinstance(t, torch.Tensor):
-                        try:
-                            b = by.get(t.untyped_storage()._cdata)
-                        except (RuntimeError, NotImplementedError):
-                            continue
-                        if b is not None:
-                            if found is None:
-                                found = []
-                            found.append((i, t, b, w))
+            # does any tensor argument live in a named buffer's storage? (rare here: the
+            # pre-filter records the common calls itself)
+            found = _found(self.tracker, info, args, kwargs)
             if found is not None:
                 self.tracker._on_call(func, found, args, kwargs)
         return func._op(*args, **kwargs)
@@ -384,7 +370,7 @@ def _tensor_index(idx):
 
 def _found(tr, op_info, args, kwargs):
     """What the dispatch mode's scan finds for one call of an aten op with these arguments:
-    [(position, tensor, buffer, is_write)] or None (the same loop as _Mode.__torch_dispatch__)."""
+    [(position, tensor, buffer, is_write)] or None."""
     by = tr._by_storage
     found = None
     for i, name, w, is_list in op_info:
