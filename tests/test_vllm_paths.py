@@ -119,8 +119,9 @@ def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
     assert "[vllm.general_plugins]" in text
 
 
-def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys):
+def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys, monkeypatch):
     from harness.targets.served import ServedTarget, TargetError
+    monkeypatch.setattr(ServedTarget, "_said", set())  # "said once" is per process: earlier tests said it
     t = ServedTarget(workdir=str(tmp_path), concurrency=32)
     t.name = "served"
     assert t.served_switches({}) == 32
