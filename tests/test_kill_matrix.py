@@ -41,9 +41,10 @@ def test_matrix_exit_code_says_ok(matrix):
 
 
 @pytest.mark.slow
-def test_correct_engine_passes_every_suite_over_20_seeds(tmp_path):
+def test_correct_engine_passes_every_suite_over_10_seeds(tmp_path):
+    # 10 seeds (8.5 min for 20 on a loaded 2-core CI machine); `check --seeds 200` is the long sweep
     junit = tmp_path / "check.xml"
-    r = oh("check", "--seeds", "20", "--junit", str(junit))
+    r = oh("check", "--seeds", "10", "--junit", str(junit))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "PASS" in r.stdout and junit.exists()
 

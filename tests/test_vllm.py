@@ -194,6 +194,7 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     import time
     from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
     from harness.agents import plan as planmod
+    vllm.url(True)  # an earlier test's patch restarted the async server: its start-up is not the bound's
     _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
     bound = hang_bound(period)
     t = time.monotonic()
