@@ -111,6 +111,35 @@ def test_every_row_is_counted_by_the_agent_or_says_why_not():
             assert f'"{c}"' in src or f'"{stem}' in src or f"{stem}{{" in src, (row.name, c)
 
 
+def test_the_workload_preempts_by_construction_not_by_timing():
+    """The preemption rows must not hang on how fast steps run (CI once saw 0 preemptions on a
+    faster machine): the long requests, sent together, need more KV blocks at their peak than the
+    pool holds even if nothing else runs; the chunked rows' prompts exceed the step budget; the
+    last run (bad words, the value-reading processor) has no penalty beside it."""
+    from harness.engine.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()  # more tokens per word than SmolLM2's: checked on its counts below too
+    for t in (tok,) + _smollm2_tok():
+        reqs = vp.build(t, 0)
+        long = [r for r in reqs if "preemption" in r.paths]
+        assert len({r.arrival for r in long}) == 1
+        shared = len(vp._ids(t, vp.PREFIX)) // vp.BLOCK
+        own = sum(-(-(len(r.prompt_ids) + r.max_new_tokens) // vp.BLOCK) - shared for r in long)
+        assert own + shared > vp.KV_BLOCKS, (own, shared)
+        assert all(len(r.prompt_ids) > vp.MAX_BATCHED_TOKENS for r in long)
+        last = [r for r in reqs if getattr(r, "phase", "main") == "last"]
+        assert {"bad_words", "logits_processor_entry_point"} <= set().union(*(r.paths for r in last))
+        assert not any(k.endswith("_penalty") for r in last for k in r.extra)
+
+
+def _smollm2_tok():
+    from harness.targets import vllm_setup
+    model = vllm_setup.model_dir(vllm_setup.vllm_home())
+    if not (model / "tokenizer.json").exists():  # vLLM not set up here: the byte tokenizer's case stands
+        return ()
+    from harness.engine.smollm2 import HFTokenizer
+    return (HFTokenizer.from_dir(str(model)),)
+
+
 def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
     from harness.targets import vllm_setup as setup_cmd
     d = setup_cmd.entry_point_shim(tmp_path)

@@ -39,6 +39,12 @@ class VllmPatch:
     search: str  # exact source text, found exactly once in `file`
     replace: str
     upstream: tuple[str, ...] = ()
+    also: tuple[tuple[str, str], ...] = ()  # more (search, replace) edits of the same file
+    device_only: str = ""  # non-empty: why vLLM's CPU build cannot show the bug (mutants skip it there)
+
+    @property
+    def edits(self) -> tuple[tuple[str, str], ...]:
+        return ((self.search, self.replace),) + self.also
 
     @property
     def point(self) -> str:  # `faults --target vllm` prints it where an agent fault has its point
@@ -88,11 +94,16 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
     VllmPatch(
         "reset_cache_keeps_stale_output",
         "reset_prefix_cache preempts the running requests and resumes them in the same step but "
-        "delivers (instead of dropping) the output already in flight: tokens arrive out of order",
+        "delivers (instead of dropping) the output already in flight, and the resume does not wait "
+        "for it: a position is sampled twice and the stream gets a token out of order",
         "prefix_cache_reset", PATHS_SUITE, SCHED,
         "                self._preempt_request(request, timestamp, drop_stale_output=True)\n",
         "                self._preempt_request(request, timestamp)\n",
-        ("vllm-project/vllm#42117",)),
+        ("vllm-project/vllm#42117",),
+        # without the second edit 0.32.0 stays correct: a request with deliverable stale output
+        # waits in the queue until it drains (the guard this removes)
+        also=(("                if request.num_stale_output_tokens and not request.drop_stale_output:\n",
+               "                if False:\n"),)),
     # -- the next step's input ids from the previous step's device-side ids ------------------
     VllmPatch(
         "input_ids_fast_path_after_reorder",
@@ -166,11 +177,15 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
     VllmPatch(
         "cache_blocks_past_placeholders",
         "after each step the async scheduler caches the request's blocks up to num_computed_tokens, "
-        "placeholders included: a block whose last token is still in flight is published to the "
-        "prefix cache", "prefix_cache_hit", PATHS_SUITE, ASYNC_SCHED,
+        "placeholders included: with speculative decoding a block holding draft tokens that may "
+        "still be rejected is published to the prefix cache", "spec_decode_ngram", PATHS_SUITE, ASYNC_SCHED,
         "                request, request.num_computed_tokens - request.num_output_placeholders\n",
         "                request, request.num_computed_tokens\n",
-        ("vllm-project/vllm#26866",)),
+        ("vllm-project/vllm#26866",),
+        device_only="only speculative decoding makes it wrong: there num_computed_tokens counts draft "
+                    "tokens a later step may reject; without drafts every counted position's token is "
+                    "known and its KV is written (in step order) before any later step can read the "
+                    "block, and async speculative decoding needs ngram_gpu (see the spec_decode_ngram row)"),
     # -- structured output ------------------------------------------------------------------
     VllmPatch(
         "grammar_before_previous_token",
@@ -190,7 +205,9 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "spec_decode_ngram", PATHS_SUITE, RUNNER,
         "                    num_accepted = valid_sampled_token_count[prev_req_index] - 1\n",
         "                    num_accepted = valid_sampled_token_count[prev_req_index]\n",
-        ("vllm-project/vllm#46669", "vllm-project/vllm#32303")),
+        ("vllm-project/vllm#46669", "vllm-project/vllm#32303"),
+        device_only="ngram speculative decoding with async scheduling needs ngram_gpu (see the "
+                    "spec_decode_ngram row)"),
 ]}
 
 
@@ -201,15 +218,17 @@ def check_names(names, exc=ValueError) -> None:
 
 
 def apply(patch: VllmPatch, source: str) -> str:
-    """`source` (the text of patch.file) with the patch applied; PatchError when its search text
-    is not there exactly once."""
-    n = source.count(patch.search)
-    if n != 1:
-        first = patch.search.strip().splitlines()[0].strip()
-        why = "not found" if n == 0 else f"found {n} times"
-        raise PatchError(f"vLLM patch {patch.name}: the text {first!r} is {why} in vllm/{patch.file} "
-                         f"(written against vLLM {WRITTEN_AGAINST})")
-    return source.replace(patch.search, patch.replace)
+    """`source` (the text of patch.file) with the patch's edits applied; PatchError when a search
+    text is not there exactly once."""
+    for search, replace in patch.edits:
+        n = source.count(search)
+        if n != 1:
+            first = search.strip().splitlines()[0].strip()
+            why = "not found" if n == 0 else f"found {n} times"
+            raise PatchError(f"vLLM patch {patch.name}: the text {first!r} is {why} in vllm/{patch.file} "
+                             f"(written against vLLM {WRITTEN_AGAINST})")
+        source = source.replace(search, replace)
+    return source
 
 
 def diff(patch: VllmPatch, source: str) -> str:

@@ -55,7 +55,7 @@ def _fingerprint(names, pkg: Path) -> dict:
     h = hashlib.sha256()
     for n in sorted(names):
         p = PATCHES[n]
-        h.update(f"{p.name}\0{p.file}\0{p.search}\0{p.replace}\0".encode())
+        h.update(f"{p.name}\0{p.file}\0{p.edits}\0".encode())
     for f in files:
         h.update((pkg / f).read_bytes())
     init = pkg / "__init__.py"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from harness.engine.request import Request
 
 BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
-KV_BLOCKS = 28  # 896 tokens: the workload below needs about twice that
+KV_BLOCKS = 28  # 896 tokens: the long requests alone need 34 blocks at their peak (see build)
 MAX_BATCHED_TOKENS = 64  # a prompt longer than this is prefilled in chunks
 MAX_MODEL_LEN = 512
 LOGITS_PROCESSOR = "harness.agents.vllm_logitsprocs:BoostProcessor"  # by --logits-processors
@@ -45,13 +45,13 @@ class PathRow:
 
 
 PATHS = [
-    PathRow("preemption", "long outputs overflow a 28-block KV pool; the scheduler preempts (in a step, for KV "
-            "space) and victims resume by recompute", ("preemptions_kv",)),
+    PathRow("preemption", f"eight long requests that alone need 34 blocks of a {KV_BLOCKS}-block KV pool; the "
+            "scheduler preempts (in a step, for KV space) and victims resume by recompute", ("preemptions_kv",)),
     PathRow("preemption_in_flight", "the same, counted when a batch was in flight (async only)",
             ("preemptions_in_flight",), arm="on"),
     PathRow("chunked_prefill", f"prompts over {MAX_BATCHED_TOKENS} tokens, the per-step token budget",
             ("chunked_prefills",)),
-    PathRow("prefix_cache_hit", "requests sharing a 3-block prefix arrive after the first computed it",
+    PathRow("prefix_cache_hit", "requests sharing a 93-token prefix (2 full blocks) arrive after the first computed it",
             ("prefix_hits",)),
     PathRow("seeded_partial_prefill", f"a seeded request with a prompt over {MAX_BATCHED_TOKENS} tokens: its "
             "first chunk's sample is discarded and its generator rewound", ("seeded_discards",)),
@@ -59,8 +59,12 @@ PATHS = [
     PathRow("seeded_reorder", "seeded requests stay in a batch whose rows are condensed / swapped as "
             "others finish", ("seeded_reorders",)),
     PathRow("penalties", "repetition 1.3, presence 0.6, frequency 0.6", ("penalty_steps",)),
-    PathRow("bad_words", "two-token bad words (read the previous output token)", ("bad_words_steps",)),
-    PathRow("min_tokens", "min_tokens 12 with EOS and a likely stop token id held back", ("min_tokens_steps",)),
+    PathRow("bad_words", "two-token bad words (read the previous output token); one the model would say at "
+            "once, in a batch without penalties (vLLM repairs the output ids only for some batches)",
+            ("bad_words_steps",)),
+    PathRow("min_tokens", "min_tokens 12 with EOS and a likely stop token id held back; min_tokens 5 and 9 "
+            "with the stop token biased +100, so the stream ends exactly one token after the minimum",
+            ("min_tokens_steps",)),
     PathRow("logit_bias", "a +4 bias on two frequent tokens", ("logit_bias_steps",)),
     PathRow("stop", "stop strings and stop token ids that occur mid-output",
             ("stop_string_stops", "stop_token_stops")),
@@ -135,7 +139,9 @@ def classify(row: str, findings: list[str], known=None, counts=None) -> tuple[li
 # -- the workload --------------------------------------------------------------------------
 PREFIX = ("You are a careful assistant that answers questions about schedulers. The slot table maps each "
           "request to its pages, the relay carries the sampled ids to the next step, and a fence keeps a "
-          "freed row from being written while a step still reads it. ")
+          "freed row from being written while a step still reads it. When memory runs short the scheduler "
+          "retracts the newest request, returns its pages to the pool and later recomputes its prompt, so "
+          "every answer must come out the same as it would without the overlap. ")
 WORDS = "slot table relay fence window step stream token prefix cache batch entry row page copy event".split()
 
 
@@ -151,17 +157,20 @@ def _req(rid, prompt, n_out, paths, arrival=0, **extra):
 
 
 def build(tok, seed: int = 0) -> list[Request]:
-    """About thirty requests; each is tagged with the rows it serves (`r.paths`). The seeded
-    requests (`r.seeded_group`) go first; one (sx0) has a prompt over the step budget on purpose:
-    on vLLM's CPU build a seeded request in a partial prefill kills the engine (KNOWN_UPSTREAM
-    cpu-seeded-partial-prefill; the agent works around it and counts it). run_with_controls resets
-    the cache (preempting every running request) only after the seeded ones end, so they are
-    never resumed in pieces."""
+    """About forty requests in three runs; each is tagged with the rows it serves (`r.paths`) and
+    its run (`r.phase`). "first": the seeded requests, sent at once beside "main"; one (sx0) has a
+    prompt over the step budget on purpose: on vLLM's CPU build a seeded request in a partial
+    prefill kills the engine (KNOWN_UPSTREAM cpu-seeded-partial-prefill; the agent works around it
+    and counts it). run_with_controls resets the cache (preempting every running request) only
+    after the first run ends, so the seeded requests are never resumed in pieces. "last": sent
+    when the others have ended, so no penalty is in their batch (vLLM repairs the placeholder of
+    the newest output id only for batches that need it: with a penalty beside them a bug there
+    would hide)."""
     rng = random.Random(seed)
 
     def words(k):
         return " ".join(rng.choice(WORDS) for _ in range(k))
-    long_prefix = _ids(tok, PREFIX)  # > 2 blocks: shared, so later requests hit the cache
+    long_prefix = _ids(tok, PREFIX)  # 93 tokens, 2 full blocks: shared, so later requests hit the cache
     period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
     reqs = []
     # first: short outputs (never the preemption victim: vLLM preempts the newest) and the seeded
@@ -179,12 +188,14 @@ def build(tok, seed: int = 0) -> list[Request]:
     r.temperature, r.top_p, r.seed, r.n = 0.8, 1.0, 7, 3
     reqs.append(r)
     for r in reqs[4:]:
-        r.seeded_group = True
-    # long outputs that overflow the pool: preemption, resume by recompute with a step in flight
-    for i in range(6):
-        reqs.append(_req(f"p{i}", long_prefix + _ids(tok, words(3)), 36 + 4 * i,
+        r.phase = "first"
+    # eight long requests, sent together: each holds 2 shared and 4 own blocks at its peak, 34
+    # blocks of the 28, whatever else runs or however fast steps are, so both arms preempt;
+    # victims resume by recompute (a chunked prefill) with a step in flight
+    for i in range(8):
+        reqs.append(_req(f"p{i}", long_prefix + _ids(tok, words(3)), 80 + 4 * i,
                          ["preemption", "preemption_in_flight", "prefix_cache_hit", "chunked_prefill",
-                          "pause_resume", "prefix_cache_reset"], arrival=4 + i, ignore_eos=True))
+                          "pause_resume", "prefix_cache_reset"], arrival=4, ignore_eos=True))
     reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=3,
                      repetition_penalty=1.3, presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))
     reqs.append(_req("pen1", long_prefix + _ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"],
@@ -193,6 +204,10 @@ def build(tok, seed: int = 0) -> list[Request]:
                      bad_words=[" slot table", " the", " cache"], ignore_eos=True))
     reqs.append(_req("mt0", _ids(tok, words(4)), 20, ["min_tokens"], arrival=3, min_tokens=12,
                      stop_token_ids=[period]))
+    for i, k in enumerate((5, 9)):  # the stop token wins as soon as min_tokens lets it: the length says when
+        reqs.append(_req(f"mt{i + 1}", _ids(tok, "Write one short sentence about " + words(2) + ":"), 20,
+                         ["min_tokens", "logit_bias"], arrival=3 + 2 * i, min_tokens=k,
+                         stop_token_ids=[period], logit_bias={str(period): 100.0}))
     common = tok.encode(" the")[-1], tok.encode(" and")[-1]
     reqs.append(_req("lb0", _ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
                      logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
@@ -216,6 +231,14 @@ def build(tok, seed: int = 0) -> list[Request]:
         a = _req(f"ab{i}", prompt, 24, ["abort"], arrival=4 + i, ignore_eos=True)
         a.abort_after = k
         reqs += [a, _req(f"ab{i}full", list(prompt), 24, ["abort"], arrival=4 + i, ignore_eos=True)]
+    # last: prompts whose greedy continuation repeats, so the two-token bad word is what the model
+    # would say next at once, and the no-repeat processor bans a token it wants
+    count = _ids(tok, "one two three one two three one two three one two three one")
+    for r in (_req("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True),
+              _req("lpe2", _ids(tok, "red green blue red green blue red green blue red green blue red"), 16,
+                   ["logits_processor_entry_point"], arrival=1, vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True)):
+        r.phase = "last"
+        reqs.append(r)
     for r in reqs:
         r.paths.add("logprobs")
     return reqs
@@ -227,22 +250,21 @@ RESET = "/reset_prefix_cache?reset_running_requests=true"  # preempts every runn
 
 def run_with_controls(target, reqs, overlap: bool):
     """The workload on one server while a second client pauses and resumes it, and, once the
-    seeded requests have ended (see build), resets the prefix cache with requests running;
-    returns (run, the control responses). The seeded requests go as a run of their own."""
+    first run (see build) has ended, resets the prefix cache with requests running; then the last
+    run. Returns (the three runs merged, the control responses)."""
     import httpx
     from harness.targets.base import Run
     base, got = target.url(overlap), []
-    seeded = [r for r in reqs if getattr(r, "seeded_group", False)]
-    rest = [r for r in reqs if not getattr(r, "seeded_group", False)]
+    phase = {p: [r for r in reqs if getattr(r, "phase", "main") == p] for p in ("first", "main", "last")}
     runs: dict = {}
 
     def post(c, path):
         resp = c.post(base + path)
         got.append((path, resp.status_code, resp.text[:200]))
 
-    def seeded_then_controls():
+    def first_then_controls():
         t0 = time.monotonic()
-        th = threading.Thread(target=lambda: runs.__setitem__("seeded", target.run(seeded, overlap=overlap)))
+        th = threading.Thread(target=lambda: runs.__setitem__("first", target.run(phase["first"], overlap=overlap)))
         th.start()
         with httpx.Client(timeout=30.0) as c:
             time.sleep(max(0.0, t0 + PAUSE_AT - time.monotonic()))
@@ -251,15 +273,15 @@ def run_with_controls(target, reqs, overlap: bool):
             post(c, "/resume")
             th.join(300)
             post(c, RESET)
-    ctl = threading.Thread(target=seeded_then_controls, daemon=True)
+    ctl = threading.Thread(target=first_then_controls, daemon=True)
     ctl.start()
-    run = target.run(rest, overlap=overlap)
+    run = target.run(phase["main"], overlap=overlap)
     ctl.join(300)
-    first = runs.get("seeded")
-    if first is None:
-        raise RuntimeError("the seeded requests' run did not finish")
-    merged = Run(first.outputs + run.outputs, summary=run.summary)
-    merged.logprobs = {**first.logprobs, **run.logprobs}
+    if runs.get("first") is None:
+        raise RuntimeError("the first run (the seeded requests) did not finish")
+    last = target.run(phase["last"], overlap=overlap)
+    merged = Run(runs["first"].outputs + run.outputs + last.outputs, summary=run.summary)
+    merged.logprobs = {**runs["first"].logprobs, **run.logprobs, **last.logprobs}
     return merged, got
 
 
