@@ -75,8 +75,8 @@ def find_gguf() -> Path:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "overlap-harness" / "smollm2"
+    from harness.cache import cache_root  # one root for every cache (OVERLAP_HARNESS_CACHE moves it)
+    return cache_root() / "smollm2"
 
 
 def _sha256(path: Path) -> str:
