@@ -89,10 +89,17 @@ def stand_ins(log):
 
         def run_batch(self, batch, pp_proxy_tensors=None):
             log.append(("orig_run_batch", batch))
-            return "result"
+            return self.make_result() if hasattr(self, "make_result") else "result"
 
         def _copy_result_to_cpu(self, batch_result, batch):
             log.append(("orig_copy", batch_result))
+
+        def process_batch_result(self, batch, result):
+            log.append(("orig_process", result))
+            if getattr(result, "copy_done", None) is not None:
+                result.copy_done.synchronize()  # as SGLang's result processors do first
+            for r in batch.reqs:
+                r.output_ids.append(7)
 
     class TpModelWorker:
         def forward_batch_generation(self, batch, forward_batch=None):
@@ -131,7 +138,7 @@ def names(log):
 def test_stand_ins_have_the_contracts_signatures():
     log = []
     mods, *_ = stand_ins(log)
-    for name in ("war_barrier", "run_batch", "result_copy", "forward", "relay_stash"):
+    for name in ("war_barrier", "run_batch", "result_copy", "forward", "relay_stash", "result_wait"):
         p = POINTS_BY_NAME[name]
         cls, meth = p.qualname.split(".")
         params = tuple(inspect.signature(getattr(getattr(mods[p.module], cls), meth)).parameters)
@@ -259,3 +266,34 @@ def test_uninstall_restores(tmp_path):
     assert cls._apply_war_barrier is not patched
     cls()._apply_war_barrier()
     assert "orig_war_barrier" in names(ops.log)
+
+
+def test_host_order_records_launch_and_wait_and_restores_copy_done(tmp_path):
+    """The overlap loop's order (launch N+1, then take N's result) through the agent's wrappers;
+    the copy-done event it timed is SGLang's own again afterwards; the normal loop has no order."""
+    class Done:
+        def synchronize(self):
+            pass
+    reqs = [types.SimpleNamespace(rid=f"r{i}", output_ids=[]) for i in range(3)]
+    batch = types.SimpleNamespace(reqs=reqs, forward_mode=types.SimpleNamespace(is_extend=lambda: False))
+    agent, ops, s, *_, facts = make_agent(tmp_path)
+    s.make_result = lambda: types.SimpleNamespace(copy_done=Done())
+    pending = None
+    for _ in range(6):
+        res = s.run_batch(batch)
+        if pending is not None:
+            done = pending.copy_done
+            s.process_batch_result(batch, pending)
+            assert pending.copy_done is done and isinstance(done, Done)
+        pending = res
+    c = agent.host.counts
+    assert (c["scheduled"], c["overlapped"], c["early"]) == (6, 5, 0), c
+    assert facts.data["tokens_out"] == 5 * 3 and facts.data["host_order"]["waits"] == 5
+    assert [e[0] for e in agent.host.events].count("waited") == 5  # each wait ended at synchronize
+    agent.uninstall()
+    off, _, s2, *_ = make_agent(tmp_path)
+    s2.enable_overlap = False
+    s2.make_result = s.make_result
+    s2.process_batch_result(batch, s2.run_batch(batch))
+    assert off.host is None
+    off.uninstall()

@@ -60,6 +60,12 @@ def test_every_patch_point_exists_in_sglang_0_5_23(sglang_src):
     # the scheduler subprocess stops loading plugins
     ("sglang.srt.managers.scheduler", "    load_plugins()\n    dp_rank", "    dp_rank",
      ["run_scheduler_process: no longer mentions load_plugins"]),
+    # the host no longer blocks on the copy-done event where the host order times its wait
+    ("sglang.srt.managers.scheduler_components.batch_result_processor", "result.copy_done.synchronize()",
+     "pass", ["SchedulerBatchResultProcessor.process_batch_result_decode: no longer mentions synchronize"]),
+    # the result processing renamed: the host order's "waits on step N" point is named
+    ("sglang.srt.managers.scheduler", "def process_batch_result(\n", "def handle_batch_result(\n",
+     ["Scheduler.process_batch_result: not found (used by agent point result_wait)"]),
     # a server flag the target passes is gone
     ("sglang.srt.arg_groups.fields.schedule", "    disable_overlap_schedule: A[", "    no_overlap_schedule: A[",
      ["--disable-overlap-schedule not found"]),

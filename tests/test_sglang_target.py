@@ -2,19 +2,22 @@
 around it: the server command (every flag checked against SGLang's source by the contract
 test's table), the /generate request and response in SGLang's format, the overlap verdict from
 the agent's facts, the one-line refusal without SGLang, and the whole start / run / stop path
-against a stand-in server that speaks /health and /generate and writes agent facts. The GPU
-test at the bottom runs the real pair."""
+against a stand-in server (tests/sglang_stand_in.py: SGLang's loop shapes with the real agent in
+them), where the host order judges overlap and the watchdog ends a stall as HANG. The GPU test
+at the bottom runs the real pair."""
 import json
 import os
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from harness.agents.sglang_points import SERVER_FIELDS
 from harness.engine.request import Request
 from harness.targets.served import TargetError, TargetUnavailable
-from harness.targets.sglang import SglangTarget, overlap_verdict, parse_generate
+from harness.targets.sglang import SglangTarget, parse_generate, setting_verdict
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GENERATE_OUT = {  # one /generate result in SGLang's shape: (logprob, token_id, text) triples
     "text": " four", "output_ids": [3, 9],
@@ -85,8 +88,8 @@ def sched(**kw):
      "blocked in the WAR barrier on 40 of 50"),
     (False, [sched(enable_overlap=False, run_batch=50, war_barrier_calls=3)], True, "error", "ran the overlap loop"),
 ])
-def test_overlap_verdict(overlap, facts, after, kind, needle):
-    v = overlap_verdict(overlap, facts, after)
+def test_setting_verdict(overlap, facts, after, kind, needle):
+    v = setting_verdict(overlap, facts, after)
     if kind is None:
         assert v is None
     else:
@@ -102,52 +105,29 @@ def test_without_sglang_the_target_refuses_in_one_line(tmp_path):
         SglangTarget(model=None, check_env=False, workdir=str(tmp_path))
 
 
-STAND_IN = textwrap.dedent('''
-    """Speaks SGLang's /health and /generate (output = prompt ids reversed) and writes the facts
-    an agent would; `--disable-overlap-schedule` switches the loop it reports."""
-    import json, os, sys
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    port = int(sys.argv[sys.argv.index("--port") + 1])
-    overlap = "--disable-overlap-schedule" not in sys.argv
-    plan = json.load(open(os.environ["OVERLAP_HARNESS_AGENT_PLAN"]))
-    facts = {"role": "sglang-scheduler", "pid": os.getpid(), "installed": True, "enable_overlap": overlap,
-             "run_batch": 0, "war_barrier_calls": 0, "faults": plan["faults"]}
-    def write():
-        with open(os.path.join(plan["facts_dir"], "sglang-scheduler-%d.json" % os.getpid()), "w") as f:
-            json.dump(facts, f)
-    write()
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def _reply(self, obj):
-            data = json.dumps(obj).encode()
-            self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
-            self.wfile.write(data)
-        def do_GET(self):
-            self._reply({})
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            ids = list(reversed(body["input_ids"]))[: body["sampling_params"]["max_new_tokens"]]
-            facts["run_batch"] += 5
-            facts["war_barrier_calls"] += 5 if overlap else 0
-            write()
-            self._reply({"output_ids": ids, "meta_info": {"finish_reason": {"type": "length"},
-                         "output_token_logprobs": [[-0.1, i, None] for i in ids],
-                         "output_top_logprobs": [[[-0.1, i, None]] for i in ids]}})
-    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
-''')
-
-
 class StandIn(SglangTarget):
+    """The target, its servers replaced by tests/sglang_stand_in.py (SGLang's flags, the real
+    agent in a scheduler loop shaped as SGLang's); `stand_in_env` goes to the overlap-on one."""
+    stand_in_env: dict = {}
+
     def server_command(self, overlap, port):
-        script = self.workdir / "stand_in.py"
-        script.write_text(STAND_IN)
         cmd = super().server_command(overlap, port)
-        return [sys.executable, str(script)] + cmd[3:]  # SGLang's own flags, after "-m sglang.launch_server"
+        return [sys.executable, str(Path(__file__).with_name("sglang_stand_in.py"))] + cmd[3:]
+
+    def server_env(self, overlap):
+        env = super().server_env(overlap)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout's agent
+        return {**env, **(self.stand_in_env if overlap else {})}
+
+
+def stand_in(tmp_path, cls=StandIn, **kw):
+    t = cls(model="m", check_env=False, workdir=str(tmp_path), delays={}, **kw)
+    t.start_timeout = 60.0
+    return t
 
 
 def test_start_run_and_stop_against_a_stand_in_server(tmp_path):
-    t = StandIn(model="m", check_env=False, workdir=str(tmp_path), concurrency=4)
-    t.start_timeout = 60.0
+    t = stand_in(tmp_path, concurrency=4)
     reqs = [Request(f"r{i}", [1, 2, 3 + i], max_new_tokens=2) for i in range(6)]
     try:
         on = t.run(reqs, overlap=True)
@@ -166,11 +146,77 @@ def test_a_server_that_lost_overlap_fails_the_run(tmp_path):
     class Lost(StandIn):
         def server_command(self, overlap, port):
             return super().server_command(False, port)  # the "on" server silently runs without overlap
-    t = Lost(model="m", check_env=False, workdir=str(tmp_path))
-    t.start_timeout = 60.0
+    t = stand_in(tmp_path, Lost)
     try:
         with pytest.raises(TargetError, match="enable_overlap=False"):
-            t.start()
+            t.run([Request(f"r{i}", [1, 2, 3 + i], max_new_tokens=8) for i in range(4)], overlap=True)
+    finally:
+        t.close()
+
+
+# -- overlap judged by the host's order of events, through the real agent (issue 17) -------------
+def decode_heavy():
+    return [Request(f"r{i}", [1, 2, 3 + i], max_new_tokens=12) for i in range(6)]
+
+
+def test_host_order_judges_the_overlapped_loop_effective(tmp_path):
+    t = stand_in(tmp_path, concurrency=6)
+    try:
+        on = t.run(decode_heavy(), overlap=True)
+        effective, line = t.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
+        assert effective is True, line
+        assert line.startswith("overlap: effective (") and "launch/wait order" in line
+        assert t.overlap_summary().startswith("overlap: effective (")
+        sched = next(f for f in on.summary["facts"] if f.get("role") == "sglang-scheduler")
+        assert sched["tokens_out"] == 6 * 12 and sched["host_order"]["early"] == 0, sched
+        assert sched["host_order"]["wait_ns"] > 0  # the copy-done waits were timed
+        off = t.run(decode_heavy(), overlap=False)
+        assert off.outputs == on.outputs
+        assert not any("host_order" in f for f in off.summary["facts"])  # the normal loop: no order
+    finally:
+        t.close()
+
+
+def test_host_order_judges_a_wait_before_launch_lost(tmp_path):
+    """The fault: the overlap loop takes step N's result before it launches step N+1. Tokens,
+    the overlap flag, the barrier and the result queue are unchanged: only the order shows it."""
+    class WaitFirst(StandIn):
+        stand_in_env = {"STAND_IN_WAIT_FIRST": "1"}
+    t = stand_in(tmp_path, WaitFirst, concurrency=6)
+    try:
+        with pytest.raises(TargetError, match=r"overlap: LOST \(the host waited on step N before scheduling "
+                                              r"step N\+1 in \d+ of \d+ steps"):
+            t.run(decode_heavy(), overlap=True)
+        assert t.overlap_summary().startswith("overlap: LOST (")
+    finally:
+        t.close()
+
+
+def test_no_tokens_is_never_effective(tmp_path):
+    t = stand_in(tmp_path)
+    facts = [{"role": "sglang-scheduler", "pid": 1, "tokens_out": 0,
+              "host_order": {"overlapped": 50, "early": 0, "single": 0}}]
+    effective, line = t.overlap_verdict(facts)
+    assert effective is None and "no token was delivered" in line
+    assert t.overlap_verdict([])[0] is None
+
+
+def test_a_stalled_engine_ends_as_hang_with_stacks(tmp_path, monkeypatch):
+    """ServedTarget's watchdog, fed by the SGLang agent's progress counters: the device never
+    finishes a step, the host waits on it for ever; the run ends as HANG with the scheduler's
+    stacks (faulthandler, registered by the agent) and its facts in the report."""
+    from harness.targets import served
+    monkeypatch.setattr(served, "HANG_FLOOR_S", 1.0)  # the bound's floor: 10 s in a real run
+    class Stall(StandIn):
+        stand_in_env = {"STAND_IN_STALL_AFTER": "6"}
+    t = stand_in(tmp_path, Stall, concurrency=6)
+    try:
+        with pytest.raises(served.TargetHang, match=r"HANG: sglang \(overlap on\): no new token"):
+            t.run(decode_heavy(), overlap=True)
+        report = Path(t.hangs[-1]["report"]).read_text()
+        assert t.hangs[-1]["stacks"] == 1 and "in process_batch_result" in report, report[-2000:]
+        assert '"tokens_out"' in report
+        assert t.overlap_summary().startswith("overlap: not judged (the async server hung")
     finally:
         t.close()
 

@@ -120,6 +120,24 @@ def judge(counts: dict, tokens: int | None) -> tuple[bool | None, str]:
     return True, figs
 
 
+def judge_process(proc: dict, before=None) -> tuple[bool | None, str]:
+    """judge() over one run of one engine process: `proc` its facts now (with "host_order" and
+    "tokens_out"), `before` every process's facts as the run began (None: since it started); its
+    own earlier facts are found by pid (another pid: a restarted process, counted from zero)."""
+    b = next((f for f in before or () if f.get("role") == proc.get("role") and f.get("pid") == proc.get("pid")), {})
+    counts = delta(proc.get("host_order"), b.get("host_order"))
+    tokens = int(proc.get("tokens_out", 0)) - int(b.get("tokens_out", 0))
+    if tokens < 0:
+        tokens = int(proc.get("tokens_out", 0))
+    return judge(counts, tokens)
+
+
+def line(effective: bool | None, why: str, evidence: str) -> str:
+    """The overlap line every served target prints."""
+    verdict = {True: "effective", False: "LOST", None: "not judged"}[effective]
+    return f"overlap: {verdict} ({why}; {evidence})"
+
+
 def schedules_during_forwards(events, forwards) -> tuple[int, int]:
     """(k, m): of the m schedules of a non-empty batch in `events` (HostOrder's) that fall within
     the span of `forwards` (the worker's [start, end] ns of each forward), k began while a forward

@@ -11,6 +11,11 @@ misplaced fence leaves open, so a fault that a fast GPU hides shows up in the to
 Faults (sglang_points.CATALOGUE) rewire SGLang's own fence, copy and relay the way the bugs of
 each class did; the patch points come from one table that the contract test checks against
 SGLang's source.
+
+It also records what the overlap oracle judges (harness.agents.host_order, issue 17): when
+`Scheduler.run_batch` launches step N+1 and when the host waits on step N's result
+(`Scheduler.process_batch_result`, whose result processors block on the step's copy-done event
+first), and the progress the target's hang watchdog polls (harness.agents.progress).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import time
 import zlib
 
 from harness.agents import plan as plan_mod
+from harness.agents import progress
+from harness.agents.host_order import HostOrder
 from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
 
@@ -35,10 +42,17 @@ class CudaOps:
     """The few device operations the agent needs (a seam: tests on CPU record them instead)."""
 
     def __init__(self):
-        import torch
-        self.torch = torch
+        self._torch = None
         self._side = None
         self._probe = None
+
+    @property
+    def torch(self):
+        # imported on first use: a plan without delays or device faults needs no device at all
+        if self._torch is None:
+            import torch
+            self._torch = torch
+        return self._torch
 
     def spin(self, ms: float, stream=None) -> None:
         from harness.device.cuda import sleep_cycles_per_ms
@@ -83,6 +97,8 @@ class SglangAgent:
         self.plan, self.facts, self.ops, self.resolve = plan, facts, ops, resolve
         self.rngs: dict[str, random.Random] = {}
         self.originals: dict[str, tuple[object, str, object]] = {}
+        self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
+        self.tokens = progress.TokenClock()
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -103,6 +119,29 @@ class SglangAgent:
         if rng.random() >= float(d.get("p", 1.0)):
             return 0.0
         return float(d.get("ms", 0.0))
+
+    # -- the host's order of events and progress ----------------------------------------------------
+    def launched(self, sched, batch, t: int) -> int | None:
+        """run_batch is about to launch `batch` (t: monotonic_ns at its entry): its step number in
+        the host order, None when nothing is ordered (the normal loop, an empty batch)."""
+        if getattr(sched, "_sched_idled", False):  # the loop idled since the last step: no token period
+            self.tokens.delivered(self.facts, 0, True)
+        if not getattr(sched, "enable_overlap", False):
+            return None  # the normal loop: nothing overlaps, nothing to order
+        if self.host is None:
+            self.host = HostOrder()
+        reqs = getattr(batch, "reqs", None) or ()
+        extend = getattr(getattr(batch, "forward_mode", None), "is_extend", None)
+        tokens = (getattr(batch, "extend_num_tokens", None) if extend is not None and extend() else None) or len(reqs)
+        return self.host.scheduled([getattr(r, "rid", id(r)) for r in reqs], tokens if reqs else 0, t)
+
+    def taken(self, reqs, before: int) -> None:
+        """A step's result was processed: the tokens it appended to its requests are progress."""
+        n = sum(len(getattr(r, "output_ids", ())) for r in reqs) - before
+        self.tokens.delivered(self.facts, max(0, n), False)
+        if self.host is not None:
+            self.facts.set(host_order=self.host.facts(last=96))
+        self.facts.write()  # throttled; the flusher writes the rest within 0.1 s
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
@@ -159,15 +198,44 @@ class SglangAgent:
 
         def run_batch(orig):
             def run_batch(self, batch, *a, **kw):
+                step = agent.launched(self, batch, time.monotonic_ns())
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
                 facts.add("run_batch")
+                facts.add("steps")
                 facts.write()
                 if fault("sglang_fence_before_read"):
                     # recorded before this step's forward is queued: it completes before the
                     # step reads req_to_token, so a fence on it orders nothing that matters
                     self._oh_early_event = ops.record(self.forward_stream)
-                return orig(self, batch, *a, **kw)
+                result = orig(self, batch, *a, **kw)
+                if step is not None:
+                    try:  # on the result itself: the loop hands process_batch_result this object
+                        result._oh_step = step
+                    except (AttributeError, TypeError):
+                        pass  # no attribute to carry it: that step's wait is not judged
+                return result
             return run_batch
+
+        def result_wait(orig):
+            def process_batch_result(self, batch, result, *a, **kw):
+                host = agent.host
+                step = getattr(result, "_oh_step", None) if host is not None else None
+                reqs = list(getattr(batch, "reqs", None) or ())
+                before = sum(len(getattr(r, "output_ids", ())) for r in reqs)
+                done = getattr(result, "copy_done", None)
+                if step is not None:
+                    host.wait_start(step)
+                    if done is not None:  # the wait ends when the copy-done event is passed
+                        result.copy_done = _TimedDone(done, host, step)
+                try:
+                    return orig(self, batch, result, *a, **kw)
+                finally:
+                    if step is not None:
+                        host.wait_end(step)  # nothing when the copy-done wait already ended it
+                        if isinstance(getattr(result, "copy_done", None), _TimedDone):
+                            result.copy_done = done
+                    agent.taken(reqs, before)
+            return process_batch_result
 
         def war_barrier(orig):
             def barrier(self):
@@ -216,12 +284,30 @@ class SglangAgent:
             return stash
 
         for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
-                           ("war_barrier", war_barrier), ("relay_stash", relay_stash)):
+                           ("result_wait", result_wait), ("war_barrier", war_barrier),
+                           ("relay_stash", relay_stash)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
-        facts.set(installed=True)
+        facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self
+
+
+class _TimedDone:
+    """Step N's copy-done event (a CUDA event or SGLang's HostCopyDone), unchanged but for
+    noting when the host's wait on it ends; put in place only while its result is processed."""
+
+    def __init__(self, done, host: HostOrder, step: int):
+        self._done, self._host, self._step = done, host, step
+
+    def synchronize(self, *a, **kw):
+        try:
+            return self._done.synchronize(*a, **kw)
+        finally:
+            self._host.wait_end(self._step)
+
+    def __getattr__(self, name):
+        return getattr(self._done, name)
 
 
 def _in_scheduler_process() -> bool:
@@ -249,6 +335,8 @@ def register() -> None:
     facts = plan_mod.Facts(plan.data.get("facts_dir"), "sglang-scheduler")
     try:
         _AGENT = SglangAgent(plan, facts, CudaOps()).install()
+        progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report
+        progress.start_flusher(lambda: (facts,))
     except AgentError as e:
         facts.set(error=str(e))
         facts.write(True)

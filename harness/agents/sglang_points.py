@@ -39,13 +39,37 @@ POINTS = [
           "the write-after-read fence: the schedule stream waits on the forward's shared-read-done event "
           "(or the whole forward) before the next step's writes to req_to_token"),
     Point("overlap_loop", "sglang.srt.managers.scheduler", "Scheduler.event_loop_overlap", ("self",),
-          ("run_batch", "_apply_war_barrier", "process_batch_result", "launch_batch_sample_if_needed"),
-          "the overlap loop: run_batch, then the fence, then the previous step's results"),
+          ("run_batch", "_apply_war_barrier", "process_batch_result", "launch_batch_sample_if_needed",
+           "result_queue", "_sched_idled"),
+          "the overlap loop: run_batch launches step N+1, then the fence, then the previous step's results "
+          "(result_queue); an idle turn sets _sched_idled"),
     Point("run_batch", "sglang.srt.managers.scheduler", "Scheduler.run_batch", ("self", "batch"),
           ("forward_stream_ctx", "forward_stream", "schedule_stream", "forward_batch_generation",
-           "_copy_result_to_cpu", "future_map"),
-          "launches a step on the forward stream (after it waits for the schedule stream); the "
-          "fence-placement fault records its early event here"),
+           "_copy_result_to_cpu", "future_map", "copy_done", "_sched_idled"),
+          "launches a step on the forward stream (after it waits for the schedule stream) and returns its "
+          "result, whose copy_done event the host later waits on: the host order's 'scheduled step N+1' "
+          "(the agent reads _sched_idled first: an idle gap is no token period); the fence-placement fault "
+          "records its early event here"),
+    Point("result_wait", "sglang.srt.managers.scheduler", "Scheduler.process_batch_result",
+          ("self", "batch", "result"),
+          ("batch_result_processor", "process_batch_result_decode", "process_batch_result_prefill"),
+          "the host takes step N's result (the same object run_batch returned): the host order's 'waits on "
+          "step N' (the processors below block on its copy_done first)"),
+    Point("copy_done_wait_decode", "sglang.srt.managers.scheduler_components.batch_result_processor",
+          "SchedulerBatchResultProcessor.process_batch_result_decode", ("self", "batch", "result"),
+          ("copy_done", "synchronize", "output_ids"),
+          "where the host blocks on step N's copy-done event, then appends its tokens to each request: the "
+          "agent times the wait on result.copy_done.synchronize() and counts the tokens in output_ids"),
+    Point("copy_done_wait_prefill", "sglang.srt.managers.scheduler_components.batch_result_processor",
+          "SchedulerBatchResultProcessor.process_batch_result_prefill", ("self", "batch", "result"),
+          ("copy_done", "synchronize", "output_ids"), "the same for a prefill step"),
+    Point("batch_reqs", "sglang.srt.managers.schedule_batch", "ScheduleBatch.batch_size", ("self",), ("reqs",),
+          "a batch's requests (batch.reqs), whose ids the host order compares between steps"),
+    Point("batch_tokens", "sglang.srt.managers.schedule_batch", "ScheduleBatch.prepare_for_extend", ("self",),
+          ("extend_num_tokens", "forward_mode"),
+          "an extend (prefill) batch's token count; a decode batch runs one token a request"),
+    Point("req_fields", "sglang.srt.managers.schedule_batch", "Req.__init__", ("self",), ("rid", "output_ids"),
+          "a request's id and its output tokens (their count before and after a result is progress)"),
     Point("forward", "sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation",
           ("self", "batch"), ("model_runner",),
           "runs on the forward stream, before the attention backend reads req_to_token: the forward "

@@ -17,16 +17,14 @@ Inert unless a plan is handed over (harness.agents.plan). With one it
 """
 from __future__ import annotations
 
-import faulthandler
 import importlib
-import os
 import queue
-import signal
 import threading
 import time
 from collections import deque
 
 from harness.agents import plan as planmod
+from harness.agents import progress
 from harness.agents.host_order import HostOrder
 from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
 
@@ -106,7 +104,7 @@ def _engine_loop(orig):
 # -- the host's order of events (harness.agents.host_order) and progress --------------------
 _HOST: HostOrder | None = None
 _ENGINE_THREAD = {"id": None}
-_TOKENS = {"last_t": None, "periods": deque(maxlen=64)}  # gaps between steps that delivered tokens
+_TOKENS = progress.TokenClock()  # tokens delivered, the gaps between steps that delivered some
 
 
 class _TimedFuture:
@@ -167,41 +165,15 @@ def _delivered(core, outputs) -> None:
         for o in getattr(eco, "outputs", None) or ():
             n += len(getattr(o, "new_token_ids", None) or ())
     f = _facts("engine")
-    now = time.monotonic()
-    if n:
-        f.add("tokens_out", n)
-        last = _TOKENS["last_t"]
-        if last is not None:
-            _TOKENS["periods"].append(now - last)
-        _TOKENS["last_t"] = now
     idle = not core.scheduler.has_requests()
-    if idle:
-        _TOKENS["last_t"] = None  # an idle gap is no step period
-    if n or idle:
-        p = sorted(_TOKENS["periods"])  # the median: one long prefill step does not move it
-        f.set(token_period_ms=round(1000 * p[len(p) // 2], 3) if p else None)
+    _TOKENS.delivered(f, n, idle)
     if _HOST is not None:
         f.set(host_order=_HOST.facts(last=96))
     f.write(idle)  # at the end of a burst at once: a run's last figures are there when it returns
 
 
 def _register_stack_dump() -> None:
-    """SIGUSR1 makes this process write every thread's stack into facts_dir/stacks-<pid>.txt
-    (faulthandler: works while the interpreter is stuck too); the file's existence tells the
-    target this process can be asked. Once per process (a forked child registers again)."""
-    pid = os.getpid()
-    d = _PLAN.data.get("facts_dir") if _PLAN else None
-    if pid in _STACKS or not d:
-        return
-    try:
-        fh = open(os.path.join(d, f"stacks-{pid}.txt"), "w")
-        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True, chain=False)
-    except (OSError, ValueError, RuntimeError):
-        return
-    _STACKS[pid] = fh
-
-
-_STACKS: dict = {}
+    progress.register_stack_dump(_PLAN.data.get("facts_dir") if _PLAN else None)
 
 
 def _engine_step(orig):
@@ -591,15 +563,7 @@ def _bookkeeping(orig):
 
 
 def _flusher() -> None:
-    """Counters are written within 0.1 s of changing, so a run's last counts are on disk when the
-    target reads them (Facts.write alone is throttled and would drop the last ones)."""
-    def loop():
-        while True:
-            time.sleep(0.1)
-            for f in list(_FACTS.values()):
-                if f.dirty:
-                    f.write(True)
-    threading.Thread(target=loop, name="oh-facts", daemon=True).start()
+    progress.start_flusher(_FACTS.values)
 
 
 PATCHES = {

@@ -54,6 +54,7 @@ HANG_STEPS = 50  # no token within this many median token periods ...
 HANG_FLOOR_S = 10.0  # ... but never less (a long prefill, a loaded machine) ...
 HANG_CAP_S = 60.0  # ... nor more; and this when no period was measured yet
 WATCH_POLL_S = 0.5
+SETTLE_S = 1.0  # after a run, how long its last counts may take to reach the facts folder
 
 
 def hang_bound(period_s: float | None) -> float:
@@ -217,6 +218,12 @@ class ServedTarget(Target):
         """(effective, "overlap: ..." line) of the overlap-on server over the run between the
         facts `before` and `facts` (before None: since the server started). None: not judged."""
         return None, "overlap: not judged (this target's agent reports no host order of events)"
+
+    def overlap_summary(self) -> str:
+        """The overlap line of the gate's report: the overlap-on server since it started."""
+        if True in self.hung:
+            return f"overlap: not judged (the async server hung: {self.hung[True]})"
+        return self.overlap_verdict(planmod.read_facts(str(self.facts_dir(True))))[1]
 
     # -- the servers ----------------------------------------------------------------------
     def facts_dir(self, overlap: bool) -> Path:
@@ -451,6 +458,20 @@ class ServedTarget(Target):
         self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks)})
         raise TargetHang(f"{line}; stacks of {len(stacks)} process(es) and the agent's facts in {report}")
 
+    def settled_facts(self, overlap: bool, received: int) -> list[dict]:
+        """The agent's facts once its token counter accounts for the `received` tokens of the run
+        (the engine delivers at least as many as the client got): the last reply can reach us
+        before the agent's flusher wrote the step that made it (within 0.1 s). At most SETTLE_S;
+        at once when the agent keeps no counter."""
+        start, _, _ = progress_of(self.facts_before)
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            facts = planmod.read_facts(str(self.facts_dir(overlap)))
+            now, _, _ = progress_of(facts)
+            if now is None or now - (start or 0) >= received or time.monotonic() > deadline:
+                return facts
+            time.sleep(0.02)
+
     def revive(self) -> None:
         """Forget hung servers (a new fault set: the next run starts them again)."""
         self.hung.clear()
@@ -483,7 +504,7 @@ class ServedTarget(Target):
         finally:
             if (delays is not None or faults is not None) and overlap not in self.hung:
                 self.set_plan(overlap)  # back to the plain plan for whatever runs next
-        facts = planmod.read_facts(str(self.facts_dir(overlap)))
+        facts = self.settled_facts(overlap, sum(len(ids) for _, ids, _, _ in results))
         self.check_overlap(overlap, facts, after_run=True)
         run = Run([(rid, ids, fin) for rid, ids, fin, _ in results],
                   summary={"target": self.name, "overlap": overlap, "seconds": time.monotonic() - t0,

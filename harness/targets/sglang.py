@@ -8,7 +8,10 @@ point; it spins the GPU on the forward and copy streams by a seeded policy (on b
 the overlap-on server, so the black-box suites provoke rather than wait for a race), injects the
 SGLang faults, and reports the effective overlap, which is checked before and after every run:
 a server that silently ran the normal loop, or whose scheduler thread blocked in the WAR
-barrier, fails; it never passes.
+barrier, fails; it never passes. Overlap itself is judged by the host's order of events, as on
+vLLM (harness.agents.host_order): a scheduler that waits on step N's result before it launches
+step N+1 is `overlap: LOST`. The hang watchdog is ServedTarget's, fed by the agent's progress
+counters.
 
 Requests go to SGLang's native `/generate` with `input_ids`: it returns output token ids and
 top-k logprobs keyed by token id, which the tie/race classifier needs (the OpenAI completions
@@ -109,10 +112,34 @@ class SglangTarget(ServedTarget):
         return env
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
-        verdict = overlap_verdict(overlap, facts, after_run)
+        verdict = setting_verdict(overlap, facts, after_run)
         if verdict:
             kind, msg = verdict
             raise (TargetUnavailable if kind == "unavailable" else TargetError)(msg)
+        if overlap and after_run:
+            effective, line = self.overlap_verdict(facts, self.facts_before)
+            if effective is False:
+                raise TargetError(f"sglang: {line}")
+
+    def overlap_verdict(self, facts, before=None):
+        """Judged by the host's order of events (harness.agents.host_order), as on vLLM: each
+        scheduler's launches (run_batch) and waits on a step's result (process_batch_result) over
+        the run; the worst scheduler decides (one LOST is LOST)."""
+        from harness.agents import host_order
+        scheds = [f for f in facts if f.get("role") == "sglang-scheduler" and "host_order" in f]
+        if not scheds:
+            return None, ("overlap: not judged (no scheduler reported a host order of events: none ran a step "
+                          "in SGLang's overlap loop)")
+        rank = {False: 0, None: 1, True: 2}
+        (effective, why), f = min(((host_order.judge_process(f, before), f) for f in scheds),
+                                  key=lambda v: rank[v[0][0]])
+        b = next((x for x in before or () if x.get("pid") == f.get("pid") and x.get("role") == f.get("role")), {})
+        calls, blocked = (f.get(k, 0) - b.get(k, 0) for k in ("war_barrier_calls", "barrier_blocked"))
+        evidence = ("evidence: the scheduler's launch/wait order (Scheduler.run_batch, process_batch_result)"
+                    + (f", scheduler pid {f.get('pid')} of {len(scheds)}" if len(scheds) > 1 else "")
+                    + f"; the host blocked in the WAR barrier on {blocked} of {calls} steps (>{BARRIER_BLOCK_MS} ms)"
+                    + "; the device's own step times are not recorded, so its idle gap is not judged")
+        return effective, host_order.line(effective, why, evidence)
 
     # -- requests through /generate ------------------------------------------------------------
     def payload(self, r, overlap: bool) -> dict:
@@ -168,8 +195,10 @@ def parse_generate(out: dict) -> tuple[list[int], str | None, list]:
     return [int(x) for x in ids], fin, lps
 
 
-def overlap_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[str, str] | None:
-    """What the agents' facts say about the effective overlap; None when it is what was asked."""
+def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[str, str] | None:
+    """What the agents' facts say about the effective overlap setting (the loop SGLang runs, the
+    WAR barrier's host time); None when it is what was asked. The host order is judged apart
+    (SglangTarget.overlap_verdict)."""
     err = [f["error"] for f in facts if f.get("error")]
     if err:
         return "unavailable", f"sglang agent refused to start: {err[0]}"

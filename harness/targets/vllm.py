@@ -174,13 +174,10 @@ class VllmTarget(ServedTarget):
         if not engines:
             return None, "overlap: not judged (the async server reported nothing)"
         e = max(engines, key=lambda f: f.get("tokens_out", 0))  # a restarted server's old file has less
-        b = next((f for f in before or () if f.get("role") == "engine" and f.get("pid") == e.get("pid")), {})
         if "host_order" not in e:
             return None, (f"overlap: not judged (vLLM {e.get('scheduler')}: the engine core reported no host "
                           "order of events)")
-        counts = host_order.delta(e["host_order"], b.get("host_order"))
-        tokens = e.get("tokens_out", 0) - b.get("tokens_out", 0)
-        effective, why = host_order.judge(counts, tokens)
+        effective, why = host_order.judge_process(e, before)
         workers = [w for w in facts if w.get("role") == "worker"]
         inline = any(w.get("forward_inline") for w in workers)
         evidence = f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
@@ -192,12 +189,4 @@ class VllmTarget(ServedTarget):
                                                         [x for w in workers for x in w.get("forwards") or ()])
             evidence += (f"; time, {e.get('executor')} (the worker is its own process, same clock): {k} of the "
                          f"last {m} schedules began during a forward" if m else "; no forward times to compare")
-        verdict = {True: "effective", False: "LOST", None: "not judged"}[effective]
-        return effective, f"overlap: {verdict} ({why}; {evidence})"
-
-    def overlap_summary(self) -> str:
-        from harness.agents import plan as planmod
-        if True in self.hung:
-            return f"overlap: not judged (the async server hung: {self.hung[True]})"
-        effective, line = self.overlap_verdict(planmod.read_facts(str(self.facts_dir(True))))
-        return line
+        return effective, host_order.line(effective, why, evidence)
