@@ -190,11 +190,12 @@ class Engine:
         if not writes:
             return
         rows = [(row, start, self.dev.from_host(slots)) for row, start, slots, _ in writes]
+        rows = [(row, start, t, start + t.numel()) for row, start, t in rows]  # the ends, here on the host
         table = self.req_to_token
 
         def write():
-            for row, start, slots in rows:
-                table[row, start:start + slots.numel()].copy_(slots, non_blocking=True)
+            for row, start, slots, end in rows:
+                table[row, start:end].copy_(slots, non_blocking=True)
 
         meta = {"rows": {row: rid for row, _, _, rid in writes}}
         stream = self.schedule

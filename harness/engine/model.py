@@ -85,12 +85,6 @@ def pad_rows(n: int) -> int:
     return max(ROW_ALIGN, -(-n // ROW_ALIGN) * ROW_ALIGN)
 
 
-def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
-    if x.shape[0] == rows:
-        return x
-    return torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))])
-
-
 def init_tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random weights with HF Llama names, scaled so activations stay O(1)."""
     g = torch.Generator().manual_seed(seed)
@@ -129,6 +123,12 @@ class Model:
         self.inv_freq = inv.to(device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.n_rep = cfg.heads // cfg.kv_heads
+        self._hidden_shape = (cfg.hidden,)
+        # RoPE's sin with its first half negated: x.roll(half) * it is rotate_half(x) * sin bit for
+        # bit ((-a) * b == a * (-b) exactly), in one torch call instead of four
+        half = cfg.head_dim // 2
+        self.rope_sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device)
+        self.rope_half = half
         self._packed: dict[str, tuple] = {}  # weight name -> (the weight, its oneDNN packing or None)
 
     # -- pieces ----------------------------------------------------------------
@@ -145,18 +145,24 @@ class Model:
 
         def tile(t):  # t: exactly T rows
             return F.linear(t, w) if pk is None else _onednn_linear(t, pk, None, "none", [], "")
-        n, T = x.shape[0], (PLAIN_TILE if pk is None else PACKED_TILE)
-        if n == T:
-            return tile(x.contiguous())
-        xp = _pad_to(x.contiguous(), max(T, -(-n // T) * T))
-        if xp.shape[0] == T:
+        shape = x.shape
+        n, T = shape[0], (PLAIN_TILE if pk is None else PACKED_TILE)
+        m = max(T, -(-n // T) * T)
+        if m == n:
+            xp = x.contiguous()
+        else:  # zero rows up to m in one call (each call costs the hazard tracker's filter):
+            # constant_pad_nd writes x and the zeros into a fresh contiguous tensor, the same
+            # bits as cat([x, zeros])
+            xp = torch.constant_pad_nd(x, (0, 0) * (len(shape) - 1) + (0, m - n))
+        if m == T:
             return tile(xp)[:n]
-        return torch.cat([tile(xp[i:i + T]) for i in range(0, xp.shape[0], T)])[:n]
+        return torch.cat([tile(xp[i:i + T]) for i in range(0, m, T)])[:n]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # one call (the same bits as w * x * rsqrt(mean(x^2) + eps), measured): each torch call
-        # costs the hazard tracker's filter
-        return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
+        # costs the hazard tracker's filter. torch.rms_norm is what F.rms_norm calls, without its
+        # Python layer (which a torch-function mode goes through in Python); x is [rows, hidden]
+        return torch.rms_norm(x, self._hidden_shape, w, self.cfg.rms_eps)
 
     def _attend(self, q, k_pool, v_pool, a: dict) -> torch.Tensor:
         """Attention of G query blocks over their own chunks of keys.
@@ -240,8 +246,8 @@ class Model:
         N = positions.shape[0]
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        ctx = {"cos": emb.cos()[:, None, :], "sin": emb.sin()[:, None, :], "groups": groups,
-               "positions": positions, "N": N}
+        ctx = {"cos": emb.cos()[:, None, :], "sin_rot": (emb.sin() * self.rope_sign)[:, None, :],
+               "groups": groups, "positions": positions, "N": N}
         lens = self._kv_len(positions, groups, kv_indices.shape[1], kv_len)  # per token
         dev = positions.device
         R = pad_rows(rep)  # a block's rows: one token's query heads of a kv head, padded
@@ -261,10 +267,9 @@ class Model:
         return ctx
 
     def _rope(self, x: torch.Tensor, ctx: dict) -> torch.Tensor:
-        # x: [N, heads, head_dim]; HF rotate_half convention
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * ctx["cos"] + rot * ctx["sin"]
+        # x: [N, heads, head_dim]; HF rotate_half convention: x * cos + rotate_half(x) * sin, with
+        # rotate_half(x) * sin as roll(x) * sin_rot (see rope_sign)
+        return x * ctx["cos"] + x.roll(self.rope_half, -1) * ctx["sin_rot"]
 
     def layer(self, p: str, x: torch.Tensor, ctx: dict, out_loc, k_pool, v_pool) -> torch.Tensor:
         """One decoder layer (weights under prefix p) over x [N, hidden]; writes this pass's KV
@@ -297,7 +302,7 @@ class Model:
         Returns the final hidden states [N, hidden].
         """
         ctx = self.pass_context(positions, groups, kv_indices, kv_len)
-        x = F.embedding(input_ids, self.w["model.embed_tokens.weight"])
+        x = torch.embedding(self.w["model.embed_tokens.weight"], input_ids)  # F.embedding without its Python layer
         for i in range(self.cfg.layers):
             x = self.layer(f"model.layers.{i}.", x, ctx, out_loc, kv_k[i], kv_v[i])
         return self._rms(x, self.w["model.norm.weight"])
@@ -306,8 +311,8 @@ class Model:
         cfg, rep, N, R = self.cfg, self.n_rep, ctx["N"], ctx["R"]
         kvh, d = cfg.kv_heads, cfg.head_dim
         qq = q.view(N, kvh, rep, d)
-        if R != rep:
-            qq = torch.cat([qq, qq.new_zeros(N, kvh, R - rep, d)], dim=2)
+        if R != rep:  # zero query rows up to R (one call: the same bits as cat with zeros)
+            qq = torch.constant_pad_nd(qq, (0, 0, 0, R - rep))
         calls = ctx["calls"]
         if len(calls) == 1 and calls[0][:2] == (0, N):  # one call over every row (a decode step)
             return self._attend(qq, k_pool, v_pool, calls[0][2])[:, :, :rep].reshape(N, cfg.heads * d)

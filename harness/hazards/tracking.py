@@ -68,6 +68,11 @@ from harness.hazards.report import Hazard, Side, format_hazard, summarize_elemen
 
 HOST = "host"
 aten = torch.ops.aten
+_Tensor = torch.Tensor
+# the storage a tensor lives in, as an int: `t.untyped_storage()._cdata` in one C call, without
+# making a storage object (raises as untyped_storage() does for a tensor without one)
+_sid = torch._C._storage_id
+_NO_KW: dict = {}  # the handlers' kwargs when a call has none (never written to)
 
 # indexing ops resolved to the elements they index (through their first argument)
 _INDEX_READ = {aten.index, aten.index_select, aten.gather, aten.embedding}
@@ -85,21 +90,29 @@ def _indexing(op) -> bool:
     return r
 
 
-def _floordiv(t: torch.Tensor, k: int) -> torch.Tensor:
-    """t // k for an integer tensor (Tensor.__floordiv__ is a Python wrapper; this is one C call)."""
-    return torch.div(t, k, rounding_mode="floor")
+def _np_units(t: torch.Tensor, unit: int) -> np.ndarray:
+    """An integer tensor of element numbers as an int64 array of units (element // unit).
+    Units are numpy arrays inside the tracker: an op on a few indices costs about half a torch
+    call's, and the shadow state they index is numpy too."""
+    a = t.reshape(-1).numpy()
+    if a.dtype != np.int64:
+        a = a.astype(np.int64)
+    return a if unit == 1 else a // unit
 
 
 class _Buf:
     """A named buffer and its shadow state."""
 
-    __slots__ = ("name", "base", "numel", "shape", "itemsize", "off", "unit", "nunits", "_flat", "threads")
+    __slots__ = ("name", "base", "numel", "shape", "itemsize", "off", "stride", "row_shape", "unit", "nunits",
+                 "_flat", "threads")
 
     def __init__(self, name: str, t: torch.Tensor, row_unit_ndim: int | None):
         self.name, self.base = name, t
         self.numel, self.shape = t.numel(), tuple(t.shape)
         self.itemsize = t.element_size()
         self.off = t.storage_offset()
+        self.stride = t.stride()
+        self.row_shape = self.shape[1:]
         u = 1
         if row_unit_ndim is not None and t.dim() >= row_unit_ndim and t.is_contiguous() and t.numel():
             u = t.numel() // t.shape[0]
@@ -117,7 +130,7 @@ class _Buf:
     def rows_view(self, t: torch.Tensor) -> int | None:
         """For a row-granular buffer: the first row of `t` when `t` is a run of whole rows, else None."""
         u = self.unit
-        if t.dim() != len(self.shape) or tuple(t.shape[1:]) != self.shape[1:] or t.stride() != self.base.stride():
+        if t.stride() != self.stride or t.shape[1:] != self.row_shape:
             return None
         off = t.storage_offset() - self.off
         return off // u if off % u == 0 else None
@@ -169,12 +182,13 @@ class Access:
 class _Actor:
     """An op (or a host access) as the check sees it, with its accesses to merge."""
 
-    __slots__ = ("idx", "thread", "clock", "key", "name", "site", "step", "meta", "op_id", "acc")
+    __slots__ = ("idx", "thread", "clock", "key", "name", "site", "step", "meta", "op_id", "rd", "wr")
 
     def __init__(self, idx, thread, clock, key, name, site, step, meta, op_id):
         self.idx, self.thread, self.clock, self.key = idx, thread, clock, key
         self.name, self.site, self.step, self.meta, self.op_id = name, site, step, meta, op_id
-        self.acc: dict[tuple, list] = {}  # (buf, write) -> element sets
+        self.rd: dict[_Buf, list] = {}  # buffer -> the units each call read
+        self.wr: dict[_Buf, list] = {}  # buffer -> the units each call wrote
 
     @property
     def epoch(self) -> int:
@@ -182,8 +196,8 @@ class _Actor:
 
 
 def _merge(els: list):
-    """One op's units of a buffer from its calls' parts (slices, LongTensors): one slice when the
-    slices cover one run, a tuple of slices when they are all slices, else one LongTensor."""
+    """One op's units of a buffer from its calls' parts (slices, int64 arrays): one slice when the
+    slices cover one run, a tuple of slices when they are all slices, else one array."""
     if all(type(e) is slice for e in els):
         runs = sorted(els, key=lambda e: e.start)
         lo, hi = runs[0].start, runs[0].stop
@@ -193,16 +207,21 @@ def _merge(els: list):
             if e.stop > hi:
                 hi = e.stop
         return slice(lo, hi)
-    return _as_tensor(tuple(els))
+    return _as_array(tuple(els))
 
 
-def _as_tensor(el) -> torch.Tensor:
-    """Units as a LongTensor: from a slice, a LongTensor, or a tuple of either."""
+def _as_array(el) -> np.ndarray:
+    """Units as an int64 array: from a slice, an array, or a tuple of either."""
     if type(el) is slice:
-        return torch.arange(el.start, el.stop, dtype=torch.int64)
+        return np.arange(el.start, el.stop, dtype=np.int64)
     if type(el) is tuple:
-        return torch.cat([torch.arange(e.start, e.stop, dtype=torch.int64) if type(e) is slice else e for e in el])
+        return np.concatenate([np.arange(e.start, e.stop, dtype=np.int64) if type(e) is slice else e for e in el])
     return el
+
+
+def _part(el):
+    """A part as Access.parts gives it: a slice or a LongTensor."""
+    return el if type(el) is slice else torch.from_numpy(el)
 
 
 class _Found:
@@ -210,7 +229,7 @@ class _Found:
 
     def __init__(self, kind, buf, first, fw, second, sw):
         self.kind, self.buf, self.first, self.fw, self.second, self.sw = kind, buf, first, fw, second, sw
-        self.elems: list[torch.Tensor] = []
+        self.elems: list[np.ndarray] = []
 
 
 def _func_info(func):
@@ -259,20 +278,26 @@ _push_dispatch = torch._C._push_on_torch_dispatch_stack
 _pop_dispatch = torch._C._pop_torch_dispatch_stack
 
 
+# argument types that are never a tensor nor hold one: a list or tuple of only these (a shape, a
+# pad) needs no scan (one C-level pass over the types)
+_PLAIN = frozenset((int, float, bool, complex, str, type(None), torch.device, torch.dtype, torch.layout,
+                    torch.memory_format, torch.Size))
+
+
 def _touches(by: dict, seq) -> bool:
     """Does any tensor in `seq` (or in a list / tuple in it) live in a named buffer's storage?"""
     for x in seq:
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, _Tensor):
             try:
-                if x.untyped_storage()._cdata in by:
+                if _sid(x) in by:
                     return True
             except (RuntimeError, NotImplementedError):
                 pass
         elif isinstance(x, (list, tuple)):
             for y in x:
-                if isinstance(y, torch.Tensor):
+                if isinstance(y, _Tensor):
                     try:
-                        if y.untyped_storage()._cdata in by:
+                        if _sid(y) in by:
                             return True
                     except (RuntimeError, NotImplementedError):
                         pass
@@ -303,28 +328,39 @@ class _Filter(TorchFunctionMode):
         if fast is not None:
             if fast is _VIEW:
                 return func(*args, **kwargs) if kwargs else func(*args)
-            if fast is _getitem and not kwargs and len(args) == 2 and _basic_index(args[1]):
-                return func(*args)  # a view: nothing to record
-            r = fast(self.tracker, func, args, kwargs or {})
+            if fast is _getitem and not kwargs and len(args) == 2:
+                idx = args[1]  # a basic index makes a view: nothing to record (x[a:b] inline)
+                if type(idx) is slice:
+                    if type(idx.start) in _BOUND and type(idx.stop) in _BOUND and type(idx.step) in _BOUND:
+                        return func(*args)
+                elif _basic_index(idx):
+                    return func(*args)
+            r = fast(self.tracker, func, args, kwargs or _NO_KW)
             if r is not _GENERIC:
                 return r
         by = self.tracker._by_storage
         hit = False
         for x in args:  # _touches, inlined for the common case of plain tensor arguments
-            if isinstance(x, torch.Tensor):
+            if isinstance(x, _Tensor):
                 try:
-                    if x.untyped_storage()._cdata in by:
+                    if _sid(x) in by:
                         hit = True
                         break
                 except (RuntimeError, NotImplementedError):
                     pass
-            elif isinstance(x, (list, tuple)) and _touches(by, x):
+            elif isinstance(x, (list, tuple)) and not _PLAIN.issuperset(map(type, x)) and _touches(by, x):
                 hit = True
                 break
-        if hit or (kwargs and _touches(by, kwargs.values())):
-            # the dispatch mode was entered (its flags set) for the whole op and taken off the
-            # stack again; put it back for this call only (the raw push / pop is cheap)
-            _push_dispatch(self.tracker._mode)
+        if hit or (kwargs and not _PLAIN.issuperset(map(type, kwargs.values())) and _touches(by, kwargs.values())):
+            tr = self.tracker
+            if not tr._mode_flags:
+                # the dispatch mode's flags are set (its __enter__) on an op's first such call,
+                # and stay set until the op ends; the mode itself is on the stack for this call
+                # only (the raw push / pop is cheap)
+                tr._mode.__enter__()
+                _pop_dispatch(None)
+                tr._mode_flags = True
+            _push_dispatch(tr._mode)
             try:
                 return func(*args, **kwargs) if kwargs else func(*args)
             finally:
@@ -344,17 +380,22 @@ def _basic_index(idx) -> bool:
     """An index of ints, int slices, None and Ellipsis: a view (slice / select / unsqueeze) that
     reads no tensor. Anything else (tensors, bools, lists) is advanced indexing."""
     t = type(idx)
-    if t is int:
+    if t is slice:
+        return type(idx.start) in _BOUND and type(idx.stop) in _BOUND and type(idx.step) in _BOUND
+    if t is tuple:
+        for i in idx:
+            t = type(i)
+            if t is slice:
+                if not (type(i.start) in _BOUND and type(i.stop) in _BOUND and type(i.step) in _BOUND):
+                    return False
+            elif t not in _ITEM:
+                return False
         return True
-    for i in (idx if t is tuple else (idx,)):
-        t = type(i)
-        if t is int or i is None or i is Ellipsis:
-            continue
-        if t is slice and ((a := i.start) is None or type(a) is int) and ((a := i.stop) is None or type(a) is int) \
-                and ((a := i.step) is None or type(a) is int):
-            continue
-        return False
-    return True
+    return t in _ITEM
+
+
+_BOUND = frozenset((int, type(None)))  # a basic slice's start / stop / step
+_ITEM = frozenset((int, type(None), type(Ellipsis)))  # the other items of a basic index
 
 
 def _tensor_index(idx):
@@ -373,14 +414,26 @@ def _found(tr, op_info, args, kwargs):
     [(position, tensor, buffer, is_write)] or None."""
     by = tr._by_storage
     found = None
+    n = len(args)
     for i, name, w, is_list in op_info:
-        v = args[i] if i < len(args) else kwargs.get(name)
+        v = args[i] if i < n else kwargs.get(name)
         if v is None:
             continue
-        for t in (v if is_list else (v,)):
-            if isinstance(t, torch.Tensor):
+        if not is_list:
+            if isinstance(v, _Tensor):
                 try:
-                    b = by.get(t.untyped_storage()._cdata)
+                    b = by.get(_sid(v))
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if b is not None:
+                    if found is None:
+                        found = []
+                    found.append((i, v, b, w))
+            continue
+        for t in v:
+            if isinstance(t, _Tensor):
+                try:
+                    b = by.get(_sid(t))
                 except (RuntimeError, NotImplementedError):
                     continue
                 if b is not None:
@@ -398,13 +451,21 @@ def _direct(op, out_op=None, positional: int = 0):
     names = {k: {n for _, n, _, _ in v} for k, v in infos.items() if v is not None}
 
     def handler(tr, func, args, kwargs):
-        has_out = "out" in kwargs
-        info = infos[has_out]
-        if info is None or len(args) < positional or (positional > 1 and type(args[1]) is not int):
-            return _GENERIC  # an out= form we do not know, a named dim, ...
-        for k, v in kwargs.items():
-            if isinstance(v, (torch.Tensor, list, tuple)) and k not in names[has_out]:
+        if kwargs:
+            has_out = "out" in kwargs
+            info = infos[has_out]
+            if info is None:
+                return _GENERIC  # an out= form we do not know
+            known = names[has_out]
+            for k, v in kwargs.items():
+                if k not in known and isinstance(v, (_Tensor, list, tuple)):
+                    return _GENERIC
+        else:
+            has_out, info = False, infos[False]
+            if info is None:
                 return _GENERIC
+        if len(args) < positional or (positional > 1 and type(args[1]) is not int):
+            return _GENERIC  # a named dim, ...
         found = _found(tr, info, args, kwargs)
         if found is not None:
             tr._on_call(out_op if has_out else op, found, args, kwargs)
@@ -421,9 +482,9 @@ def _getitem(tr, func, args, kwargs):
     ts = _tensor_index(idx)
     if ts is None:
         return _GENERIC
-    found = _found(tr, _INDEX_INFO, (t, ts), {})
+    found = _found(tr, _INDEX_INFO, (t, ts), _NO_KW)
     if found is not None:
-        tr._on_call(aten.index.Tensor, found, (t, ts), {})
+        tr._on_call(aten.index.Tensor, found, (t, ts), _NO_KW)
     return func(t, idx)
 
 
@@ -432,13 +493,13 @@ def _copy(tr, func, args, kwargs):
     if not 2 <= len(args) <= 3 or (kwargs and (len(kwargs) > 1 or "non_blocking" not in kwargs)):
         return _GENERIC
     dst, src = args[0], args[1]
-    if not isinstance(src, torch.Tensor):
+    if not isinstance(src, _Tensor):
         return _GENERIC
     by = tr._by_storage
     try:
-        bd = by.get(dst.untyped_storage()._cdata)
-        bs = by.get(src.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):
+        bd = by.get(_sid(dst))
+        bs = by.get(_sid(src))
+    except (RuntimeError, NotImplementedError, TypeError):
         return _GENERIC
     if bd is not None or bs is not None:
         a = tr._actor()
@@ -454,7 +515,7 @@ def _setitem(tr, func, args, kwargs):
     if len(args) != 3 or kwargs or not _basic_index(args[1]):
         return _GENERIC
     t, idx, v = args
-    if isinstance(v, torch.Tensor):
+    if isinstance(v, _Tensor):
         bv = tr._resolve(v)
     elif type(v) in (int, float, bool):
         bv = None
@@ -475,8 +536,8 @@ def _reshape(tr, func, args, kwargs):
     t = args[0]
     b = tr._resolve(t)
     out = func(*args, **kwargs) if kwargs else func(*args)
-    if b is not None and isinstance(out, torch.Tensor) and out.untyped_storage()._cdata != t.untyped_storage()._cdata:
-        tr._on_call(aten.clone.default, [(0, t, b, False)], (t,), {})
+    if b is not None and isinstance(out, _Tensor) and _sid(out) != _sid(t):
+        tr._on_call(aten.clone.default, [(0, t, b, False)], (t,), _NO_KW)
     return out
 
 
@@ -514,18 +575,25 @@ class _Executing:
     def __enter__(self):
         tr = self.tracker
         tr._cur, tr._cur_actor = self.rec, None
-        tr._mode.__enter__()
         if tr._filter is not None:
-            _pop_dispatch(None)  # only the calls the filter lets through run under the dispatch mode
+            # only the calls the filter lets through run under the dispatch mode (it enters the
+            # mode on the op's first such call: most ops have none)
+            tr._mode_flags = False
             tr._filter.__enter__()
+        else:
+            tr._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         tr = self.tracker
         if tr._filter is not None:
             tr._filter.__exit__(*exc)
-            _push_dispatch(tr._mode)
-        tr._mode.__exit__(*exc)
+            if tr._mode_flags:
+                _push_dispatch(tr._mode)
+                tr._mode.__exit__(*exc)
+                tr._mode_flags = False
+        else:
+            tr._mode.__exit__(*exc)
         a = tr._cur_actor
         tr._cur, tr._cur_actor = None, None
         if a is not None:
@@ -570,6 +638,7 @@ class AccessTracker:
         self.row_unit_ndim = row_unit_ndim
         self.max_hazards = max_hazards
         self._mode = _Mode(self)
+        self._mode_flags = False  # the dispatch mode entered (its flags set) for the running op
         self._filter = _Filter(self) if prefilter else None
         self._nbufs = -1
         self._by_storage: dict[int, _Buf] = {}
@@ -601,7 +670,7 @@ class AccessTracker:
         for name, t in bufs.items():
             if self.ignore and name.startswith(self.ignore):
                 continue
-            key = t.untyped_storage()._cdata
+            key = _sid(t)
             prev = old.get(key)
             if prev is not None and prev.base is t:
                 new[key] = prev
@@ -635,7 +704,7 @@ class AccessTracker:
             return
         key = self.dev._next_id - 0.5  # after every op issued so far, before the next one
         a = self._new_actor(HOST, clock, key, "host " + ("write" if write else "read"), site, step, {}, None)
-        a.acc[(buf, bool(write))] = [el]
+        (a.wr if write else a.rd)[buf] = [el]
         self._push(a)
         self._drain(self._watermark())
 
@@ -710,15 +779,15 @@ class AccessTracker:
             self._apply_actor(heapq.heappop(p)[2])
 
     def _resolve(self, t) -> _Buf | None:
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, _Tensor):
             return None
         try:
-            return self._by_storage.get(t.untyped_storage()._cdata)
+            return self._by_storage.get(_sid(t))
         except (RuntimeError, NotImplementedError):
             return None
 
     def _elements(self, buf: _Buf, t: torch.Tensor):
-        """The units of `buf` that view `t` covers: a slice, a 1-D LongTensor, or None (empty)."""
+        """The units of `buf` that view `t` covers: a slice, a 1-D int64 array, or None (empty)."""
         n = t.numel()
         if n == 0:
             return None
@@ -727,15 +796,19 @@ class AccessTracker:
         off = t.storage_offset() - buf.off
         u = buf.unit
         if t.is_contiguous():
-            lo, hi = max(off, 0), min(off + n, buf.numel)
+            lo, hi = off, off + n
+            if lo < 0:
+                lo = 0
+            if hi > buf.numel:
+                hi = buf.numel
             if hi <= lo:
                 return None
             return slice(lo, hi) if u == 1 else slice(lo // u, -(-hi // u))
         try:
-            flat = buf.flat.as_strided(t.shape, t.stride(), off).reshape(-1)
+            flat = buf.flat.as_strided(t.shape, t.stride(), off)
         except RuntimeError:
             return slice(0, buf.nunits)
-        return flat if u == 1 else _floordiv(flat, u)
+        return _np_units(flat, u)
 
     def _actor(self) -> _Actor:
         """The running op's actor (made on its first access)."""
@@ -751,9 +824,10 @@ class AccessTracker:
         el = self._elements(b, t)
         if el is None:
             return
-        lst = a.acc.get((b, w))
+        acc = a.wr if w else a.rd
+        lst = acc.get(b)
         if lst is None:
-            a.acc[(b, w)] = [el]
+            acc[b] = [el]
         else:
             lst.append(el)
 
@@ -764,15 +838,16 @@ class AccessTracker:
             el = None
             if i == 0 and self.precise_indices and _indexing(func):
                 el = self._precise(func.overloadpacket, b, t, args, kwargs)
-                if el is not None and el.numel() == 0:
+                if el is not None and el.size == 0:
                     continue
             if el is None:
                 el = self._elements(b, t)
                 if el is None:
                     continue
-            lst = a.acc.get((b, w))
+            acc = a.wr if w else a.rd
+            lst = acc.get(b)
             if lst is None:
-                a.acc[(b, w)] = [el]
+                acc[b] = [el]
             else:
                 lst.append(el)
 
@@ -817,30 +892,42 @@ class AccessTracker:
         """Dim-0 indexing of a row-granular buffer through a run of whole rows: the row numbers."""
         if buf.unit == 1 or t.dim() == 0:
             return None
+        n0 = t.shape[0]
+        if not n0:
+            return None
         r0 = buf.rows_view(t)
-        idx = index if index.dim() == 1 else index.reshape(-1)
-        if not idx.is_cpu:
-            idx = idx.cpu()
-        if idx.dtype != torch.int64:
-            idx = idx.to(torch.int64)
-        # negative indices count from the end (one op, and a fresh tensor: the op's own index
-        # tensor may be rewritten later); an index out of range fails the op itself
-        idx = idx.remainder(t.shape[0])
+        if not index.is_cpu:
+            index = index.cpu()
+        # negative indices count from the end (and a fresh array: the op's own index tensor may
+        # be rewritten later); an index out of range fails the op itself. The remainder (an
+        # integer division per index) only when some index is negative
+        idx = index.numpy().reshape(-1)
+        if idx.size and idx.min() < 0:
+            idx = np.remainder(idx, n0, dtype=np.int64)
+        else:
+            idx = idx.astype(np.int64)  # a copy
         if r0 is None:
             # a contiguous view that cuts whole rows into shorter ones (the KV pool as
             # [slots * kv_heads, head_dim], which attention gathers head-major): the unit of
             # each indexed row, without mapping every element
-            n = t[0].numel() if t.shape[0] else 0
+            n = t.numel() // n0
             off = t.storage_offset() - buf.off
             if (not n or not t.is_contiguous() or t.element_size() != buf.itemsize or buf.unit % n
                     or off % n):
                 return None
             # (off + idx * n) // unit, with n dividing both off and unit
             if off:
-                idx = idx + off // n
+                idx += off // n
             k = buf.unit // n
-            return _floordiv(idx, k) if k != 1 else idx
-        return idx + r0 if r0 else idx
+            if k != 1:
+                if k & (k - 1):
+                    idx //= k
+                else:  # a power of two (the KV heads per slot): a shift, as the indices are >= 0
+                    idx >>= k.bit_length() - 1
+            return idx
+        if r0:
+            idx += r0
+        return idx
 
     def _index_map(self, buf: _Buf, t: torch.Tensor):
         if t.element_size() != buf.itemsize:
@@ -851,24 +938,26 @@ class AccessTracker:
             return None
 
     @staticmethod
-    def _units(buf: _Buf, flat: torch.Tensor) -> torch.Tensor:
-        flat = flat.reshape(-1)
-        return flat if buf.unit == 1 else _floordiv(flat, buf.unit)
+    def _units(buf: _Buf, flat: torch.Tensor) -> np.ndarray:
+        return _np_units(flat, buf.unit)
 
     # -- the check ------------------------------------------------------------------------
     def _apply_actor(self, a: _Actor) -> None:
         # reads first, then writes: an op that reads and writes an element counts as its writer
-        acc = a.acc.items()
-        for (buf, write), els in [kv for kv in acc if not kv[0][1]] + [kv for kv in acc if kv[0][1]]:
-            el = els[0] if len(els) == 1 else _merge(els)
-            self._apply(a, buf, el, write)
-            if self.log_prefixes and buf.name.startswith(self.log_prefixes):
-                units = _as_tensor(el)
-                self.log.append(Access(a.op_id, a.thread, a.name, a.step, a.meta, a.clock, buf.name,
-                                       sorted(set(units.tolist())), write, tuple(els)))
-        a.acc = {}
+        e = a.clock.get(a.thread)
+        for write, acc in ((False, a.rd), (True, a.wr)):
+            for buf, els in acc.items():
+                el = els[0] if len(els) == 1 else _merge(els)
+                self._apply(a, e, buf, el, write)
+                if self.log_prefixes and buf.name.startswith(self.log_prefixes):
+                    units = _as_array(el)
+                    self.log.append(Access(a.op_id, a.thread, a.name, a.step, a.meta, a.clock, buf.name,
+                                           sorted(set(units.tolist())), write, tuple(_part(x) for x in els)))
+        a.rd = a.wr = None  # checked: nothing more is recorded for it
 
-    def _apply(self, a: _Actor, buf: _Buf, el, write: bool) -> None:
+    def _apply(self, a: _Actor, e: int, buf: _Buf, el, write: bool) -> None:
+        """Check one access (`el` units of `buf`, at epoch `e` of its thread) against the shadow
+        state of the other threads, then record it in its own thread's."""
         u = a.thread
         C = a.clock.c
         for t, sh in buf.threads.items():
@@ -882,19 +971,17 @@ class AccessTracker:
         sh = buf.threads.get(u)
         if sh is None:
             sh = buf.threads[u] = _Shadow(buf.nunits)
-        e = a.epoch
-        if not sh.ids or sh.ids[-1] != a.idx:
-            sh.eps.append(e)
-            sh.ids.append(a.idx)
         i = a.idx
+        ids = sh.ids
+        if not ids or ids[-1] != i:
+            sh.eps.append(e)
+            ids.append(i)
         arr = sh.w if write else sh.r
         if type(el) is tuple:  # runs with gaps between them: a slice assignment each
             for s in el:
                 arr[s] = i
-        elif type(el) is slice:
+        else:  # a slice or an array of units
             arr[el] = i
-        else:
-            arr[el.numpy()] = i
         if write:
             if e > sh.max_w:
                 sh.max_w = e
@@ -904,20 +991,18 @@ class AccessTracker:
     def _conflicts(self, sh: _Shadow, arr, el, ct, buf, first_write, a, write) -> None:
         seen = sh.last_seen(ct)
         if type(el) is tuple:
-            el = _as_tensor(el)
-        ix = el if type(el) is slice else el.numpy()
-        cur = arr[ix]
+            el = _as_array(el)
+        cur = arr[el]
         if not first_write:  # a read the thread's own later write superseded does not count
-            cur = np.where(cur > sh.w[ix], cur, 0)
+            cur = np.where(cur > sh.w[el], cur, 0)
         m = cur > seen  # the stored access is not ordered before this one
         if not m.any():
             return
         if type(el) is slice:
-            el = torch.arange(el.start, el.stop, dtype=torch.int64)
-        mt = torch.from_numpy(m)
-        elems = el[mt]
-        owners = torch.from_numpy(cur)[mt]
-        for o in torch.unique(owners).tolist():
+            el = np.arange(el.start, el.stop, dtype=np.int64)
+        elems = el[m]
+        owners = cur[m]
+        for o in np.unique(owners).tolist():
             first = self._actors[o]
             kind = "WAW" if first_write and write else ("RAW" if first_write else "WAR")
             k = (buf.name, o, first_write, a.idx, write)
@@ -943,7 +1028,7 @@ class AccessTracker:
         return Side(a.thread, a.name, a.site, a.step, "write" if write else "read", a.op_id, owners)
 
     def _build(self, f: _Found) -> Hazard:
-        flat = torch.cat(f.elems)
+        flat = torch.from_numpy(np.concatenate(f.elems))
         text, rows = summarize_elements(f.buf.name, f.buf.shape, flat, f.buf.unit)
         n = int(torch.unique(flat).numel()) * f.buf.unit
         return Hazard(f.kind, f.buf.name, text, self._side(f.first, f.fw, rows), self._side(f.second, f.sw, rows),
