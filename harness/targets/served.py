@@ -422,13 +422,18 @@ class ServedTarget(Target):
             except (ValueError, ProcessLookupError, PermissionError):
                 continue
         deadline = time.monotonic() + wait_s
-        out = {}
+        out, done = {}, set()
         while pids and time.monotonic() < deadline:
             for pid in pids:
                 text = (d / f"stacks-{pid}.txt").read_text(errors="replace")
+                # a dump is whole once its current thread (written last) is there and the file
+                # stopped growing: on a busy machine the handler can be read mid-write (a stack
+                # cut after "line 1555 in ", seen in CI)
+                if "Current thread" in text and out.get(pid) == text:
+                    done.add(pid)
                 if text.strip():
                     out[pid] = text
-            if len(out) == len(pids):
+            if len(done) == len(pids):
                 break
             time.sleep(0.2)
         return out
