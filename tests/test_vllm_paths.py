@@ -161,3 +161,14 @@ def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, ca
     assert capsys.readouterr().err == ""  # said once
     with pytest.raises(TargetError, match="no meaning on a served target"):
         t.served_switches({"spec": True})
+
+
+def test_a_known_upstream_entry_is_known_only_inside_its_releases():
+    from harness.targets.vllm_paths import KnownUpstream, release_key
+    k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
+                      introduced="0.11.0", fixed="0.14.0")
+    assert [k.live_in(v) for v in ("0.10.2", "0.11.0", "0.13.0+cpu", "0.14.0", "0.32.0")] == [
+        False, True, True, False, False]
+    assert k.live_in(None)  # a release we cannot name: inside
+    assert KnownUpstream("y", "r", "w", "", "f").live_in("0.32.0")  # open, from the start
+    assert release_key("0.14.0rc1") == (0, 14, 0)

