@@ -39,17 +39,28 @@ def test_overlap_keeps_gsm8k_accuracy(oh_options, heldout):
     except ModelUnavailable as e:
         pytest.skip(str(e))
     from harness.evals.run import GateOptions, run_gate
-    from harness.oracles.stats import LOSS
     r = run_gate(GateOptions(data=str(heldout), limit=N_QUESTIONS, min_effect=MIN_EFFECT,
                              engine={**ENGINE, **oh_options.target_kwargs(),
                                      "faults": ",".join(sorted(oh_options.faults))}))
+    judge_result(r)
+    assert r["verdict"] == "pass", f"{r['verdict']}: {r['stats']['reason']}"
+
+
+def judge_result(r) -> None:
+    """A finding either way fails (the arms run the same model); the fixture's strength is
+    judged where the truth is known (the ref engine, or the arms when they agree), never from
+    the arm that may be the broken one."""
+    from harness.oracles.stats import FINDINGS, Verdict
     s = r["stats"]
+    v = Verdict(**s)
     summary = (f"overlap off {100 * s['acc_ref']:.1f}%, on {100 * s['acc_cand']:.1f}% on {r['n']} questions; "
-               f"{s['losses']} lost, {s['gains']} gained, McNemar p = {s['p_loss']:.2g}")
-    assert r["verdict"] != LOSS, f"silent accuracy loss: {summary}"
-    # the fixture must be able to show a loss: it answers most questions right
-    assert s["acc_ref"] >= 0.5, f"the arith fixture is too weak to judge accuracy: {summary}"
-    assert r["verdict"] == "pass", f"{r['verdict']}: {s['reason']}"
+               f"{s['losses']} lost, {s['gains']} gained, McNemar p(loss) = {s['p_loss']:.2g}, "
+               f"p(two-sided) = {s['p_two_sided']:.2g}")
+    print(summary)
+    assert r["verdict"] not in FINDINGS, f"{r['verdict']}: {s['reason']} ({summary})"
+    acc, where = v.strength()
+    assert acc is not None and acc >= 0.5, \
+        f"the arith fixture is too weak to judge accuracy: {where} at {acc} ({summary})"
 
 
 # -- a served target (a real engine): its two servers are the pair -----------------------------
@@ -69,8 +80,11 @@ def served_gate_target(name: str, faults=frozenset()):
 
 def run_served_gate(t, data: str, limit: int):
     from harness.evals.run import GateOptions, run_gate
+    # the arith pair's truth: the ref engine on the same weights (vLLM's pair serves them exported)
+    truth = "arith" if getattr(t, "model_path", "").rstrip("/").endswith("arith") else None
     return run_gate(GateOptions(target="openai", url_on=t.url(True), url_off=t.url(False), model_name=t.model_name(),
-                                data=data, limit=limit, max_gen_toks=SERVED_GEN_TOKS, min_effect=MIN_EFFECT))
+                                data=data, limit=limit, max_gen_toks=SERVED_GEN_TOKS, min_effect=MIN_EFFECT,
+                                truth_model=truth))
 
 
 def test_served_pair_keeps_gsm8k_accuracy(oh_options, heldout):
@@ -81,7 +95,6 @@ def test_served_pair_keeps_gsm8k_accuracy(oh_options, heldout):
     if why:
         pytest.skip(why)
     from harness.evals.gsm8k import EvalError, RunFailure
-    from harness.oracles.stats import LOSS
     t, kind = served_gate_target(oh_options.target, oh_options.faults)
     if kind == "gsm8k" and not GSM8K_TEST.is_file():
         pytest.skip(f"no GSM8K test set at {GSM8K_TEST}")
@@ -89,10 +102,8 @@ def test_served_pair_keeps_gsm8k_accuracy(oh_options, heldout):
         r = run_served_gate(t, str(heldout if kind == "heldout" else GSM8K_TEST), N_QUESTIONS)
     except (RunFailure, EvalError) as e:
         pytest.fail(f"the {t.name} pair failed mid-run: {e}", pytrace=False)
-    s = r["stats"]
-    summary = (f"overlap off {100 * s['acc_ref']:.1f}%, on {100 * s['acc_cand']:.1f}% on {r['n']} questions; "
-               f"{s['losses']} lost, {s['gains']} gained, McNemar p = {s['p_loss']:.2g}")
-    print(summary)
-    assert r["verdict"] != LOSS, f"silent accuracy loss: {summary}"
     if kind == "heldout":
-        assert s["acc_ref"] >= 0.5, f"the arith fixture is too weak to judge accuracy: {summary}"
+        judge_result(r)
+    else:  # real GSM8K on the target's own model: no truth here, and it may answer few questions
+        from harness.oracles.stats import FINDINGS
+        assert r["verdict"] not in FINDINGS, f"{r['verdict']}: {r['stats']['reason']}"

@@ -164,12 +164,15 @@ def test_fixture_gate_passes_correct_engine_and_flags_no_fence(tmp_path):
             "--history", str(tmp_path / "history.jsonl")]
     t = time.perf_counter()
     good = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    bad = subprocess.run(args + ["--fault", "no_fence"], capture_output=True, text=True, timeout=900)
+    # with the truth (the ref engine, one request at a time): the async-on arm is the one that moved
+    bad = subprocess.run(args + ["--fault", "no_fence", "--truth-model", "arith"], capture_output=True, text=True,
+                         timeout=900)
     assert good.returncode == 0, good.stdout + good.stderr[-2000:]
     assert bad.returncode == 1, bad.stdout + bad.stderr[-2000:]
     g, b = json.loads(good.stdout), json.loads(bad.stdout)
     assert g["verdict"] == "pass" and b["verdict"] == "silent accuracy loss"
     assert b["stats"]["p_loss"] < 0.05 and b["stats"]["losses"] > b["stats"]["gains"]
+    assert b["stats"]["moved"] == "on" and b["stats"]["acc_truth"] >= 0.8 and "async-on arm moved" in b["stats"]["reason"]
     assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
     assert time.perf_counter() - t < 600
 

@@ -89,3 +89,44 @@ def test_judge_verdicts():
     assert S.judge(same, small, min_effect=0.03).verdict != S.LOSS
     with pytest.raises(ValueError):
         S.judge([True], [True, False])
+
+
+def test_a_gain_with_overlap_on_is_a_finding_not_a_weak_fixture():
+    """vllm#52461 as the GSM8K pair saw it: a processor that bans repeated digits works with async
+    off (every answer wrong) and does nothing with async on. The one-sided loss test says p = 1;
+    the two-sided one says the arms differ, and the truth says the async-off arm moved."""
+    n = 80
+    truth = [True] * 75 + [False] * 5  # the ref engine on the same weights
+    off = [False] * n
+    on = [True] * 74 + [False] * 6
+    v = S.judge(off, on, min_effect=0.05)
+    assert v.verdict == S.DIFFER and v.gains == 74 and v.losses == 0 and v.p_loss == 1.0
+    assert v.p_two_sided < 1e-20 and "+92.5 points" in v.reason
+    assert v.strength()[0] is None  # never judged from the arm that may be the broken one
+    assert "absolute reference" in v.reason
+    v = S.judge(off, on, min_effect=0.05, truth=truth, truth_label="the ref engine")
+    assert v.verdict == S.DIFFER and v.moved == "off"
+    assert v.strength() == (75 / 80, "the ref engine") and "async-off arm moved (0.0%)" in v.reason
+
+
+def test_a_loss_says_the_async_on_arm_moved():
+    truth = [True] * 180 + [False] * 20
+    off = list(truth)
+    on = [False] * 30 + truth[30:]
+    v = S.judge(off, on, truth=truth, truth_label="the ref engine")
+    assert v.verdict == S.LOSS and v.moved == "on" and "async-on arm moved" in v.reason
+
+
+def test_arms_that_agree_stay_quiet_and_judge_the_fixture():
+    same = [True] * 180 + [False] * 20
+    v = S.judge(same, same, min_effect=0.03)
+    assert v.verdict == S.PASS and v.arms_agree and v.strength() == (0.9, "the two arms, which agree")
+    v = S.judge(same, same, truth=same)
+    assert v.verdict == S.PASS and v.moved == "neither"
+    # a gain within chance, or significant but below the minimum effect, is no finding
+    few = [True] * 3 + same[3:]
+    assert S.judge([False] * 3 + same[3:], few, min_effect=0.03).verdict != S.DIFFER
+    tiny = [False] * 12 + [True] * 188
+    assert S.judge([False] * 20 + [True] * 180, tiny, min_effect=0.05).verdict != S.DIFFER
+    with pytest.raises(ValueError):
+        S.moved_arms([True], [True], [True, False])

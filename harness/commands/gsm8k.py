@@ -1,8 +1,9 @@
 """`overlap-harness gsm8k`: the nightly accuracy gate.
 
 GSM8K through lm-eval's gsm8k task, overlap off then on over the same questions, judged by
-the exact McNemar test on the discordant pairs. Exit codes: 0 pass, 1 silent accuracy loss,
-2 bad input, 3 the target failed mid-run (not an accuracy result), 4 inconclusive.
+the exact McNemar test on the discordant pairs. Exit codes: 0 pass, 1 a finding (silent accuracy
+loss, or the arms differ either way), 2 bad input, 3 the target failed mid-run (not an accuracy
+result), 4 inconclusive.
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def format_result(r: dict) -> str:
         f"{100 * s['min_effect']:.1f} | {r['seconds']['total']:.0f} s",
         f"{r['verdict'].upper()}: {s['reason']}",
     ]
+    if s.get("acc_truth") is not None:
+        lines.insert(-1, f"  truth: {s['truth']}: {pct(s['acc_truth'])} | moved from it: {s['moved']} "
+                         f"(two-sided p off {s['p_truth'][0]:.3g}, on {s['p_truth'][1]:.3g})")
     return "\n".join(lines)
 
 
@@ -144,7 +148,8 @@ def cmd_gsm8k(a) -> int:
     o = GateOptions(target=a.target, data=a.data, train=a.train, limit=a.limit, num_fewshot=nshot,
                     alpha=a.alpha, min_effect=a.min_effect / 100, engine=_engine_kw(a, cfg), url_on=a.url,
                     url_off=a.url_off, model_name=a.served_model, concurrency=a.concurrency,
-                    max_gen_toks=a.max_gen_toks, progress=None if a.quiet else _progress())
+                    max_gen_toks=a.max_gen_toks, progress=None if a.quiet else _progress(),
+                    truth_model=a.truth_model or None)
     try:  # every flag, the data and the endpoints, before the header: bad input is one line
         validate(o)
         resolve_data(o.data, o.train, o.num_fewshot)
@@ -215,6 +220,9 @@ def add_commands(sub) -> None:
     g.add_argument("--url-off", help="openai target: the endpoint with overlap off")
     g.add_argument("--served-model", help="openai target: model name (default: the first of GET /v1/models)")
     g.add_argument("--concurrency", type=int, default=8, help="openai target: concurrent requests (default 8)")
+    g.add_argument("--truth-model", default=None, metavar="MODEL",
+                   help="when the arms differ, run the ref engine on this model (the same weights the arms serve, "
+                        "one request at a time, overlap off) as the absolute reference that says which arm moved")
     g.add_argument("--history", default=DEFAULT_HISTORY, metavar="FILE",
                    help=f"append the result to this JSONL and redraw the trend (default {DEFAULT_HISTORY}; "
                         "'' for none)")

@@ -31,6 +31,10 @@ class GateOptions:
     max_gen_toks: int = 256
     progress: object = None  # progress(label, done, total)
     served: dict = field(default_factory=dict)  # url -> model name, probed once by validate()
+    # the truth where the arms differ: the ref engine on this model (the same weights the arms
+    # serve), one request at a time, overlap off, run only when the verdict is a finding, so a
+    # correct pair costs nothing more; None: no absolute reference
+    truth_model: str | None = None
 
 
 def _get_json(url: str, timeout: float = 5.0):
@@ -93,6 +97,12 @@ def validate(o: GateOptions) -> None:
         raise EvalError(f"--max-gen-toks must be at least 1, got {o.max_gen_toks}")
     if not isinstance(o.concurrency, int) or not 1 <= o.concurrency <= 1024:
         raise EvalError(f"--concurrency must be between 1 and 1024, got {o.concurrency}")
+    if o.truth_model:  # now, not after both arms ran
+        from harness.engine.build import ModelUnavailable, load_model
+        try:
+            load_model(o.truth_model)
+        except (ModelUnavailable, ValueError) as e:
+            raise EvalError(f"--truth-model {o.truth_model}: {e}") from None
     if o.target == "openai":
         if not o.url_on or not o.url_off:
             raise EvalError("--target openai needs --url (overlap on) and --url-off (overlap off)")
@@ -106,7 +116,7 @@ def validate(o: GateOptions) -> None:
 
 def run_gate(o: GateOptions) -> dict:
     """Run both sides and judge. Raises EvalError (bad input) or RunFailure (target failed)."""
-    from harness.oracles.stats import judge
+    from harness.oracles.stats import FINDINGS, judge
     validate(o)
     ds = resolve_data(o.data, o.train, o.num_fewshot)
     task = make_task(ds, o.num_fewshot)
@@ -123,6 +133,11 @@ def run_gate(o: GateOptions) -> dict:
     off, on = sides["overlap off"], sides["overlap on"]
     ref, cand, pairs = pair_records(on.records, off.records)
     v = judge(ref, cand, o.alpha, o.min_effect)
+    truth = None
+    if o.truth_model and v.verdict in FINDINGS:
+        truth = run_truth(o, task, pairs)
+        v = judge(ref, cand, o.alpha, o.min_effect, truth=[truth["correct"][p["qhash"]] for p in pairs],
+                  truth_label=truth["label"])
     n = len(pairs)
     return {
         "verdict": v.verdict, "stats": v.to_dict(), "n": n, "target": o.target, "data": ds.describe(),
@@ -135,8 +150,23 @@ def run_gate(o: GateOptions) -> dict:
                                  "on": 60 * n / on.seconds if on.seconds else None},
         "summary": {"off": off.summary, "on": on.summary},
         "pairs": pairs,
+        "truth": None if truth is None else {k: x for k, x in truth.items() if k != "correct"},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def run_truth(o: GateOptions, task, pairs) -> dict:
+    """The ref engine on the same questions, one request at a time with overlap off (exact, and
+    batch-invariant): which questions it answers right, per question hash."""
+    from harness.evals.lm import OverlapRefLM
+    lm = OverlapRefLM(model=o.truth_model, overlap=False, max_running=1, max_gen_toks=o.max_gen_toks)
+    side = run_side(lm, task, o.limit, "truth")
+    got = {r["qhash"]: r["correct"] for r in side.records}
+    missing = [p["qhash"] for p in pairs if p["qhash"] not in got]
+    if missing:
+        raise RunFailure(f"the truth run (ref engine, {o.truth_model}) lacks {len(missing)} of the questions")
+    return {"label": f"the ref engine ({o.truth_model}, one request at a time, overlap off)", "correct": got,
+            "accuracy": side.accuracy, "seconds": side.seconds}
 
 
 __all__ = ["GateOptions", "run_gate", "EvalError", "RunFailure", "probe_endpoint"]

@@ -9,7 +9,8 @@ Paired tests and intervals for accuracy gates (standard library only).
 - `paired_drop_upper`: an upper confidence bound on the accuracy drop from paired records.
 - `mde_paired` / `mde_unpaired`: the smallest accuracy drop a test detects with a given
   power, for the benchmark's comparison of the paired and the unpaired designs.
-- `judge`: the gate's verdict: pass, silent accuracy loss, or inconclusive.
+- `judge`: the gate's verdict: pass, silent accuracy loss, arms differ, or inconclusive.
+- `moved_arms`: which arm moved, judged against an absolute reference (the truth).
 """
 from __future__ import annotations
 
@@ -213,6 +214,11 @@ def mde_paired_exact(n: int, discordant: float, alpha: float = 0.05, power: floa
 
 # -- the verdict ---------------------------------------------------------------------------------
 PASS, LOSS, INCONCLUSIVE = "pass", "silent accuracy loss", "inconclusive"
+# the arms run the same model and weights: a significant gap in either direction means they do
+# not compute the same thing (a gain with overlap on means something was skipped with it off,
+# or the other way round); the one-sided loss stays the headline
+DIFFER = "arms differ"
+FINDINGS = (LOSS, DIFFER)
 
 
 @dataclass(frozen=True)
@@ -234,19 +240,59 @@ class Verdict:
     alpha: float
     min_effect: float
     reason: str
+    # against an absolute reference (the truth: e.g. the ref engine on the same weights), when given
+    moved: str = ""  # "on", "off", "both", "neither"; "": no truth to tell
+    acc_truth: float | None = None
+    p_truth: tuple | None = None  # two-sided exact McNemar p of (off, on) against the truth
+    truth: str = ""  # what the truth is
+
+    @property
+    def arms_agree(self) -> bool:
+        return self.verdict not in FINDINGS
+
+    def strength(self) -> tuple[float | None, str]:
+        """The accuracy the fixture's strength is judged by, and where it comes from: the truth
+        when there is one, else the arms only when they agree (never the arm that may be the
+        broken one); (None, why) when neither."""
+        if self.acc_truth is not None:
+            return self.acc_truth, self.truth
+        if self.arms_agree:
+            return min(self.acc_ref, self.acc_cand), "the two arms, which agree"
+        return None, "not known: the arms differ and there is no absolute reference"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def judge(ref: list[bool], cand: list[bool], alpha: float = 0.05, min_effect: float = 0.03) -> Verdict:
+def moved_arms(ref: list[bool], cand: list[bool], truth: list[bool], alpha: float = 0.05) -> tuple[str, tuple]:
+    """Which arm moved away from the truth (per question, the same questions): each arm against
+    the truth by the two-sided exact McNemar test. Returns ("on" | "off" | "both" | "neither",
+    (p off, p on))."""
+    if not len(truth) == len(ref) == len(cand):
+        raise ValueError(f"truth, off and on differ in length: {len(truth)}, {len(ref)}, {len(cand)}")
+
+    def p(arm):
+        lost = sum(1 for t, a in zip(truth, arm) if t and not a)
+        gained = sum(1 for t, a in zip(truth, arm) if a and not t)
+        return mcnemar_exact(lost, gained).p_two_sided
+    p_off, p_on = p(ref), p(cand)
+    moved = {(True, True): "both", (True, False): "off", (False, True): "on", (False, False): "neither"}
+    return moved[(p_off < alpha, p_on < alpha)], (p_off, p_on)
+
+
+def judge(ref: list[bool], cand: list[bool], alpha: float = 0.05, min_effect: float = 0.03,
+          truth: list[bool] | None = None, truth_label: str = "the truth") -> Verdict:
     """Compare per-question correctness, reference (overlap off) vs candidate (overlap on).
 
-    - silent accuracy loss: the one-sided exact McNemar test rejects at alpha and the drop is
-      at least min_effect;
-    - pass: no such loss, and the upper bound on the drop is below min_effect;
+    - silent accuracy loss (the headline): the one-sided exact McNemar test rejects at alpha
+      and the drop is at least min_effect;
+    - arms differ: the two-sided test rejects and the gap, either way, is at least min_effect
+      (a gain with overlap on is as much a finding as a loss);
+    - pass: no such gap, and the upper bound on the drop is below min_effect;
     - inconclusive: neither (too few questions to rule out a drop of min_effect, or a
-      significant drop smaller than min_effect)."""
+      significant drop smaller than min_effect).
+    With `truth` (per question, from an absolute reference on the same weights) the verdict
+    also says which arm moved away from it."""
     if len(ref) != len(cand):
         raise ValueError(f"paired records differ in length: {len(ref)} vs {len(cand)}")
     n = len(ref)
@@ -261,6 +307,10 @@ def judge(ref: list[bool], cand: list[bool], alpha: float = 0.05, min_effect: fl
     if m.p_loss < alpha and drop >= min_effect:
         v, why = LOSS, (f"overlap on loses {losses} questions and gains {gains}: drop {100 * drop:.1f} points, "
                         f"exact McNemar p = {m.p_loss:.2g} < {alpha}")
+    elif m.p_two_sided < alpha and abs(drop) >= min_effect:
+        v, why = DIFFER, (f"the arms do not compute the same thing: overlap on gains {gains} questions and "
+                          f"loses {losses}: accuracy {100 * -drop:+.1f} points with overlap on, two-sided exact "
+                          f"McNemar p = {m.p_two_sided:.2g} < {alpha}")
     elif up < min_effect:
         v, why = PASS, (f"drop at most {100 * up:.2f} points ({100 * (1 - alpha):.0f}% bound) < minimum effect "
                         f"{100 * min_effect:.1f}; {losses} losses, {gains} gains")
@@ -270,5 +320,18 @@ def judge(ref: list[bool], cand: list[bool], alpha: float = 0.05, min_effect: fl
     else:
         v, why = INCONCLUSIVE, (f"no significant drop (p = {m.p_loss:.2g}), but a drop up to {100 * up:.1f} points "
                                 f"is not ruled out (minimum effect {100 * min_effect:.1f}): more questions needed")
+    extra = {}
+    if truth is not None:
+        moved, ps = moved_arms(ref, cand, truth, alpha)
+        kt = sum(map(bool, truth))
+        extra = dict(moved=moved, acc_truth=kt / n, p_truth=ps, truth=truth_label)
+        if v in FINDINGS:
+            arms = {"off": f"the async-off arm moved ({100 * kr / n:.1f}%)", "on":
+                    f"the async-on arm moved ({100 * kc / n:.1f}%)", "both": "both arms moved",
+                    "neither": "neither arm is significantly off"}[moved]
+            why += (f"; {arms} against {truth_label} at {100 * kt / n:.1f}% "
+                    f"(two-sided p off {ps[0]:.2g}, on {ps[1]:.2g})")
+    elif v == DIFFER:
+        why += "; which arm moved needs an absolute reference (the truth)"
     return Verdict(v, n, kr, kc, losses, gains, m.p_loss, m.p_two_sided, drop, up, kr / n, kc / n,
-                   wilson(kr, n), wilson(kc, n), alpha, min_effect, why)
+                   wilson(kr, n), wilson(kc, n), alpha, min_effect, why, **extra)
