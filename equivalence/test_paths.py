@@ -4,7 +4,9 @@ hits, n > 1, seeded sampling across batch reorders, penalties, bad words, min_to
 stops, max_tokens 1 and 2, logprobs, custom logits processors (CLI and entry point), structured
 output, pause / resume, prefix-cache reset, aborts.
 
-One workload serves every row, run once on each server (async on, async off). A case
+One workload serves every row, run once on each server (async on, async off); the rows a CLI
+logits processor would hide (pair "bare": vLLM repairs the output-id placeholders of every batch
+once one is given, vllm#52461) run again on a second pair without one. A case
 - FAILS as "not exercised" when the agent's counters say its path ran 0 times;
 - fails on a clear-winner divergence, on vs off, of any request the row tags;
 - and checks what the row promises besides (max_tokens: the same sampling steps as the async-off
@@ -34,7 +36,35 @@ def path_run(target, tok, oh_options):
         runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
-    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl)
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl,
+                      installed=target.installed_logits_processors())
+
+
+@pytest.fixture(scope="module")
+def bare_run(target, tok, oh_options):
+    """The bare pair (no CLI logits processor: vLLM's placeholder repair off), its rows only; a
+    pair of its own because the flag is fixed at start. Stopped when the module ends."""
+    if target.name != "vllm" or not getattr(target, "paths", False):
+        pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
+    from harness import targets
+    from harness.targets.served import TargetError, TargetUnavailable
+    t = targets.make_target("vllm", target.faults, pair="bare")
+    try:
+        t.start()
+    except (TargetUnavailable, TargetError) as e:
+        pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
+    reqs = [r for r in vp.build(tok, seed=0) if getattr(r, "phase", "main") == "bare"]
+    runs, cnt = {}, {}
+    try:
+        for overlap in (False, True):
+            before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
+            runs[overlap] = t.run(reqs, overlap=overlap)
+            time.sleep(0.4)
+            cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
+        yield vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors())
+    finally:
+        t.close()
+        targets._SERVED.pop(next((k for k, v in targets._SERVED.items() if v is t), None), None)
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
@@ -55,11 +85,11 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
             want = k * pr.counts_off.get(f"max{k}_requests", 0)
             if on != off or off != want:
                 out.append(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected")
-    if row.name == "logits_processor_entry_point":
+    if row.placeholders:  # a value-reading processor of ours counts what it read
         for lab, c in (("on", pr.counts_on), ("off", pr.counts_off)):
-            if c.get("lp_placeholder_reads", 0):
-                out.append(f"async {lab}: the processor read {c['lp_placeholder_reads']} placeholder(s) "
-                           "where an output token id belongs")
+            if c.get(row.placeholders, 0):
+                out.append(f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
+                           f"where an output token id belongs ({row.placeholders})")
     if row.name == "pause_resume":
         for ov, got in pr.controls.items():
             bad = [g for g in got if g[1] != 200]
@@ -98,7 +128,11 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
 
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)
-def test_path(path_run, row, record_property):
+def test_path(row, record_property, request):
     if row.cpu_reason:
         pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
-    judge(row, path_run, record_property)
+    pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "path_run")
+    if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
+        for ep in pr.installed:
+            record_property("installed", ep)
+    judge(row, pr, record_property)

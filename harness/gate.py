@@ -41,6 +41,7 @@ class GateResult:
     paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
+    installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
 
     @property
     def ok(self) -> bool:
@@ -78,7 +79,7 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "known_gone"):
+            if k in ("path_count", "known_gone", "installed"):
                 self.extra.append((report.nodeid, k, v))
         if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
             self.extra.append((report.nodeid, "known", report.wasxfail))
@@ -100,7 +101,8 @@ class _Collector:
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
-        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone}
+        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
+                "installed": res.installed}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -228,9 +230,11 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
-def start_served(target: str, faults, exc, model: str | None = None, server_args=()) -> None:
+def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=()) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
+    if logits_processors and target != "vllm":
+        raise exc(f"--logits-processor is for --target vllm (its vllm.logits_processors entry points), not {target}")
     if target == "ref":
         return
     from harness.targets import configure, make_target
@@ -241,6 +245,10 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
         kw = {"extra_args": list(server_args)} if server_args else {}
         if model:
             kw["model"] = model
+        if logits_processors:
+            from harness.targets.vllm import parse_entry_points
+            parse_entry_points(logits_processors, exc)
+            kw["logits_processors"] = list(logits_processors)
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
@@ -265,6 +273,9 @@ def path_lines(res: GateResult) -> list[str]:
     out = []
     if res.paths:
         out.append("paths exercised (count async on/off): " + ", ".join(p.replace("=", " ") for p in res.paths))
+    if res.installed:
+        out.append("logits processors installed in the target (vllm.logits_processors, each run async on vs off "
+                   "with the placeholder repair on and off): " + ", ".join(res.installed))
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
     return out

@@ -84,7 +84,7 @@ def test_max_tokens_steps_must_match_the_async_off_arm():
 def test_a_placeholder_read_by_the_value_reading_processor_fails():
     row = vp.PATHS_BY_NAME["logits_processor_entry_point"]
     pr = _path_run([5, 6, 7, 8], {"lp_no_repeat_calls": 5}, rid="lpe0", paths=(row.name,))
-    pr.counts_on["lp_placeholder_reads"] = 1
+    pr.counts_on["lp_no_repeat_placeholder_reads"] = 1
     with pytest.raises(pytest.fail.Exception, match="read 1 placeholder"):
         judge(row, pr, known=[])
 
@@ -108,7 +108,11 @@ def test_every_row_is_counted_by_the_agent_or_says_why_not():
         assert row.counters or row.cpu_reason, row.name
         for c in row.counters:
             stem = re.sub(r"\d+$", "", c)
-            assert f'"{c}"' in src or f'"{stem}' in src or f"{stem}{{" in src, (row.name, c)
+            made = re.sub(r"_(calls|placeholder_reads)$", "", c)  # our processors' f"{COUNTER}_calls"
+            assert f'"{c}"' in src or f'"{stem}' in src or f"{stem}{{" in src or f'COUNTER = "{made}"' in src \
+                or f', "{made}"' in src, (row.name, c)
+        if row.placeholders:
+            assert re.sub(r"_placeholder_reads$", "", row.placeholders) == re.sub(r"_calls$", "", row.counters[0])
 
 
 def test_the_workload_preempts_by_construction_not_by_timing():
@@ -172,3 +176,128 @@ def test_a_known_upstream_entry_is_known_only_inside_its_releases():
     assert k.live_in(None)  # a release we cannot name: inside
     assert KnownUpstream("y", "r", "w", "", "f").live_in("0.32.0")  # open, from the start
     assert release_key("0.14.0rc1") == (0, 14, 0)
+
+
+# -- issue 22: no server setting may hide a row ------------------------------------------------
+def test_every_server_flag_says_what_it_changes_and_could_hide():
+    """Each flag of the main pair belongs to one SETTINGS entry, which says what it changes in vLLM
+    and what it could hide; the only entry the bare pair lacks is the CLI processor's; the doc's
+    table is the code's."""
+    flags = [a for a in vp.SERVER_ARGS if a.startswith("--")]
+    owners = [[st for st in vp.SETTINGS if f in st.args] for f in flags]
+    assert all(len(o) == 1 for o in owners), flags
+    assert all(st.changes and st.could_hide and st.guard for st in vp.SETTINGS)
+    assert [st.args[0] for st in vp.SETTINGS if not st.bare] == ["--logits-processors"]
+    assert "--logits-processors" in vp.SERVER_ARGS and "--logits-processors" not in vp.BARE_ARGS
+    assert set(vp.BARE_ARGS) <= set(vp.SERVER_ARGS) and vp.SERVER_ENV == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert vp.settings_markdown() in (ROOT / "docs/vllm-paths.md").read_text()
+    # the settings VllmTarget gives every pair are the ones the table names
+    from harness.targets.vllm import VllmTarget
+    t = VllmTarget.__new__(VllmTarget)
+    t.python, t.model_path, t.dtype, t.seed, t.max_model_len, t.max_num_seqs = "py", "m", "float32", 0, 512, 32
+    t.kv_cache_bytes, t.extra_args, t.paths, t.pair = 1 << 20, [], True, "main"
+    cmd = " ".join(t.server_command(True, 1))
+    assert all(" ".join(st.args) in cmd for st in vp.SETTINGS if "=" not in st.args[0])
+    for tok in _smollm2_tok():  # the served model's tokens (bytes would not fit, and are not served)
+        assert all(len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN for r in vp.build(tok, 0))
+    # every CLI processor class exists where the flag says
+    src = (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    assert all(f"class {p.split(':')[1]}(" in src for p in vp.CLI_PROCESSORS)
+
+
+def test_rows_a_cli_processor_hides_run_on_the_bare_pair_with_a_twin_on_the_main_one():
+    """vllm#52461: the repair is on for every batch once a CLI processor is given, so each row that
+    needs it off runs on the bare pair, by the same prompts as its twin on the main pair (where
+    the repair is on and the row must pass)."""
+    bare = vp.bare_rows()
+    assert {r.name for r in bare} >= {"logits_processor_entry_point_bare", "logits_processor_batch_entry_point_bare",
+                                       "installed_logits_processors_bare", "bad_words_bare"}
+    reqs = vp.build(__import__("harness.engine.tokenizer", fromlist=["x"]).ByteTokenizer(), 0)
+    for row in bare:
+        twin = vp.PATHS_BY_NAME[row.name.removesuffix("_bare")]
+        assert twin.pair == "main" and twin.counters == row.counters and twin.placeholders == row.placeholders
+        mine = [r for r in reqs if row.name in r.paths]
+        theirs = [r for r in reqs if twin.name in r.paths and getattr(r, "phase", "") == "last"]
+        assert mine and all(r.phase == "bare" for r in mine), row.name
+        assert {tuple(r.prompt_ids) for r in mine} <= {tuple(r.prompt_ids) for r in theirs}, row.name
+    # both kinds of processor, each through both channels, each with a row
+    kinds = {r.name for r in vp.PATHS if r.placeholders and r.pair == "main"}
+    assert kinds == {"logits_processor_cli_value", "logits_processor_batch_cli", "logits_processor_entry_point",
+                     "logits_processor_batch_entry_point"}
+
+
+def _bare(row, counts, on_ids=(5, 6, 7, 8)):
+    pr = _path_run(list(on_ids), counts, rid="lpe3", paths=(row.name,))
+    pr.counts_off = {k: v for k, v in counts.items() if "placeholder" not in k}  # async off: real ids
+    return pr
+
+
+def test_vllm_52461_is_known_upstream_on_the_bare_pair_with_its_reads_counted():
+    """Caught: on the bare pair the placeholder reads make the row KNOWN UPSTREAM vllm#52461 (an
+    xfail with the count, never a pass)."""
+    row = vp.PATHS_BY_NAME["logits_processor_entry_point_bare"]
+    with pytest.raises(pytest.xfail.Exception, match=r"KNOWN UPSTREAM vllm#52461: async on: the processor read 7 pl"):
+        judge(row, _bare(row, {"lp_no_repeat_calls": 9, "lp_no_repeat_placeholder_reads": 7}))
+    # a team's processor counts nothing: the agent's count of visible placeholders is the evidence
+    inst = vp.PATHS_BY_NAME["installed_logits_processors_bare"]
+    pr = _path_run([5, 9, 7, 8], {"custom_lp_steps": 9, "lp_visible_placeholders": 12}, rid="inst0b",
+                   paths=(inst.name,))
+    with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM vllm#52461: request inst0b diverges"):
+        judge(inst, pr)
+
+
+def test_vllm_52461_never_hides_a_finding_where_the_repair_is_on_or_without_evidence():
+    """Quiet where it must be: the same reads on the main pair (the repair on) fail as new; on the
+    bare pair a clean row passes and says the entry no longer reproduces; a divergence with no
+    placeholder seen is new."""
+    main = vp.PATHS_BY_NAME["logits_processor_entry_point"]
+    pr = _path_run([5, 6, 7, 8], {"lp_no_repeat_calls": 9, "lp_no_repeat_placeholder_reads": 7}, rid="lpe2",
+                   paths=(main.name,))
+    with pytest.raises(pytest.fail.Exception, match="logits_processor_entry_point: async on: the processor read 7"):
+        judge(main, pr)
+    row = vp.PATHS_BY_NAME["logits_processor_entry_point_bare"]
+    props = []
+    judge(row, _bare(row, {"lp_no_repeat_calls": 9}), lambda k, v: props.append((k, v)))
+    assert ("known_gone", "vllm#52461") in props
+    inst = vp.PATHS_BY_NAME["installed_logits_processors_bare"]
+    pr = _path_run([5, 9, 7, 8], {"custom_lp_steps": 9}, rid="inst0b", paths=(inst.name,))
+    with pytest.raises(pytest.fail.Exception, match="installed_logits_processors_bare: request inst0b diverges"):
+        judge(inst, pr)
+
+
+def test_the_vllm_52461_entry_names_its_reproducer_and_releases():
+    import json
+    entries = [k for k in vp.KNOWN_UPSTREAM if k.id == "vllm#52461"]
+    assert {k.row for k in entries} == {"logits_processor_entry_point_bare", "logits_processor_batch_entry_point_bare",
+                                        "installed_logits_processors_bare"}
+    for k in entries:
+        assert k.evidence and k.introduced == "0.27.1" and not k.fixed and k.live_in("0.32.0")
+        spec = json.loads((ROOT / k.reproducer).read_text())
+        assert spec["id"] == k.id and spec["pair"] == "bare" and spec["requests"]
+        assert all(r.get("vllm_xargs", {}).get("oh_no_repeat") for r in spec["requests"])
+
+
+def test_extra_entry_points_reach_vllm_as_an_installed_package_would(tmp_path):
+    """A user's processor, given by --logits-processor, is a distribution of its own on the servers'
+    path: importlib.metadata (what vLLM reads) lists it beside ours; a later shim without it drops it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from harness.targets import vllm_setup as setup_cmd
+    from harness.targets.vllm import parse_entry_points
+    eps = parse_entry_points(["mine=fixtures.vllm_user.logitsprocs:NoRepeatAll"])
+    d = setup_cmd.entry_point_shim(tmp_path, {"vllm.logits_processors": eps})
+    code = ("import json, importlib.metadata as m; print(json.dumps(sorted(e.name for e in "
+            "m.entry_points(group='vllm.logits_processors'))))")
+    env = dict(os.environ, PYTHONPATH=str(d))
+
+    def names():
+        return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                         cwd=tmp_path, check=True).stdout)
+    assert {"mine", "overlap_harness_no_repeat", "overlap_harness_batch_no_repeat"} <= set(names())
+    setup_cmd.entry_point_shim(tmp_path)
+    assert "mine" not in names()
+    for bad in ("mine", "mine=module", "=a:b", "a b=c:d"):
+        with pytest.raises(ValueError, match="expected NAME=MODULE:CLASS"):
+            parse_entry_points([bad])

@@ -383,8 +383,25 @@ def _penalty_ids(orig):
     def update_async_output_token_ids(self):
         if _PLAN.fault("penalty_stale_output_ids"):
             return
-        return orig(self)
+        out = orig(self)
+        _custom_lp_facts(self)
+        return out
     return update_async_output_token_ids
+
+
+def _custom_lp_facts(batch) -> None:
+    """Right before the sampler (and the logits processors) read the output ids: in a step with a
+    processor that is not vLLM's own (entry point or CLI), count the step and the rows whose
+    newest output id is still a placeholder (-1), which every such processor would read there
+    (vllm#52461): evidence for a processor we did not write and cannot count inside."""
+    procs = getattr(getattr(batch, "logitsprocs", None), "all", None) or ()
+    if not any(not type(p).__module__.startswith("vllm.") for p in procs):
+        return
+    f = _facts("worker")
+    f.add("custom_lp_steps")
+    n = sum(1 for ids in batch.req_output_token_ids[:batch.num_reqs] if ids and ids[-1] == -1)
+    if n:
+        f.add("lp_visible_placeholders", n)
 
 
 # -- path counters: how often each attacked path ran (harness.targets.vllm_paths) ---------

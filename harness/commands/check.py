@@ -68,7 +68,7 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
@@ -97,7 +97,7 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -128,6 +128,10 @@ def _served_flags(p) -> None:
                    "vllm: default SmolLM2-135M from `setup vllm`)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
+    p.add_argument("--logits-processor", action="append", default=[], metavar="NAME=MODULE:CLASS",
+                   help="vllm: a vllm.logits_processors entry point the servers load besides those installed in "
+                        "vLLM's venv, as if installed there (repeatable); the report lists them all and the paths "
+                        "workload runs them async on vs off, with vLLM's placeholder repair on and off")
 
 
 def add_commands(sub) -> None:

@@ -26,7 +26,8 @@ def make_target(name: str, faults=frozenset(), **kw):
         return RefTarget(faults=frozenset(faults), **kw)
     if name in ("vllm", "sglang"):
         kw = {**_DEFAULTS.get(name, {}), **kw}
-        key = (name, kw.get("model"))  # a pair per model: the GSM8K gate serves another one
+        # a pair per model (the GSM8K gate serves another one) and per setting (the bare pair)
+        key = (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ())
         t = _SERVED.get(key)
         if t is None:
             if name == "vllm":

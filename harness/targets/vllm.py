@@ -29,13 +29,35 @@ def check_fault_names(faults, exc=ValueError) -> None:
         raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
 
 
+def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
+    """["name=module:attr", ...] -> {name: "module:attr"}; a malformed one raises exc (one line)."""
+    import re
+    out = {}
+    for spec in specs or ():
+        m = re.fullmatch(r"\s*([\w.-]+)\s*=\s*([\w.]+:[\w.]+)\s*", str(spec))
+        if m is None:
+            raise exc(f"--logits-processor {spec!r}: expected NAME=MODULE:CLASS (e.g. "
+                      "mine=my_pkg.procs:NoRepeat)")
+        out[m.group(1)] = m.group(2)
+    return out
+
+
 class VllmTarget(ServedTarget):
     name = "vllm"
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
-                 home: Path | None = None, model: str | None = None, **kw):
+                 home: Path | None = None, model: str | None = None, pair: str = "main",
+                 logits_processors=(), **kw):
         super().__init__(**kw)
+        if pair not in ("main", "bare"):
+            raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
+        # main: the path workload's setting; bare: the same without a CLI logits processor, for
+        # the rows a CLI processor would hide (harness.targets.vllm_paths.SETTINGS)
+        self.pair = pair
+        # extra `vllm.logits_processors` entry points ("name=module:attr"), as if installed in
+        # vLLM's venv: the servers get them through the entry-point shim
+        self.logits_processors = parse_entry_points(logits_processors, ValueError)
         check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
         self.home = home or setup_cmd.vllm_home()
@@ -91,7 +113,7 @@ class VllmTarget(ServedTarget):
         if not self.paths:
             return []
         from harness.targets import vllm_paths
-        return list(vllm_paths.SERVER_ARGS)
+        return list(vllm_paths.BARE_ARGS if self.pair == "bare" else vllm_paths.SERVER_ARGS)
 
     def fixed_setting(self) -> str:
         if self.paths:
@@ -114,7 +136,8 @@ class VllmTarget(ServedTarget):
             env.update(vllm_paths.SERVER_ENV)
         # this checkout's entry points (the vllm.logits_processors one included) shadow whatever
         # checkout last installed the agent into the venv
-        shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
+        shim = setup_cmd.entry_point_shim(self.workdir / "entry-points",
+                                          {"vllm.logits_processors": self.logits_processors})
         env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
         patches = self.patches() if overlap else []
         if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
@@ -125,6 +148,21 @@ class VllmTarget(ServedTarget):
             except PatchError as e:
                 raise TargetUnavailable(str(e)) from None
         return env
+
+    def installed_logits_processors(self) -> list[str]:
+        """Every `vllm.logits_processors` entry point the servers load ("name = module:attr"): read
+        with vLLM's own python and the servers' PYTHONPATH, so the venv's installs (a team's own
+        processors) and this checkout's appear as vLLM sees them."""
+        import json
+        import subprocess
+        code = ("import json, importlib.metadata as m; print(json.dumps(sorted({(e.name, e.value) for e in "
+                "m.entry_points(group='vllm.logits_processors')})))")
+        p = subprocess.run([self.python, "-c", code], env=self.server_env(False), capture_output=True, text=True,
+                           timeout=60, cwd=self.workdir)
+        if p.returncode != 0:
+            raise TargetError(f"vllm: cannot list the vllm.logits_processors entry points: "
+                              f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return [f"{n} = {v}" for n, v in json.loads(p.stdout)]
 
     def patches(self) -> list[str]:
         """The faults that are source patches of vLLM (harness.agents.vllm_patches)."""

