@@ -43,28 +43,28 @@ def path_run(target, tok, oh_options):
 @pytest.fixture(scope="module")
 def bare_run(target, tok, oh_options):
     """The bare pair (no CLI logits processor: vLLM's placeholder repair off), its rows only; a
-    pair of its own because the flag is fixed at start. Stopped when the module ends."""
+    pair of its own because the flag is fixed at start, kept like the main pair for the process's
+    life. It runs stock vLLM: the agent's faults reach it (its plan), the source patches of the
+    kill matrix do not (they re-create bugs on the main pair's rows; a restart for each would
+    cost most of a minute)."""
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     from harness import targets
+    from harness.agents.vllm_patches import PATCHES
     from harness.targets.served import TargetError, TargetUnavailable
-    t = targets.make_target("vllm", target.faults, pair="bare")
     try:
+        t = targets.make_target("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
         t.start()
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
     reqs = [r for r in vp.build(tok, seed=0) if getattr(r, "phase", "main") == "bare"]
     runs, cnt = {}, {}
-    try:
-        for overlap in (False, True):
-            before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
-            runs[overlap] = t.run(reqs, overlap=overlap)
-            time.sleep(0.4)
-            cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
-        yield vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors())
-    finally:
-        t.close()
-        targets._SERVED.pop(next((k for k, v in targets._SERVED.items() if v is t), None), None)
+    for overlap in (False, True):
+        before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
+        runs[overlap] = t.run(reqs, overlap=overlap)
+        time.sleep(0.4)  # the agent flushes its counters every 0.1 s
+        cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors())
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:

@@ -235,6 +235,9 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if logits_processors and target != "vllm":
         raise exc(f"--logits-processor is for --target vllm (its vllm.logits_processors entry points), not {target}")
+    if logits_processors:  # a malformed one is one line before any server starts
+        from harness.targets.vllm import parse_entry_points
+        parse_entry_points(logits_processors, exc)
     if target == "ref":
         return
     from harness.targets import configure, make_target
@@ -246,8 +249,6 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
         if model:
             kw["model"] = model
         if logits_processors:
-            from harness.targets.vllm import parse_entry_points
-            parse_entry_points(logits_processors, exc)
             kw["logits_processors"] = list(logits_processors)
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()

@@ -301,3 +301,21 @@ def test_extra_entry_points_reach_vllm_as_an_installed_package_would(tmp_path):
     for bad in ("mine", "mine=module", "=a:b", "a b=c:d"):
         with pytest.raises(ValueError, match="expected NAME=MODULE:CLASS"):
             parse_entry_points([bad])
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--target", "ref", "--logits-processor", "mine=a.b:C"], "--logits-processor is for --target vllm"),
+    (["--target", "vllm", "--logits-processor", "mine"], "expected NAME=MODULE:CLASS"),
+])
+def test_bad_logits_processor_flags_are_one_line_errors(capsys, args, why):
+    from harness.cli import main
+    assert main(["check", *args]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("overlap-harness check:")]
+    assert len(err) == 1 and why in err[0], err
+
+
+def test_gsm8k_truth_model_must_load(capsys):
+    from harness.cli import main
+    assert main(["gsm8k", "--truth-model", "nope", "--data", str(ROOT / "pyproject.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--truth-model nope: unknown model 'nope'" in err[-1], err
