@@ -57,11 +57,11 @@ def bare_run(target, tok, oh_options):
         t.start()
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
-    reqs = [r for r in vp.build(tok, seed=0) if getattr(r, "phase", "main") == "bare"]
+    reqs = [r for r in vp.build(tok, seed=0) if getattr(r, "phase", "main") in vp.BARE_PHASES]
     runs, cnt = {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
-        runs[overlap] = t.run(reqs, overlap=overlap)
+        runs[overlap] = vp.run_bare(t, reqs, overlap)
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors())

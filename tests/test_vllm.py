@@ -254,3 +254,33 @@ def test_gsm8k_gate_on_vllm(tmp_path):
     finally:
         t.close()
         targets._SERVED.pop(("vllm", "arith"), None)
+
+
+USER_LP = "no_repeat_all=fixtures.vllm_user.logitsprocs:NoRepeatAll"
+
+
+def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_differ(tmp_path):
+    """Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
+    vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
+    vllm#52461 on the row where no CLI processor is set, and the GSM8K pair finds the arms differ
+    (async off bans repeated digits; async on reads placeholders and does nothing), the async-off
+    arm the one that moved from the ref engine's accuracy: not a weak fixture. The whole check,
+    as a user runs it, in a process of its own (its servers are its own)."""
+    if setup_cmd.ready():
+        _unavailable(setup_cmd.ready())
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+    junit = tmp_path / "check.xml"
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "check", "--target", "vllm", "--logits-processor", USER_LP,
+                        "--junit", str(junit)], capture_output=True, text=True, timeout=1200)
+    out = p.stdout
+    assert p.returncode == 1, out + p.stderr[-2000:]
+    assert f"{USER_LP.replace('=', ' = ')}" in out, out
+    assert "KNOWN UPSTREAM vllm#52461" in out, out
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    gsm = next(c for n, c in cases.items() if n.startswith("test_served_pair_keeps_gsm8k_accuracy"))
+    msg = " ".join((f.get("message") or "") + (f.text or "") for f in gsm.iter("failure"))
+    assert "arms differ" in msg and "async-off arm moved" in msg and "too weak" not in msg, msg
+    inst = next(c for n, c in cases.items() if "installed_logits_processors_bare" in n)
+    assert any("KNOWN UPSTREAM vllm#52461" in (s.get("message") or "") for s in inst.iter("skipped")), ET.tostring(inst)

@@ -218,8 +218,12 @@ def test_rows_a_cli_processor_hides_run_on_the_bare_pair_with_a_twin_on_the_main
         assert twin.pair == "main" and twin.counters == row.counters and twin.placeholders == row.placeholders
         mine = [r for r in reqs if row.name in r.paths]
         theirs = [r for r in reqs if twin.name in r.paths and getattr(r, "phase", "") == "last"]
-        assert mine and all(r.phase == "bare" for r in mine), row.name
+        assert mine and all(r.phase in vp.BARE_PHASES for r in mine), row.name
         assert {tuple(r.prompt_ids) for r in mine} <= {tuple(r.prompt_ids) for r in theirs}, row.name
+    # a bad-words batch is repaired whole: it never runs beside the processors of the bare pair
+    for p in vp.BARE_PHASES:
+        run = [r for r in reqs if getattr(r, "phase", "") == p]
+        assert not (any("bad_words" in r.extra for r in run) and any(r.extra.get("vllm_xargs") for r in run)), p
     # both kinds of processor, each through both channels, each with a row
     kinds = {r.name for r in vp.PATHS if r.placeholders and r.pair == "main"}
     assert kinds == {"logits_processor_cli_value", "logits_processor_batch_cli", "logits_processor_entry_point",

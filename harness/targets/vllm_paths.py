@@ -408,10 +408,13 @@ def build(tok, seed: int = 0) -> list[Request]:
 
 
 def build_bare(tok, count, colours, echo) -> list[Request]:
-    """The bare pair's run (phase "bare"): the rows that need vLLM's placeholder repair off, each
-    on the same prompts as its twin on the main pair, sent together with nothing else."""
-    out = [_req("bw2", list(count), 16, ["bad_words_bare"], bad_words=[" two three", " three one"], ignore_eos=True),
-           _req("lpe3", list(colours), 16, ["logits_processor_entry_point_bare"], vllm_xargs={"oh_no_repeat": 1},
+    """The bare pair's runs (phase "bare", then "bare_words"): the rows that need vLLM's
+    placeholder repair off, each on the same prompts as its twin on the main pair. The bad-words
+    request runs alone, after the others: a batch with bad words is repaired whole (for every
+    processor in it), which would hide vllm#52461 from the processors beside it."""
+    bw = _req("bw2", list(count), 16, ["bad_words_bare"], bad_words=[" two three", " three one"], ignore_eos=True)
+    bw.phase = "bare_words"
+    out = [_req("lpe3", list(colours), 16, ["logits_processor_entry_point_bare"], vllm_xargs={"oh_no_repeat": 1},
                 ignore_eos=True),
            _req("lpb1", list(echo[0]), 16, ["logits_processor_batch_entry_point_bare"],
                 vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
@@ -419,7 +422,19 @@ def build_bare(tok, count, colours, echo) -> list[Request]:
              for i, e in enumerate(echo))]
     for r in out:
         r.phase = "bare"
-    return out
+    return out + [bw]
+
+
+BARE_PHASES = ("bare", "bare_words")
+
+
+def run_bare(target, reqs, overlap: bool):
+    """The bare pair's runs, one after the other (see build_bare), merged."""
+    from harness.targets.base import Run
+    runs = [target.run([r for r in reqs if getattr(r, "phase", "") == p], overlap=overlap) for p in BARE_PHASES]
+    merged = Run([o for r in runs for o in r.outputs], summary=runs[0].summary)
+    merged.logprobs = {k: v for r in runs for k, v in r.logprobs.items()}
+    return merged
 
 
 PAUSE_AT, PAUSE_FOR = 1.0, 0.3  # seconds after the start: POST /pause?mode=keep, then /resume
