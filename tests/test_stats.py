@@ -106,7 +106,7 @@ def test_a_gain_with_overlap_on_is_a_finding_not_a_weak_fixture():
     assert "absolute reference" in v.reason
     v = S.judge(off, on, min_effect=0.05, truth=truth, truth_label="the ref engine")
     assert v.verdict == S.DIFFER and v.moved == "off"
-    assert v.strength() == (75 / 80, "the ref engine") and "async-off arm moved (0.0%)" in v.reason
+    assert v.strength() == (75 / 80, "the ref engine") and "async-off arm moved (-93.8 points, to 0.0%)" in v.reason
 
 
 def test_a_loss_says_the_async_on_arm_moved():

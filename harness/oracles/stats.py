@@ -326,8 +326,10 @@ def judge(ref: list[bool], cand: list[bool], alpha: float = 0.05, min_effect: fl
         kt = sum(map(bool, truth))
         extra = dict(moved=moved, acc_truth=kt / n, p_truth=ps, truth=truth_label)
         if v in FINDINGS:
-            arms = {"off": f"the async-off arm moved ({100 * kr / n:.1f}%)", "on":
-                    f"the async-on arm moved ({100 * kc / n:.1f}%)", "both": "both arms moved",
+            def by(k):
+                return f"{100 * (k - kt) / n:+.1f} points, to {100 * k / n:.1f}%"
+            arms = {"off": f"the async-off arm moved ({by(kr)})", "on": f"the async-on arm moved ({by(kc)})",
+                    "both": f"both arms moved (off {by(kr)}; on {by(kc)})",
                     "neither": "neither arm is significantly off"}[moved]
             why += (f"; {arms} against {truth_label} at {100 * kt / n:.1f}% "
                     f"(two-sided p off {ps[0]:.2g}, on {ps[1]:.2g})")
