@@ -275,6 +275,7 @@ def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_diff
     p = subprocess.run([sys.executable, "-m", "harness.cli", "check", "--target", "vllm", "--logits-processor", USER_LP,
                         "--junit", str(junit)], capture_output=True, text=True, timeout=1200)
     out = p.stdout
+    print(out)  # the report a user reads (pytest -s shows it)
     assert p.returncode == 1, out + p.stderr[-2000:]
     assert f"{USER_LP.replace('=', ' = ')}" in out, out
     assert "KNOWN UPSTREAM vllm#52461" in out, out
