@@ -85,11 +85,11 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
             want = k * pr.counts_off.get(f"max{k}_requests", 0)
             if on != off or off != want:
                 out.append(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected")
-    if row.placeholders:  # a value-reading processor of ours counts what it read
-        for lab, c in (("on", pr.counts_on), ("off", pr.counts_off)):
+    if row.placeholders:  # a value-reading processor of ours counts what it read: said first
+        for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
             if c.get(row.placeholders, 0):
-                out.append(f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
-                           f"where an output token id belongs ({row.placeholders})")
+                out.insert(0, f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
+                              f"where an output token id belongs ({row.placeholders})")
     if row.name == "pause_resume":
         for ov, got in pr.controls.items():
             bad = [g for g in got if g[1] != 200]
@@ -124,7 +124,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
     if new:
         pytest.fail(f"{row.name}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), pytrace=False)
     if seen:
-        pytest.xfail(f"KNOWN UPSTREAM {seen[0][0]}: {seen[0][1]}")
+        pytest.xfail(f"KNOWN UPSTREAM {seen[0][0]}: {seen[0][1]}" + (f" (+{len(seen) - 1} more)" if len(seen) > 1 else ""))
 
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)

@@ -264,6 +264,10 @@ def test_vllm_52461_never_hides_a_finding_where_the_repair_is_on_or_without_evid
     judge(row, _bare(row, {"lp_no_repeat_calls": 9}), lambda k, v: props.append((k, v)))
     assert ("known_gone", "vllm#52461") in props
     inst = vp.PATHS_BY_NAME["installed_logits_processors_bare"]
+    props = []  # no team processor reads values: that says nothing of vLLM, so not "no longer reproduces"
+    judge(inst, _path_run([5, 6, 7, 8], {"custom_lp_steps": 9, "lp_visible_placeholders": 3}, rid="inst0b",
+                          paths=(inst.name,)), lambda k, v: props.append((k, v)))
+    assert not [p for p in props if p[0] == "known_gone"]
     pr = _path_run([5, 9, 7, 8], {"custom_lp_steps": 9}, rid="inst0b", paths=(inst.name,))
     with pytest.raises(pytest.fail.Exception, match="installed_logits_processors_bare: request inst0b diverges"):
         judge(inst, pr)

@@ -208,6 +208,9 @@ class KnownUpstream:
     introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
     fixed: str = ""  # the first release without it ("": still open)
     evidence: str = ""  # a counter that must be > 0 (both arms summed) for `match` to claim a finding
+    # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
+    # processor is installed), so it is never reported as "no longer reproduces"
+    report_gone: bool = True
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -261,7 +264,8 @@ KNOWN_UPSTREAM += [
                   evidence="lp_batch_placeholder_reads"),
     # a processor we did not write cannot count its reads: the agent counts the placeholders
     # every custom processor could see (InputBatch lists that end in -1 at sampling)
-    KnownUpstream("vllm#52461", "installed_logits_processors_bare", **_52461, evidence="lp_visible_placeholders"),
+    KnownUpstream("vllm#52461", "installed_logits_processors_bare", **_52461, evidence="lp_visible_placeholders",
+                  report_gone=False),
 ]
 
 
@@ -282,7 +286,7 @@ def classify(row: str, findings: list[str], known=None, counts=None) -> tuple[li
             new.append(f)
         else:
             seen.append((k.id, f))
-    gone = [k.id for k in entries if k.id not in {i for i, _ in seen}]
+    gone = [k.id for k in entries if k.report_gone and k.id not in {i for i, _ in seen}]
     return new, seen, gone
 
 
