@@ -1,13 +1,14 @@
 """What the conservation oracle costs (issue 23): `check`'s wall time on the ref engine with
-the oracle on (the engine's books checked after every step and at idle, and the
-test_conservation suite) vs off (neither), side by side in one process, one run each.
-Goal: on / off under 1.02.
+the oracle on vs off, side by side in one process, one run each. Goal: on / off under 1.02.
 
-    .venv/bin/python benchmarks/bench_conservation.py            # the whole gate, both arms (about 6 min, 2 cores)
-    .venv/bin/python benchmarks/bench_conservation.py --engine   # only the per-step books: the gate's scenarios, on vs off
+    .venv/bin/python benchmarks/bench_conservation.py            # the gate, both arms (about 3 min, 2 cores)
+    .venv/bin/python benchmarks/bench_conservation.py --engine   # only the per-step books: the suite's cases, on vs off
 
-Both arms run the suites in this process (--workers 1): the switch that turns the books off
-is a module constant, which pytest-xdist's worker processes would not see.
+The oracle is two parts: the test_conservation suite's own runs, and the engine's books
+checked after every step and at idle in every run of every suite. The gate arms run as
+`check` does (pytest-xdist, --workers auto) with and without the suite; the books cannot be
+turned off in xdist's worker processes (the switch is a module constant, not a user
+switch), so --engine times them alone, books on vs off over the same runs, in this process.
 """
 from __future__ import annotations
 
@@ -30,13 +31,9 @@ def every_suite_but(name: str) -> list[str]:
                   - {name})
 
 
-def gate(on: bool) -> tuple[float, dict]:
+def gate(on: bool, workers) -> tuple[float, dict]:
     from harness.gate import run_suites
-    books.CHECK_EVERY_STEP = on
-    try:
-        res = run_suites("ref", suites=None if on else every_suite_but(SUITE))
-    finally:
-        books.CHECK_EVERY_STEP = True
+    res = run_suites("ref", suites=None if on else every_suite_but(SUITE), workers=workers)
     passed = sum(s.passed for s in res.suites.values())
     failed = sum(s.failed for s in res.suites.values())
     return res.seconds, {"passed": passed, "failed": failed}
@@ -74,11 +71,13 @@ def main() -> int:
         line = (f"books on {out['books_on_s']} s vs off {out['books_off_s']} s over {a.repeats} rounds of the "
                 f"suite's cases: ratio {out['ratio']:.3f}")
     else:
-        off_s, off = gate(False)
-        on_s, on = gate(True)
+        from harness.commands.check import worker_count
+        workers = worker_count("auto")
+        off_s, off = gate(False, workers)
+        on_s, on = gate(True, workers)
         out = {"check_on_s": round(on_s, 1), "check_off_s": round(off_s, 1), "ratio": round(on_s / off_s, 4),
                "on": on, "off": off}
-        line = (f"check (--workers 1) with the conservation oracle {on_s:.1f} s ({on['passed']} passed) vs "
+        line = (f"check (--workers {workers}) with the conservation suite {on_s:.1f} s ({on['passed']} passed) vs "
                 f"without {off_s:.1f} s ({off['passed']} passed): ratio {on_s / off_s:.3f} (goal < 1.02)")
     print(json.dumps(out) if a.json else line)
     return 0

@@ -86,8 +86,10 @@ def cmd_check(a) -> int:
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
-    for line in res.hangs:  # the ref engine's watchdog: what is held and by whom
+    for line in res.hangs[:3]:  # the ref engine's watchdog: what is held and by whom
         print(line)
+    if len(res.hangs) > 3:
+        print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
     verdict = "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
