@@ -80,6 +80,19 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
     Fault("window_off_by_one", "speculative: the device places each window one position late, writing past "
           "the accepted length and, at full acceptance, one slot past the reservation (the CPU's view of "
           "the window stays right)", "5.2", "test_slot_ownership", ordering=False),
+    # leaks (issue 23): every token stays right; only the books say a resource never came back
+    Fault("dedup_keeps_page", "a request whose prompt page another request cached first is pointed at the "
+          "cached page, and its own duplicate is never freed: the pool shrinks by a page each time", "5.3",
+          "test_conservation", ordering=False),
+    Fault("dedup_first_page_kept", "the prefix cache's dedup test is off by one character (`i > have`): a "
+          "request whose first computed page another request cached first keeps its own copy, counted as "
+          "cached, so it is never freed", "5.3", "test_conservation", ordering=False),
+    Fault("abort_keeps_row", "a request aborted with a step in flight ends when that step is processed, and "
+          "that path forgets to return its slot-table row: one request at a time, the next one waits for a "
+          "row forever (HANG)", "4.2", "test_conservation", ordering=False),
+    Fault("retract_keeps_entry", "a retracted request gives back its pages and row but keeps its relay "
+          "entry; readmitted, it takes another, until no entry is left and admission stops (HANG)", "5.3",
+          "test_conservation", ordering=False),
 ]}
 
 

@@ -42,6 +42,7 @@ class GateResult:
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
+    hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,8 @@ class _Collector:
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
+            if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
+                res.hangs.append(msg)
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
                 "installed": res.installed}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
@@ -175,6 +178,8 @@ def _message(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     msg = crash.message if crash is not None else str(report.longrepr)
     line = msg.strip().splitlines()[0] if msg.strip() else "failed"
+    if "HANG: " in line and not line.startswith("HANG"):  # the ref engine's watchdog, its class name first
+        line = line[line.index("HANG: "):]
     return line.removeprefix("AssertionError: ")
 
 
@@ -291,6 +296,17 @@ def overlap_line(res: GateResult) -> str:
         msg = s.first_failure.removeprefix("Failed: ")  # pytest.fail's prefix
         return msg if msg.startswith("overlap: LOST") else f"overlap: LOST: {msg}"
     return "overlap: effective" if s.passed else "overlap: not judged (skipped)"
+
+
+def conservation_line(res: GateResult) -> str:
+    """"conservation: ...", from the suite that reads the ref engine's books (races/test_conservation)."""
+    s = res.suites.get("test_conservation")
+    if s is None or s.cases == 0 or s.skipped == s.cases:
+        return ""
+    if s.failed:
+        return f"conservation: LEAK: {s.first_failure}"
+    return (f"conservation: every resource accounted for after every step and back at idle "
+            f"({s.passed} paths, overlap on and off)")
 
 
 def invariance_lines(target: str) -> str:

@@ -6,8 +6,8 @@ import json
 import os
 import sys
 
-from harness.gate import (format_matrix, format_table, invariance_lines, kill_matrix, overlap_line, path_lines,
-    run_suites, served_hangs, served_overlap_line, start_served)
+from harness.gate import (conservation_line, format_matrix, format_table, invariance_lines, kill_matrix,
+    overlap_line, path_lines, run_suites, served_hangs, served_overlap_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -78,14 +78,19 @@ def cmd_check(a) -> int:
     print(format_table(res))
     for line in path_lines(res):
         print(line)
-    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
+    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target),
+                 conservation_line(res)):
         if line:
             print(line)
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
-    verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
+    for line in res.hangs[:3]:  # the ref engine's watchdog: what is held and by whom
+        print(line)
+    if len(res.hangs) > 3:
+        print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
+    verdict = "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
           + (f"; JUnit XML: {a.junit}" if a.junit else ""))

@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from harness.device.stream import Device, Event
+from harness.engine.books import Books, held
 from harness.engine.config import EngineConfig, ModelConfig
 from harness.engine.memory import KVPool, PrefixCache, Rows
 from harness.engine.model import Model, pad_rows
@@ -23,9 +24,26 @@ from harness.engine.request import Request, State
 from harness.engine.sampling import sample
 from harness.engine.scheduler import Batch, Scheduler
 
-RING = 2  # step inputs and outputs are double-buffered: step N+1 is prepared while step N runs
+# step inputs and outputs are double-buffered: step N+1 is prepared while step N runs.
+# Conservation: each launched step holds host slot `ring % RING` (its pinned token and logprob
+# buffers) until it is processed, so the steps in flight hold distinct slots, at most RING of
+# them, and none at idle (harness/engine/books.py checks it after every step)
+RING = 2
 ACCOUNTING_WINDOW = 4096  # steps of pool accounting kept (engine.accounting_log)
 TOP_K = 5  # log-probabilities returned per position: the chosen token's and the top 5
+# The watchdog's clock: rounds of the loop in a row with no token delivered and no request
+# admitted. A correct engine spends at most a few (a finished request's discarded extra step);
+# a leak that starves admission spends every round from then on, each one cheap.
+STALL_ROUNDS = 64
+
+
+class EngineHang(RuntimeError):
+    """The engine stopped making progress with work left (a leak starved admission, say): the
+    ref engine's HANG, with what is held and by whom."""
+
+    def __init__(self, message: str, engine=None):
+        super().__init__(message)
+        self.engine = engine  # its books, for a caller that reports where the leak began
 
 
 class Engine:
@@ -77,7 +95,8 @@ class Engine:
         self.listener = None  # called with each request that got a token (or finished), for streaming
 
         self.pool = KVPool(cfg.pool_slots, cfg.page_size)
-        self.cache = PrefixCache(self.pool, cfg.prefix_cache, lookahead=1 if cfg.spec == "mtp" else 0)
+        self.cache = PrefixCache(self.pool, cfg.prefix_cache, lookahead=1 if cfg.spec == "mtp" else 0,
+                                 faults=cfg.faults)
         window = cfg.spec_k + 1 if cfg.spec else 1
         first = 0 if "live_entry_zero" in cfg.faults else 1  # the defect: row / entry 0 handed to a request
         if first == 0:
@@ -89,6 +108,10 @@ class Engine:
             self.spec = SpecDecoder(self)
         self.steps = 0
         self.iteration = 0
+        self.host_ring = RING
+        self.books = Books(self)  # conservation after every processed step and at idle
+        self.progress = 0  # tokens delivered + requests admitted: the watchdog's measure
+        self.stalled = 0  # rounds in a row without progress
         self.queue: deque[Batch] = deque()  # launched, not yet processed (at most 2 under overlap)
         # (free, cached, in use, total) after each processed step: a window, so a long-lived
         # server does not keep one entry per step forever
@@ -132,6 +155,7 @@ class Engine:
             if on_step is not None:
                 on_step(self)
         self.dev.finish()
+        self.books.at_idle()
         return requests
 
     def submit(self, r: Request) -> None:
@@ -147,6 +171,7 @@ class Engine:
     def step(self) -> None:
         """One round of the loop: prepare and launch step N+1, then process step N (overlap),
         or prepare, launch and process one step (no overlap)."""
+        before = self.progress
         if self.spec is not None and self.spec.algo == "ngram" and "ngram_no_wait" not in self.cfg.faults:
             while self.queue:  # NGRAM's lookup needs the accepted tokens: the host waits for the step
                 self._process(self.queue.popleft())
@@ -164,6 +189,22 @@ class Engine:
         if self.queue and (len(self.queue) > 1 or batch is None):
             self._process(self.queue.popleft())
         self.iteration += 1
+        self._watchdog(before)
+
+    def _watchdog(self, before: int) -> None:
+        """HANG when STALL_ROUNDS rounds in a row delivered no token and admitted no request."""
+        if self.progress != before or not self.has_work():
+            self.stalled = 0
+            return
+        self.stalled += 1
+        if self.stalled >= STALL_ROUNDS:
+            s = self.sched
+            names = ", ".join(r.rid for r in list(s.waiting)[:4]) + (" ..." if len(s.waiting) > 4 else "")
+            raise EngineHang(
+                f"HANG: the ref engine made no progress in {self.stalled} rounds of its loop (no token delivered, "
+                f"no request admitted) after step {max(self.steps - 1, 0)}: {len(s.waiting)} waiting"
+                + (f" ({names})" if names else "") + f", {len(s.running)} running, {len(self.queue)} step(s) in "
+                f"flight; held: {held(self)}", self)
 
     def abort(self, r: Request) -> None:
         self.sched.abort(r)
@@ -178,6 +219,8 @@ class Engine:
             batch = self.sched.next_batch(self.steps)
             if batch is not None:
                 batch.ring = self.steps % self.ring
+                if batch.kind == "prefill":
+                    self.progress += batch.size
                 if self.spec is not None and self.spec.algo == "ngram" and batch.kind == "decode":
                     self.dev._host_advance(c.ngram_lookup_ms * batch.size)  # one lookup per request
             self._flush_row_writes()
@@ -416,7 +459,7 @@ class Engine:
                 updated = self.sched.process_spec(b, toks, acc, lens, self.spec)
                 self._flush_row_writes()
                 self._notify(b, updated)
-            self.accounting_log.append(self.sched.accounting())
+            self._processed(b, updated)
             return
         with dev.host_phase("process", c.process_ms):
             host = self.h_tokens[b.ring % RING]
@@ -430,7 +473,12 @@ class Engine:
             updated = self.sched.process(b, toks, lp[:b.size].tolist())
             self._flush_row_writes()
             self._notify(b, updated)
+        self._processed(b, updated)
+
+    def _processed(self, b: Batch, updated: list[Request]) -> None:
+        self.progress += len(updated)
         self.accounting_log.append(self.sched.accounting())
+        self.books.after_process(b)
 
     def _notify(self, b: Batch, updated: list[Request]) -> None:
         if self.spec is not None and self.spec.index is not None:

@@ -104,11 +104,17 @@ class Scheduler:
         return max(0, self._pages_for(r.fill + self.n_windows * self.window) - len(r.pages))
 
     def reserve_windows(self, r: Request) -> None:
+        """Top r's row up to `n_windows` windows past its count.
+
+        Conservation: a running request holds no more pages than this reservation asks
+        (len(pages) <= pages for fill + n_windows * window: its count only grows, so what was
+        reserved never exceeds what its count now asks), and the reservation goes back with
+        its pages when it leaves the batch."""
         need = self._topup_need(r)
         if need == 0:
             return
         start = len(r.pages) * self.pool.page_size
-        new = self.pool.alloc(need)
+        new = self.pool.alloc(need, r.rid)
         r.pages.extend(new)
         end = len(r.pages) * self.pool.page_size
         self.row_writes.append((r.row, start, self.pool.slots(r.pages, start, end), r.rid))
@@ -177,14 +183,14 @@ class Scheduler:
         self.cache.lock(nodes)
         r.cached_nodes = list(nodes)
         r.pages = [n.page for n in nodes]
-        r.row = self.rows.alloc()
-        r.entry = self.entries.alloc()
+        r.row = self.rows.alloc(r.rid)
+        r.entry = self.entries.alloc(r.rid)
         r.fill = len(seq)
         r.seq_at_admit = list(seq)
         r.gen += 1
         r.state = State.RUNNING
         new = self._topup_need(r)
-        r.pages.extend(self.pool.alloc(new))
+        r.pages.extend(self.pool.alloc(new, r.rid))
         # the whole row: cached prefix pages and the new ones
         self.row_writes.append((r.row, 0, self.pool.slots(r.pages, 0, len(r.pages) * self.pool.page_size), r.rid))
         self.running.append(r)
@@ -229,19 +235,24 @@ class Scheduler:
                      ring=step % 2)
 
     # -- leaving the batch -------------------------------------------------------------
-    def _release(self, r: Request) -> None:
+    def _release(self, r: Request, keep_row: bool = False, keep_entry: bool = False) -> None:
+        """Everything r holds goes back: its private pages, its locks on cached ones, its row
+        and its relay entry (keep_row / keep_entry: the faults that forget one)."""
         self.cache.unlock(r.cached_nodes)
         self.pool.release(r.pages[r.n_cached_pages:])
         r.pages, r.cached_nodes = [], []
-        self.rows.release(r.row)
-        self.entries.release(r.entry)
+        if not keep_row:
+            self.rows.release(r.row)
+        if not keep_entry:
+            self.entries.release(r.entry)
         r.row = r.entry = None
         if r in self.running:
             self.running.remove(r)
 
     def retract(self, r: Request) -> None:
         """Take r out of the batch: free its slots now, keep its output, queue it again."""
-        self._release(r)
+        # the fault `retract_keeps_entry`: the retraction path forgets the relay entry
+        self._release(r, keep_entry="retract_keeps_entry" in self.cfg.faults)
         r.state = State.WAITING
         r.retractions += 1
         self.n_retracted += 1
@@ -249,7 +260,9 @@ class Scheduler:
 
     def _finish(self, r: Request, reason: str) -> None:
         if r.state is State.RUNNING:
-            self._release(r)
+            # the fault `abort_keeps_row`: a request aborted while running ends when its step in
+            # flight is processed, and that path forgets to return its slot-table row
+            self._release(r, keep_row=r.aborted and "abort_keeps_row" in self.cfg.faults)
         r.state = State.FINISHED
         r.finish_reason = reason
         self.finished.append(r)
@@ -306,7 +319,8 @@ class Scheduler:
             return
         ps = self.pool.page_size
         for i, page in dup:
-            self.pool.release([r.pages[i]])
+            if "dedup_keeps_page" not in self.cfg.faults:  # the fault: our duplicate is never freed
+                self.pool.release([r.pages[i]])
             r.pages[i] = page
             self.row_writes.append((r.row, i * ps, self.pool.slots(r.pages, i * ps, (i + 1) * ps), r.rid))
             self.n_row_rewrites += 1

@@ -20,6 +20,7 @@ class Execution:
     hazards: list = field(default_factory=list)
     violations: list = field(default_factory=list)  # the scheduler's own invariant checks (reservation)
     ownership: list = field(default_factory=list)  # device-side slot ownership (harness.hazards.ownership)
+    leaks: list = field(default_factory=list)  # conservation findings (harness.oracles.conservation)
 
 
 def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0, model="tiny",
@@ -27,6 +28,7 @@ def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0
     """Run a case on a fresh engine; requests are cloned, the case is left as it was."""
     from harness.engine.build import build_engine
     from harness.engine.config import Costs, EngineConfig
+    from harness.oracles import conservation
     from harness.workloads.presets import clone
     kw = dict(case.engine)
     if isinstance(kw.get("costs"), dict):
@@ -74,7 +76,7 @@ def execute(case: Case, *, faults=frozenset(), overlap=True, policy=None, seed=0
                      {r.rid: list(r.output_logprobs) for r in reqs}, steps, eng,
                      list(tracker.hazards) if tracker is not None else [],
                      list(getattr(eng.sched, "violations", ())),
-                     _ownership(tracker))
+                     _ownership(tracker), conservation.findings(eng))
 
 
 def _ownership(tracker) -> list:
@@ -161,6 +163,10 @@ def check(case: Case, *, faults=frozenset(), seed=0, model="tiny", detect="all",
             m = re.match(r"step (\d+)", v)
             return Failure("violation", f"scheduler invariant violated: {v}"[:300], int(m.group(1)) if m else None,
                            ("violation",), "\n".join(got.violations[:10])), got
+        if got.leaks:  # the engine's books, after every step and at idle (harness/oracles/conservation.py)
+            v = got.leaks[0]
+            return Failure("violation", f"conservation: {v}"[:300], v.step, ("violation", "conservation", v.resource),
+                           "\n".join(map(str, got.leaks))), got
         if detect == "hazards":
             return None, got
         ref = execute(case, faults=(), overlap=False, policy="serial", seed=seed, model=model)
@@ -176,7 +182,8 @@ def check(case: Case, *, faults=frozenset(), seed=0, model="tiny", detect="all",
         raise
     except Exception as e:  # the engine broke: a failure too
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if isinstance(e, Hang):
+        from harness.engine.loop import EngineHang
+        if isinstance(e, (Hang, EngineHang)):  # ours, or the engine's own watchdog
             return Failure("hang", msg, None, ("hang",), msg), got
         return Failure("crash", f"{type(e).__name__}: {msg}"[:300], None, ("crash", type(e).__name__),
                        repr(e)), got
