@@ -7,7 +7,7 @@ import os
 import sys
 
 from harness.gate import (format_matrix, format_table, invariance_lines, kill_matrix, overlap_line, path_lines,
-    run_suites, served_hangs, served_overlap_line, start_served)
+    run_suites, served_books_lines, served_hangs, served_overlap_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -68,7 +68,7 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.out)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
@@ -81,10 +81,14 @@ def cmd_check(a) -> int:
     for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
         if line:
             print(line)
+    for line in served_books_lines(a.target):
+        print(line)
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+        for note in h.get("notes") or ():  # what the engine held, and by whom
+            print(f"  {note.strip()}")
     verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
@@ -97,7 +101,7 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.out)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -128,6 +132,9 @@ def _served_flags(p) -> None:
                    "vllm: default SmolLM2-135M from `setup vllm`)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
+    p.add_argument("--out", default="check-out", metavar="DIR",
+                   help="where a served target keeps what a report points to (a HANG's stacks, a server's log) "
+                        "once its temporary work folder is removed (default check-out; made only when needed)")
 
 
 def add_commands(sub) -> None:
