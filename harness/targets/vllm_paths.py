@@ -331,3 +331,4 @@ class PathRun:
     counts_off: dict
     counts_on: dict
     controls: dict = field(default_factory=dict)
+    books: dict = field(default_factory=dict)  # overlap -> the engine's books at idle (VllmTarget.idle_books)
