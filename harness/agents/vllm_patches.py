@@ -223,25 +223,24 @@ PATCHES.update({p.name: p for p in [
         "scheduler's map as FINISHED_ABORTED, holding its KV blocks for ever", "abort", PATHS_SUITE, SCHED,
         "            request.status = finished_status\n"
         "            self._free_request(request, delay_free_blocks=delay_free_blocks)\n",
-        "            # a step in flight may still write the blocks: free them when its output returns\n"
-        "            delay_free_blocks |= request.num_output_placeholders > 0\n"
         "            request.status = finished_status\n"
-        "            self._free_request(request, delay_free_blocks=delay_free_blocks)\n",
+        "            # a step in flight may still write the blocks: free them when its output returns\n"
+        "            self._free_request(request, delay_free_blocks=delay_free_blocks or request.num_output_placeholders > 0)\n",
         ("vllm-project/vllm-ascend#16662", "vllm-project/vllm#32255")),
     VllmPatch(
         "preempt_in_flight_drops_block",
-        "preemption with a step in flight keeps the request's newest block out of the free (the step "
-        "still writes it) and drops it from the request's list: the block stays referenced by no "
+        "preemption with a step in flight frees all of the request's blocks but the newest (the step "
+        "still writes it), to be freed later, which never comes: that block stays referenced by no "
         "request, never free and never evictable", "preemption_in_flight", PATHS_SUITE, SCHED,
         "        self._free_request_blocks(request)\n"
         "        self.encoder_cache_manager.free(request)\n"
         "        self._inflight_prefills.discard(request)\n",
         "        if request.num_output_placeholders > 0:\n"
-        "            # the step in flight still writes the newest block: keep it out of this free\n"
-        "            for manager in self.kv_cache_manager.coordinator.single_type_managers:\n"
-        "                if manager.req_to_blocks.get(request.request_id):\n"
-        "                    manager.req_to_blocks[request.request_id].pop()\n"
-        "        self._free_request_blocks(request)\n"
+        "            # the step in flight still writes the newest block: free the others now, it later\n"
+        "            blocks = self.kv_cache_manager.pop_blocks_for_free(request)\n"
+        "            self.kv_cache_manager.block_pool.free_blocks(reversed(blocks[:-1]))\n"
+        "        else:\n"
+        "            self._free_request_blocks(request)\n"
         "        self.encoder_cache_manager.free(request)\n"
         "        self._inflight_prefills.discard(request)\n",
         ("vllm-project/vllm-ascend#14055", "vllm-project/vllm#45357")),
