@@ -121,3 +121,12 @@ def test_report_files_are_kept_and_the_rest_removed(tmp_path, monkeypatch):
     given = tmp_path / "given"
     T(workdir=str(given)).cleanup()
     assert given.is_dir()
+
+
+def test_an_output_folder_that_is_a_file_is_one_line(tmp_path, capsys):
+    from harness.cli import main
+    f = tmp_path / "out"
+    f.write_text("")
+    assert main(["check", "--target", "vllm", "--out", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"overlap-harness: error: cannot keep reports in --out {f}: it is not a directory", err

@@ -43,6 +43,17 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_out_dir(out: str, error) -> None:
+    """--out: a folder (made when a report needs it) under a writable existing folder."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise error(f"cannot keep reports in --out {out}: it is not a directory")
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(out if os.path.isdir(out) else parent, os.W_OK):
+        raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
+
+
 def cmd_check(a) -> int:
     from harness.flags import UsageError
     from harness.targets import check_fault_names
@@ -68,6 +79,8 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
+    if a.target != "ref":
+        check_out_dir(a.out, UsageError)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.out)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
@@ -101,6 +114,8 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    if a.target != "ref":
+        check_out_dir(a.out, UsageError)
     start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.out)
 
     def progress(label):
