@@ -118,7 +118,8 @@ def test_books_at_idle(path_run, record_property):
         record_property("books", bookmod.line(bk, arm))
     for what in ("aborted_in_flight", "preempted_in_flight"):
         if path_run.counts_on.get(what, 0) <= 0:
-            pytest.fail(f"not exercised: no request {what.replace('_', ' ')} with a step (async on)", pytrace=False)
+            pytest.fail(f"not exercised: no request {what.split('_')[0]} with a step in flight (async on)",
+                        pytrace=False)
     bad = bookmod.findings(on, off)
     if bad:
         pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
