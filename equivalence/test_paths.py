@@ -12,6 +12,9 @@ once one is given, vllm#52461) run again on a second pair without one. A case
 - and checks what the row promises besides (max_tokens: the same sampling steps as the async-off
   arm; the value-reading processor: no placeholder read; abort: the aborted stream is a prefix of
   its unaborted twin's, async off).
+After the workload, once each engine is idle, its own books (harness.oracles.books) must be back:
+every block, request, placeholder, batch row and generator, in both arms, a request aborted or
+preempted with a step in flight included (test_books_at_idle).
 A finding listed in KNOWN_UPSTREAM is reported as KNOWN UPSTREAM (an xfail with its id), never
 as a pass; one that no longer reproduces is said so.
 """
@@ -20,6 +23,7 @@ import time
 import pytest
 
 from harness.agents import plan as planmod
+from harness.oracles import books as bookmod
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
@@ -30,13 +34,14 @@ def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs = vp.build(tok, seed=0)
-    runs, cnt, ctl = {}, {}, {}
+    runs, cnt, ctl, books = {}, {}, {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(target.facts_dir(overlap))))
         runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)
-        time.sleep(0.4)  # the agent flushes its counters every 0.1 s
+        books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
+        time.sleep(0.1)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
-    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl,
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors())
 
 
@@ -136,3 +141,19 @@ def test_path(row, record_property, request):
         for ep in pr.installed:
             record_property("installed", ep)
     judge(row, pr, record_property)
+
+
+def test_books_at_idle(path_run, record_property):
+    """Nothing leaks: after the workload (aborts and preemptions with a step in flight among it),
+    each idle engine has every block, request, placeholder, batch row and generator back, and
+    the async arm holds nothing the off arm released (harness.oracles.books)."""
+    on, off = path_run.books.get(True) or {}, path_run.books.get(False) or {}
+    for arm, bk in (("on", on), ("off", off)):
+        record_property("books", bookmod.line(bk, arm))
+    for what in ("aborted_in_flight", "preempted_in_flight"):
+        if path_run.counts_on.get(what, 0) <= 0:
+            pytest.fail(f"not exercised: no request {what.split('_')[0]} with a step in flight (async on)",
+                        pytrace=False)
+    bad = bookmod.findings(on, off)
+    if bad:
+        pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)

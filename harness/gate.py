@@ -235,7 +235,8 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
-def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=()) -> None:
+def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=(),
+                 out_dir: str | None = None) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if logits_processors and target != "vllm":
@@ -255,6 +256,8 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
             kw["model"] = model
         if logits_processors:
             kw["logits_processors"] = list(logits_processors)
+        if out_dir:  # where a HANG's report and the like outlive the servers' temporary work folder
+            kw["out_dir"] = out_dir
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
@@ -330,6 +333,24 @@ def _served_pair(target: str):
     """The server pair the suites used, as it is (make_target would reset its faults)."""
     from harness import targets
     return targets._SERVED.get((target, targets._DEFAULTS.get(target, {}).get("model")))
+
+
+def served_books_lines(target: str) -> list[str]:
+    """Both arms' books at idle (harness.oracles.books), read as the gate ends: what each engine
+    still holds after every suite ran on it."""
+    pair = _served_pair(target) if target != "ref" else None
+    read = getattr(pair, "idle_books", None)
+    if read is None:
+        return []
+    from harness.oracles import books
+    out = []
+    for overlap in (True, False):
+        arm = "on" if overlap else "off"
+        if overlap in pair.hung:
+            out.append(f"books at idle (async {arm}): not read (the server hung)")
+        elif overlap in pair.servers:
+            out.append(books.line(read(overlap), arm))
+    return out
 
 
 def served_hangs(target: str) -> list[dict]:

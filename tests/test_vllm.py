@@ -186,6 +186,108 @@ def test_source_patch_is_caught(vllm, tok, stock_off, patch):
     assert found, f"{patch}: the patched async server still equals stock vLLM with async off"
 
 
+# -- nothing leaks: the engine's own books at idle (harness.oracles.books) ---------------------
+@pytest.fixture(scope="module")
+def paths_off(vllm, tok):
+    """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
+    async off: its outputs and its books at idle, shared by the tests below."""
+    from harness.targets import vllm_paths as vp
+    reqs = vp.build(tok, seed=0)
+    off, _ = vp.run_with_controls(vllm, reqs, False)
+    return reqs, off, vllm.idle_books(False)
+
+
+def _paths_on(vllm, reqs):
+    """The path workload on the async server: its outputs, books at idle, and the agent's counts."""
+    import time as _time
+    from harness.agents import plan as planmod
+    from harness.targets import vllm_paths as vp
+    before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
+    on, _ = vp.run_with_controls(vllm, reqs, True)
+    t = _time.monotonic()
+    books = vllm.idle_books(True)
+    took = _time.monotonic() - t
+    return on, books, vp.delta(before, vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))), took
+
+
+def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
+    """The quiet half: stock vLLM, async on and off, has every block, request, placeholder, batch
+    row and generator back at idle after requests were aborted and preempted with a step in flight;
+    reading the books once the engine is idle costs well under the 5 s the issue allows."""
+    from harness.oracles import books as bookmod
+    reqs, _, books_off = paths_off
+    _, books_on, c, took = _paths_on(vllm, reqs)
+    assert c.get("aborted_in_flight", 0) > 0 and c.get("preempted_in_flight", 0) > 0, c
+    assert bookmod.findings(books_on, books_off) == []
+    for arm, b in (("on", books_on), ("off", books_off)):
+        print(bookmod.line(b, arm), f"(read in {took:.2f} s)" if arm == "on" else "")  # the idle check's cost
+        assert bookmod.line(b, arm).endswith("everything back")
+
+
+@pytest.mark.parametrize("patch,resource", [
+    ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
+    ("preempt_in_flight_drops_block", "KV blocks referenced by no request"),
+])
+def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
+    """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
+    the resource and who holds it; the token comparison of the same run is printed beside it (a
+    leaked block is never handed out again, so no token needs to change). Where the leak starves
+    the pool first, the HANG report's books must say the same."""
+    from harness import targets
+    from harness.oracles import books as bookmod
+    from harness.targets.served import TargetHang
+    reqs, off, books_off = paths_off
+    on = None
+    try:
+        assert targets.make_target("vllm", {patch}) is vllm
+        on, books_on, _, _ = _paths_on(vllm, reqs)
+        found = bookmod.findings(books_on, books_off)
+    except TargetHang:
+        found = vllm.hangs[-1]["notes"]
+    finally:
+        targets.make_target("vllm", ())
+    assert any(resource in f for f in found), found
+    assert any("with a step in flight" in f for f in found), found  # who held it, and how it was let go
+    tokens = "a HANG" if on is None else \
+        f"{len(_clear_divergences(off, on) + record_problems(on.outputs, run_logprobs(on)))} finding(s)"
+    print(f"{patch}: books: {found[0]}; the token comparison: {tokens}")
+
+
+def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
+    """Enough requests aborted with a step in flight under abort_in_flight_keeps_blocks hold every
+    block: the next request can never be admitted, and the run ends as HANG within the watchdog's
+    bound, the report saying what is held and by whom."""
+    import random
+    import time
+    from harness import targets
+    from harness.engine.request import Request
+    from harness.targets.served import TargetHang, hang_bound, progress_of
+    from harness.agents import plan as planmod
+    rng = random.Random(23)  # a seed of its own: distinct prompts, so no two share a cached block
+    words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
+    reqs = []
+    for i in range(20):  # 20 prompts of about 70 tokens: 3 blocks each, the pool holds 27
+        r = Request(rid=f"lk{i}", prompt_ids=tok.encode(" ".join(rng.choice(words) for _ in range(70)))[:70],
+                    max_new_tokens=48, arrival=i % 4)
+        r.abort_after, r.ignore_eos = 2, True
+        reqs.append(r)
+    reqs.append(Request(rid="after", prompt_ids=tok.encode("one two three"), max_new_tokens=8, arrival=40))
+    try:
+        targets.make_target("vllm", {"abort_in_flight_keeps_blocks"})
+        vllm.url(True)  # the restart on the patched copy is not the bound's
+        _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
+        t = time.monotonic()
+        with pytest.raises(TargetHang, match=r"HANG: vllm \(overlap on\): no new token"):
+            vllm.run(reqs, overlap=True)
+        took = time.monotonic() - t
+        h = vllm.hangs[-1]
+    finally:
+        targets.make_target("vllm", ())  # revives the hung server for whatever runs next
+    notes = "\n".join(h["notes"])
+    assert "a starved pool" in notes and "FINISHED_ABORTED, aborted with a step in flight" in notes, notes
+    print(h["line"], *h["notes"], f"(the run took {took:.1f} s; bound {hang_bound(period):.1f} s)", sep="\n")
+
+
 def test_spinning_engine_is_a_hang(vllm, tok):
     """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
     within the watchdog's bound, with every server process's stacks and the agent's facts in the

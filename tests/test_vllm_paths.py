@@ -327,3 +327,22 @@ def test_gsm8k_truth_model_must_load(capsys):
     assert main(["gsm8k", "--truth-model", "nope", "--data", str(ROOT / "pyproject.toml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--truth-model nope: unknown model 'nope'" in err[-1], err
+
+
+def test_books_at_idle_judges_both_arms_and_the_in_flight_paths():
+    """test_paths::test_books_at_idle on a PathRun: quiet when both arms' books are back and the
+    async arm aborted and preempted with a step in flight; "not exercised" without those; a leak
+    fails it, naming the resource."""
+    from equivalence.test_paths import test_books_at_idle
+    from tests.test_books import _books
+    flown = {"aborted_in_flight": 2, "preempted_in_flight": 5}
+    pr = _path_run([5, 6, 7, 8], flown)
+    pr.books = {True: _books(blocks_cached_evictable=2), False: _books()}
+    test_books_at_idle(pr, lambda *kv: None)
+    pr.counts_on = {"aborted_in_flight": 2}
+    with pytest.raises(pytest.fail.Exception, match=r"not exercised: no request preempted with a step in flight \(async on\)"):
+        test_books_at_idle(pr, lambda *kv: None)
+    pr.counts_on = flown
+    pr.books[True] = _books(requests=1, kv_requests=1, blocks_in_use=1, blocks_free=26)
+    with pytest.raises(pytest.fail.Exception, match=r"books: async on: 1 KV blocks still referenced at idle"):
+        test_books_at_idle(pr, lambda *kv: None)

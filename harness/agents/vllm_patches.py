@@ -211,6 +211,43 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
 ]}
 
 
+# -- leaks: what an idle engine still holds (issue 23; harness.oracles.books) --------------------
+# Neither changes a token (a leaked block is never handed out again, so nothing reads it): the
+# token comparison passes them; the engine's books at idle (test_paths.py::test_books_at_idle)
+# must not. Enough of them starve the pool, and the run ends as HANG.
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "abort_in_flight_keeps_blocks",
+        "a request aborted (the client disconnected) with a step in flight defers freeing its blocks "
+        "until that step's output returns, which never frees a finished request: it stays in the "
+        "scheduler's map as FINISHED_ABORTED, holding its KV blocks for ever", "abort", PATHS_SUITE, SCHED,
+        "            request.status = finished_status\n"
+        "            self._free_request(request, delay_free_blocks=delay_free_blocks)\n",
+        "            request.status = finished_status\n"
+        "            # a step in flight may still write the blocks: free them when its output returns\n"
+        "            self._free_request(request, delay_free_blocks=delay_free_blocks or request.num_output_placeholders > 0)\n",
+        ("vllm-project/vllm-ascend#16662", "vllm-project/vllm#32255")),
+    VllmPatch(
+        "preempt_in_flight_drops_block",
+        "preemption with a step in flight frees all of the request's blocks but the newest (the step "
+        "still writes it), to be freed later, which never comes: that block stays referenced by no "
+        "request, never free and never evictable", "preemption_in_flight", PATHS_SUITE, SCHED,
+        "        self._free_request_blocks(request)\n"
+        "        self.encoder_cache_manager.free(request)\n"
+        "        self._inflight_prefills.discard(request)\n",
+        "        if request.num_output_placeholders > 0:\n"
+        "            # the step in flight still writes the newest block: free the others now, it later\n"
+        "            blocks = self.kv_cache_manager.pop_blocks_for_free(request)\n"
+        "            self.kv_cache_manager.block_pool.free_blocks(reversed(blocks[:-1]))\n"
+        "        else:\n"
+        "            self._free_request_blocks(request)\n"
+        "        self.encoder_cache_manager.free(request)\n"
+        "        self._inflight_prefills.discard(request)\n",
+        ("vllm-project/vllm-ascend#14055", "vllm-project/vllm#45357")),
+]})
+LEAK_PATCHES = ("abort_in_flight_keeps_blocks", "preempt_in_flight_drops_block")
+
+
 def check_names(names, exc=ValueError) -> None:
     unknown = sorted(set(names) - set(PATCHES))
     if unknown:

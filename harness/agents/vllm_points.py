@@ -90,6 +90,27 @@ POINTS += [
     Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
           "rewinds the generators of discarded samples: on CPU from the snapshot"),
 ]
+# The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
+# preempted or aborted request held, and reads these objects when the engine core goes idle (the
+# attributes below, checked against the source like the patched functions).
+POINTS += [
+    Point("books_preempt", "vllm.v1.core.sched.scheduler", "Scheduler._preempt_request",
+          "records the blocks a preempted request held and whether a step of it was in flight"),
+    Point("books_abort", "vllm.v1.core.sched.scheduler", "Scheduler.finish_requests",
+          "records the blocks an aborted request held and whether a step of it was in flight"),
+    Point("books_scheduler", "vllm.v1.core.sched.scheduler", "Scheduler.has_requests",
+          "idle: the scheduler's request map, queues, finished ids and deferred frees are read"),
+    Point("books_pool", "vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks",
+          "idle: every block's reference count and hash, the free queue's length"),
+    Point("books_manager", "vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager.free",
+          "idle: which request each block belongs to (req_to_blocks)"),
+    Point("books_coordinator", "vllm.v1.core.kv_cache_manager", "KVCacheManager.free",
+          "idle: the coordinator's single-type managers"),
+    Point("books_request", "vllm.v1.request", "Request.is_finished",
+          "idle: a held request's placeholders, stale outputs and tokens in flight"),
+    Point("books_batch", "vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request",
+          "after each worker step: the input batch's rows and the seeded requests' generators"),
+]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 
@@ -143,6 +164,18 @@ ATTRIBUTES = {
     "engine_step": ("EngineCore", ("batch_queue", "batch_queue_size", "scheduler")),
     "runner_init": ("GPUModelRunner", ("use_async_scheduling",)),
 }
+
+
+ATTRIBUTES.update({
+    "books_scheduler": ("Scheduler", ("requests", "running", "waiting", "kv_holding_waiting", "deferred_waiting",
+                                      "finished_req_ids", "deferred_frees", "_inflight_prefills", "kv_cache_manager")),
+    "books_pool": ("BlockPool", ("blocks", "free_block_queue", "null_block", "num_gpu_blocks")),
+    "books_manager": ("SingleTypeKVCacheManager", ("req_to_blocks",)),
+    "books_coordinator": ("KVCacheManager", ("coordinator", "block_pool")),
+    "books_request": ("Request", ("num_output_placeholders", "num_stale_output_tokens", "num_in_flight_tokens",
+                                  "status", "request_id")),
+    "books_batch": ("InputBatch", ("_req_ids", "req_id_to_index", "generators")),
+})
 
 
 def check_source(site_packages) -> list[str]:

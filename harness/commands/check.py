@@ -7,7 +7,7 @@ import os
 import sys
 
 from harness.gate import (conservation_line, format_matrix, format_table, invariance_lines, kill_matrix,
-    overlap_line, path_lines, run_suites, served_hangs, served_overlap_line, start_served)
+    overlap_line, path_lines, run_suites, served_books_lines, served_hangs, served_overlap_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -43,6 +43,17 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_out_dir(out: str, error) -> None:
+    """--out: a folder (made when a report needs it) under a writable existing folder."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise error(f"cannot keep reports in --out {out}: it is not a directory")
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(out if os.path.isdir(out) else parent, os.W_OK):
+        raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
+
+
 def cmd_check(a) -> int:
     from harness.flags import UsageError
     from harness.targets import check_fault_names
@@ -68,7 +79,9 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor)
+    if a.target != "ref":
+        check_out_dir(a.out, UsageError)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
@@ -82,10 +95,14 @@ def cmd_check(a) -> int:
                  conservation_line(res)):
         if line:
             print(line)
+    for line in served_books_lines(a.target):
+        print(line)
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+        for note in h.get("notes") or ():  # what the engine held, and by whom
+            print(f"  {note.strip()}")
     for line in res.hangs[:3]:  # the ref engine's watchdog: what is held and by whom
         print(line)
     if len(res.hangs) > 3:
@@ -102,7 +119,9 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor)
+    if a.target != "ref":
+        check_out_dir(a.out, UsageError)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor, a.out)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -137,6 +156,9 @@ def _served_flags(p) -> None:
                    help="vllm: a vllm.logits_processors entry point the servers load besides those installed in "
                         "vLLM's venv, as if installed there (repeatable); the report lists them all and the paths "
                         "workload runs them async on vs off, with vLLM's placeholder repair on and off")
+    p.add_argument("--out", default="check-out", metavar="DIR",
+                   help="where a served target keeps what a report points to (a HANG's stacks, a server's log) "
+                        "once its temporary work folder is removed (default check-out; made only when needed)")
 
 
 def add_commands(sub) -> None:

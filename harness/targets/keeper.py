@@ -4,11 +4,14 @@ The target starts `python -m harness.targets.keeper CMD...` in a new session, wi
 parent-death signal: however the target ends, even by SIGKILL, the keeper gets SIGTERM and
 ends every process of the group (the server and what it spawned: vLLM's engine core and
 worker), SIGKILL after a grace period. Without it, a killed target leaves a server's children
-running, since the kernel signals only a direct child of the dead process.
+running, since the kernel signals only a direct child of the dead process. Given
+`--orphan-remove DIR --` before the command, a keeper whose target died removes DIR (the
+target's temporary work folder) after the group is down: a killed run leaves nothing behind.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +21,10 @@ GRACE_S = 8.0
 
 
 def main(argv: list[str]) -> int:
+    orphan_dir = None
+    if argv[:1] == ["--orphan-remove"]:  # --orphan-remove DIR -- CMD...
+        orphan_dir, argv = argv[1], argv[3:]
+    parent = os.getppid()
     child = subprocess.Popen(argv)
     group = os.getpgrp()
 
@@ -31,6 +38,10 @@ def main(argv: list[str]) -> int:
         while not _exited(child.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # let the server's own children finish their shutdown
+        if orphan_dir and os.getppid() != parent:
+            # the target died (SIGKILL, or it never reached its cleanup): nobody else removes its
+            # temporary work folder. Not on a plain stop: the target still uses the folder then
+            shutil.rmtree(orphan_dir, ignore_errors=True)
         os.killpg(group, signal.SIGKILL)  # whatever is left, ourselves included
 
     signal.signal(signal.SIGTERM, end)

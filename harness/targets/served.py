@@ -89,12 +89,15 @@ def _die_with_parent():
 
 
 class ServerProcess:
-    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, cwd: Path | None = None):
+    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, cwd: Path | None = None,
+                 orphan_dir: Path | None = None):
         self.name, self.cmd, self.log_path = name, cmd, log_path
         self.port = None
         self._log = open(log_path, "wb")
-        # through the keeper: it takes the server's whole group down, even when we are killed
-        cmd = [sys.executable, "-m", "harness.targets.keeper", *cmd]
+        # through the keeper: it takes the server's whole group down, even when we are killed, and
+        # then removes `orphan_dir` (our temporary work folder) when we died without doing it
+        orphan = ["--orphan-remove", str(orphan_dir), "--"] if orphan_dir else []
+        cmd = [sys.executable, "-m", "harness.targets.keeper", *orphan, *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
                                      preexec_fn=_die_with_parent)
@@ -188,9 +191,17 @@ class ServedTarget(Target):
     # (what a user's engine without our agent does): the overlap check must then fail
     keep_overlap = True
 
-    def __init__(self, workdir: str | None = None, concurrency: int = 32, seed: int = 0):
+    def __init__(self, workdir: str | None = None, concurrency: int = 32, seed: int = 0,
+                 out_dir: str | None = None):
+        # a work folder of our own (plans, facts, server logs) is temporary: removed when the target
+        # closes or the process exits (the keeper removes it when we are killed); what a report
+        # points to is kept in `out_dir` first (keep()). A folder the caller gave stays.
+        self.owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"oh-{self.name}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = Path(out_dir) if out_dir else None
+        if self.owns_workdir:
+            atexit.register(self.cleanup)
         self.concurrency = concurrency
         self.seed = seed
         self.servers: dict[bool, ServerProcess] = {}
@@ -258,7 +269,8 @@ class ServedTarget(Target):
             log = self.workdir / f"server-{'on' if overlap else 'off'}.log"
             s = ServerProcess(f"{self.name} server (overlap {'on' if overlap else 'off'})",
                               self.server_command(overlap, port), env, log,
-                              cwd=self.workdir)  # not the checkout: a stale egg-info there hides entry points
+                              cwd=self.workdir,  # not the checkout: a stale egg-info there hides entry points
+                              orphan_dir=self.workdir if self.owns_workdir else None)
             s.port = port
             self.servers[overlap] = s
         try:
@@ -274,6 +286,24 @@ class ServedTarget(Target):
         for s in self.servers.values():
             s.stop()
         self.servers.clear()
+
+    def keep(self, path: Path) -> Path:
+        """Where a file a report points to (a HANG's report, a CRASH's log) outlives the run: a copy
+        in out_dir/<work folder's name>/; without an out_dir the work folder itself is kept."""
+        import shutil
+        if self.out_dir is None:
+            self.owns_workdir = False  # nowhere else to keep it: the work folder stays, said by the path
+            return Path(path)
+        dest = self.out_dir / self.workdir.name
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy2(path, dest / Path(path).name))
+
+    def cleanup(self) -> None:
+        """Stop the servers and remove the work folder if it is our own temporary one."""
+        import shutil
+        self.close()
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def url(self, overlap: bool) -> str:
         if overlap not in self.servers:
@@ -407,6 +437,10 @@ class ServedTarget(Target):
             if stalled > bound:
                 self._hang(overlap, stalled, bound, period, len(pending), steps - steps_then)
 
+    def hang_notes(self, overlap: bool, facts: list[dict]) -> list[str]:
+        """Lines a HANG report opens with besides its line (a subclass: what the engine still holds)."""
+        return []
+
     def stacks(self, overlap: bool, wait_s: float = 3.0) -> dict[int, str]:
         """Every thread's stack of each process of one server whose agent registered for it
         (faulthandler on SIGUSR1, facts_dir/stacks-<pid>.txt): {pid: text}."""
@@ -450,7 +484,8 @@ class ServedTarget(Target):
         stacks = self.stacks(overlap)
         facts = planmod.read_facts(str(self.facts_dir(overlap)))
         report = self.workdir / f"hang-{mode}-{len(self.hangs) + 1}.txt"
-        parts = [line, "", "the agent's last facts:", json.dumps(facts, indent=1), ""]
+        notes = self.hang_notes(overlap, facts)
+        parts = [line, "", *notes, "", "the agent's last facts:", json.dumps(facts, indent=1), ""]
         for pid, text in sorted(stacks.items()):
             parts += [f"stacks of process {pid}:", text, ""]
         if not stacks:
@@ -459,8 +494,10 @@ class ServedTarget(Target):
         s = self.servers.pop(overlap, None)
         if s is not None:
             s.stop(grace=3.0)  # ends the abandoned requests: their connections close
+            self.keep(s.log_path)  # the server's log beside the report
+        report = self.keep(report)
         self.hung[overlap] = line
-        self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks)})
+        self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks), "notes": notes})
         raise TargetHang(f"{line}; stacks of {len(stacks)} process(es) and the agent's facts in {report}")
 
     def settled_facts(self, overlap: bool, received: int) -> list[dict]:

@@ -14,6 +14,7 @@ a rounding and a request can legitimately diverge (the tie/race classifier then 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from harness.targets import vllm_setup as setup_cmd
@@ -27,6 +28,10 @@ def check_fault_names(faults, exc=ValueError) -> None:
     unknown = sorted(set(faults) - set(CATALOGUE) - set(PATCHES))
     if unknown:
         raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
+
+
+BOOKS_WAIT_S = 3.0  # after a run, how long the engine may take to go idle (its last steps drain)
+BOOKS_POLL_S = 0.15  # the worker's books are final once two reads this far apart agree
 
 
 def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
@@ -228,3 +233,64 @@ class VllmTarget(ServedTarget):
             evidence += (f"; time, {e.get('executor')} (the worker is its own process, same clock): {k} of the "
                          f"last {m} schedules began during a forward" if m else "; no forward times to compare")
         return effective, host_order.line(effective, why, evidence)
+
+    # -- the engine's own books at idle (harness.oracles.books) ------------------------------
+    def idle_books(self, overlap: bool, wait_s: float = BOOKS_WAIT_S) -> dict:
+        """One server's books once its engine is idle: {"engine": the engine core's, taken at its
+        last step (no step since), "worker": the worker's after its last step}; a part is None
+        when the engine did not go idle within `wait_s` (a request left in a scheduler set does
+        that too), with why under "<part>_error". Kept in self.books for the gate's report."""
+        from harness.agents import plan as planmod
+        deadline = time.monotonic() + wait_s
+        last = None
+        while True:
+            facts = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if _alive(f.get("pid"))]
+            now = _books_of(facts)
+            if (now["engine"] is not None and now == last) or time.monotonic() > deadline:
+                break
+            last = now
+            time.sleep(BOOKS_POLL_S)
+        if now["engine"] is None and not now.get("engine_error"):
+            now["engine_error"] = f"the engine core did not go idle within {wait_s:.0f} s of the run's end"
+        if not hasattr(self, "books"):
+            self.books = {}
+        self.books[overlap] = now
+        return now
+
+    def hang_notes(self, overlap: bool, facts: list[dict]) -> list[str]:
+        """What a hung engine holds, and by whom: its books as the agent last read them (starved:
+        requests waited and none ran), with the oracle's findings."""
+        from harness.oracles import books as bookmod
+        e = next((f for f in facts if f.get("role") == "engine" and (f.get("starved_books") or f.get("books"))), None)
+        if e is None:
+            return []
+        arm = "on" if overlap else "off"
+        b = {"engine": e.get("starved_books") or e["books"]}
+        when = "as requests waited and none ran (a starved pool)" if e.get("starved_books") else "at its last idle"
+        out = [bookmod.line(b, arm).replace("books at idle", f"books {when}", 1)]
+        return out + [f"  {x.replace(' at idle', '')}" for x in bookmod.leaks(b, arm)
+                      if not x.split(": ", 1)[1].split(" ", 1)[1].startswith("requests still waiting")][:4]
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (TypeError, ValueError, ProcessLookupError, PermissionError):
+        return False
+
+
+def _books_of(facts: list[dict]) -> dict:
+    """The books in the agent's facts: the engine core's only if taken at its latest step."""
+    out = {"engine": None, "worker": None}
+    for role in ("engine", "worker"):
+        for f in facts:
+            if f.get("role") != role:
+                continue
+            b = f.get("books")
+            if f.get("books_error"):
+                out[f"{role}_error"] = f["books_error"]
+            if role == "engine" and b is not None and b.get("step") != f.get("steps"):
+                b = None  # a step ran since: not idle (yet)
+            out[role] = b
+    return out

@@ -510,6 +510,7 @@ class PathRun:
     counts_on: dict
     controls: dict = field(default_factory=dict)
     installed: list = field(default_factory=list)  # "name = module:attr" of every vllm.logits_processors entry point
+    books: dict = field(default_factory=dict)  # overlap -> the engine's books at idle (VllmTarget.idle_books)
 
 
 def bare_rows() -> list[PathRow]:
