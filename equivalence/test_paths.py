@@ -21,6 +21,7 @@ from harness.agents import plan as planmod
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
+from harness.targets import vllm_releases as vr
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,9 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
-def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> None:
-    """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table."""
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None) -> None:
+    """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
+    `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
     c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
     if record_property is not None:
         record_property("path_count", f"{row.name}={c_on}/{c_off}")
@@ -86,7 +88,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
-    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both)
+    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both, version=version)
     for kid in gone:
         if record_property is not None:
             record_property("known_gone", kid)
@@ -98,7 +100,11 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
 
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)
-def test_path(path_run, row, record_property):
+def test_path(target, path_run, row, record_property):
     if row.cpu_reason:
         pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
-    judge(row, path_run, record_property)
+    version = getattr(target, "version", None)
+    absent = vr.row_absent(row.name, version)
+    if absent:  # the release has no such path: n/a, reported apart by the gate
+        pytest.skip(absent)
+    judge(row, path_run, record_property, version=version)

