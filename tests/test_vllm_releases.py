@@ -16,6 +16,7 @@ import pytest
 from harness.agents import vllm_points
 from harness.cli import main
 from harness.targets import vllm_releases as vr
+from harness.targets.vllm import row_absent
 
 SUPPORTED = [v for v in vr.versions() if not vr.release(v).unsupported]
 
@@ -102,17 +103,17 @@ def test_the_pinned_release_is_as_before():
     rel = vr.release(vr.PINNED)
     assert rel.pinned and rel.torch == "2.13.0" and not rel.requirements_extra()
     assert rel.adaptations() == ["async scheduling forced on (the CPU platform turns it off)"]
-    assert all(vr.row_absent(r, vr.PINNED) == "" for r in vr.ROW_NEEDS)
+    assert all(row_absent(r, vr.PINNED) == "" for r in vr.ROW_NEEDS)
     assert vr.home(vr.PINNED, Path("/c")) == Path("/c/vllm")
     assert vr.home("0.13.0", Path("/c")) == Path("/c/vllm-releases/0.13.0")
 
 
 def test_a_row_a_release_lacks_is_na():
-    why = vr.row_absent("pause_resume", "0.13.0")
+    why = row_absent("pause_resume", "0.13.0")
     assert why.startswith("n/a in 0.13.0: pause_resume:") and "0.17.0" in why
-    assert vr.row_absent("pause_resume", "0.17.0") == ""
-    assert vr.row_absent("structured_output", "0.10.2").startswith("n/a in 0.10.2")
-    assert vr.row_absent("penalties", "0.10.2") == ""  # a row that needs nothing special
+    assert row_absent("pause_resume", "0.17.0") == ""
+    assert row_absent("structured_output", "0.10.2").startswith("n/a in 0.10.2")
+    assert row_absent("penalties", "0.10.2") == ""  # a row that needs nothing special
 
 
 def test_old_releases_say_what_is_adapted():
@@ -185,3 +186,35 @@ def test_the_releases_workflow_sweeps_table_releases():
     assert vr.PINNED in job["strategy"]["matrix"]["version"]
     script = "\n".join(st.get("run", "") for st in job["steps"])
     assert 'setup vllm --version "$V"' in script and '--target vllm --vllm-version "$V"' in script
+
+
+def test_cuda_stubs_let_the_async_output_path_run_without_a_driver():
+    """What an old release's AsyncGPUModelRunnerOutput.__init__ calls (0.13.0's lines) runs inside
+    the agent's stubs and raises outside them; the stubs are gone afterwards."""
+    import torch
+
+    from harness.agents.vllm_plugin import _CudaStubs
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the stubs are never installed (vLLM's own calls are real)")
+
+    class _StreamPlaceholder:  # the CPU model runner's, before 0.25: no wait_stream
+        pass
+
+    copy_stream = _StreamPlaceholder()
+    before = torch.cuda.current_stream, torch.cuda.stream, getattr(torch, "Event", None)
+
+    def async_output_init(copy_stream):  # 0.13.0: vllm/v1/worker/gpu_model_runner.py
+        ev = torch.Event()
+        default_stream = torch.cuda.current_stream()
+        with torch.cuda.stream(copy_stream):
+            copy_stream.wait_stream(default_stream)
+            out = torch.arange(4).to("cpu", non_blocking=True)
+            ev.record()
+        ev.synchronize()
+        return out
+
+    with pytest.raises((RuntimeError, AssertionError, AttributeError)):
+        async_output_init(copy_stream)
+    with _CudaStubs((copy_stream,)):
+        assert async_output_init(copy_stream).tolist() == [0, 1, 2, 3]
+    assert (torch.cuda.current_stream, torch.cuda.stream, getattr(torch, "Event", None)) == before

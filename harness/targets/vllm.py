@@ -30,6 +30,24 @@ def check_fault_names(faults, exc=ValueError) -> None:
         raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
 
 
+def row_absent(row: str, version: str | None) -> str:
+    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
+    if version is None:
+        return ""
+    from harness.agents.vllm_points import POINTS_BY_NAME
+    rel = vllm_releases.release(version)
+    for need in vllm_releases.ROW_NEEDS.get(row, ()):
+        if need.startswith("point:"):
+            p = POINTS_BY_NAME[need[6:]]
+            if not p.exists_in(version):
+                return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
+                        f"{p.since}")
+        elif not rel.has(need):
+            f = vllm_releases.FACTS[need]
+            return f"n/a in {version}: {row}: {f.why}, from {f.since}"
+    return ""
+
+
 class VllmTarget(ServedTarget):
     name = "vllm"
 
@@ -82,6 +100,10 @@ class VllmTarget(ServedTarget):
 
     def served_key(self) -> str:
         return self.model_path
+
+    def row_absent(self, row: str) -> str:
+        """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
+        return row_absent(row, self.version)
 
     def plan_extra(self) -> dict:
         return {"release": self.version}  # the agent patches what this release has

@@ -234,6 +234,7 @@ def remove(version: str, root: Path | None = None) -> int:
 # The path rows (harness.targets.vllm_paths.PATHS) that need a point or a feature some releases
 # lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
 # "point:X" is a patch point of harness.agents.vllm_points (its `since`); anything else a FACTS name.
+# (harness.targets.vllm.row_absent reads it: the points import this module, not the reverse)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "preemption": ("point:preempt",),
     "preemption_in_flight": ("point:preempt",),
@@ -247,20 +248,3 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "logits_processor_entry_point": ("entry_point_logits_processors",),
 }
 
-
-def row_absent(row: str, version: str | None) -> str:
-    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
-    if version is None:
-        return ""
-    from harness.agents.vllm_points import POINTS_BY_NAME
-    rel = release(version)
-    for need in ROW_NEEDS.get(row, ()):
-        if need.startswith("point:"):
-            p = POINTS_BY_NAME[need[6:]]
-            if not p.exists_in(version):
-                return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
-                        f"{p.since}")
-        elif not rel.has(need):
-            f = FACTS[need]
-            return f"n/a in {version}: {row}: {f.why}, from {f.since}"
-    return ""
