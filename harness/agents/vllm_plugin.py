@@ -622,8 +622,13 @@ def _bookkeeping(orig):
     def _bookkeeping_sync(self, *a, **kw):
         gens = self.input_batch.generators
         mask = getattr(getattr(self, "discard_request_mask", None), "np", None)
-        if mask is not None and gens:  # path count: seeded samples vLLM discards (a partial prefill)
-            n = sum(1 for i in mask[:self.input_batch.num_reqs].nonzero()[0] if int(i) in gens)
+        if mask is not None:
+            discarded = mask[:self.input_batch.num_reqs].nonzero()[0]
+        else:  # before 0.13: the discarded rows' indices, and how many there are
+            idx = getattr(getattr(self, "discard_request_indices", None), "np", None)
+            discarded = idx[:getattr(self, "num_discarded_requests", 0)] if idx is not None else ()
+        if gens:  # path count: seeded samples vLLM discards (a partial prefill)
+            n = sum(1 for i in discarded if int(i) in gens)
             if n:
                 _facts("worker").add("seeded_discards", n)
         if "cpu_generator_rewind" in _PLAN.data.get("stock", ()):
