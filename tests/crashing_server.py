@@ -1,7 +1,9 @@
 """A stand-in OpenAI completions server for the CRASH tests: /health answers 200; a completion
 echoes the prompt's first ids back (logprobs in vLLM's "token_id:N" shape). With
 STAND_IN_CRASH=1 the first completion kills the process the way an engine core's exception
-does: its traceback on stderr, then exit code 7.
+does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine the process
+lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
+completion and to /health.
 
     python crashing_server.py --port P
 """
@@ -20,12 +22,29 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    dead = False
+
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
+        self.send_response((500 if Handler.dead else 200) if self.path == "/health" else 404)
+        self.end_headers()
+
+    def _500(self):
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if Handler.dead:
+            return self._500()
+        if os.environ.get("STAND_IN_CRASH") == "dead-engine":
+            try:
+                schedule_step(body)
+            except RuntimeError:
+                traceback.print_exc()
+                sys.stderr.flush()
+                Handler.dead = True
+                return self._500()
         if os.environ.get("STAND_IN_CRASH") == "1":
             try:
                 schedule_step(body)

@@ -17,16 +17,17 @@ class StandIn(ServedTarget):
     name = "stand-in"
     start_timeout = 30.0
 
-    def __init__(self, crash_on: bool, **kw):
+    def __init__(self, crash_on, **kw):
         super().__init__(**kw)
-        self.crash_on = crash_on
+        self.crash_on = crash_on  # False, True (the process dies) or "dead-engine"
 
     def server_command(self, overlap, port):
         return [sys.executable, str(STAND_IN), "--port", str(port)]
 
     def server_env(self, overlap):
         env = super().server_env(overlap)
-        env["STAND_IN_CRASH"] = "1" if overlap and self.crash_on else "0"
+        env["STAND_IN_CRASH"] = ("dead-engine" if self.crash_on == "dead-engine" else "1") \
+            if overlap and self.crash_on else "0"
         return env
 
     def model_name(self):
@@ -52,6 +53,19 @@ def test_a_dying_server_is_a_crash_with_its_traceback(tmp_path):
         with pytest.raises(TargetCrash, match=r"^the server is gone: CRASH: stand-in \(overlap on\)"):
             t.run(_reqs(), overlap=True)  # later runs: the CRASH, not a refused connection
         assert len(t.run(_reqs(), overlap=False).outputs) == 3
+    finally:
+        t.close()
+
+
+def test_an_engine_dead_behind_a_live_server_is_a_crash(tmp_path):
+    t = StandIn(crash_on="dead-engine", workdir=str(tmp_path), concurrency=4)
+    try:
+        with pytest.raises(TargetCrash) as e:
+            t.run(_reqs(), overlap=True)
+        assert str(e.value).startswith("CRASH: stand-in (overlap on) has a dead engine (its API server answers "
+                                       "/health with 500)") and "step 3 found a placeholder" in str(e.value)
+        with pytest.raises(TargetCrash, match="^the server is gone"):
+            t.run(_reqs(), overlap=True)
     finally:
         t.close()
 

@@ -507,26 +507,41 @@ class ServedTarget(Target):
 
     def _check_alive(self, overlap: bool, wait_s: float = 0.0) -> None:
         """Raise TargetCrash when the server of this arm has exited under a run (waiting up to
-        `wait_s` for it to finish exiting: a cut connection comes before the exit code)."""
+        `wait_s` for it to finish exiting: a cut connection comes before the exit code), or, with
+        a `wait_s`, when it still runs but its health check fails: an engine that died behind a
+        live API server (vLLM's answers 500 to every request then)."""
         s = self.servers.get(overlap)
         if s is None:
             return
         deadline = time.monotonic() + wait_s
         while s.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if s.proc.poll() is None:
+        how = None
+        if s.proc.poll() is not None:
+            how = f"exited with code {s.proc.returncode}"
+        elif wait_s:
+            code = self._health(s)
+            if code != 200:
+                how = f"has a dead engine (its API server answers {self.health_path} with {code})"
+        if how is None:
             return
         mode = "on" if overlap else "off"
         case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
         tb = engine_traceback(s.log_path)
         last = exception_line(tb)
-        line = (f"CRASH: {self.name} (overlap {mode}) exited with code {s.proc.returncode} while {case} ran: "
-                f"{last[:200]}")
+        line = f"CRASH: {self.name} (overlap {mode}) {how} while {case} ran: {last[:200]}"
         self.servers.pop(overlap, None)
         s.stop(grace=1.0)
         self.crashed[overlap] = line
         self.crashes.append({"line": line, "traceback": tb, "log": str(s.log_path)})
         raise TargetCrash(f"{line} (log {s.log_path})")
+
+    def _health(self, s: "ServerProcess"):
+        import httpx
+        try:
+            return httpx.get(f"http://127.0.0.1:{s.port}{self.health_path}", timeout=5.0).status_code
+        except httpx.HTTPError as e:
+            return type(e).__name__
 
     def settled_facts(self, overlap: bool, received: int) -> list[dict]:
         """The agent's facts once its token counter accounts for the `received` tokens of the run
