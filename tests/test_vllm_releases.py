@@ -218,3 +218,14 @@ def test_cuda_stubs_let_the_async_output_path_run_without_a_driver():
     with _CudaStubs((copy_stream,)):
         assert async_output_init(copy_stream).tolist() == [0, 1, 2, 3]
     assert (torch.cuda.current_stream, torch.cuda.stream, getattr(torch, "Event", None)) == before
+
+
+def test_classify_counts_a_known_entry_only_in_the_release_in_force():
+    """The gate passes the release to the classification: outside the entry's range the same
+    finding is new (it fails), inside it is KNOWN UPSTREAM."""
+    from harness.targets.vllm_paths import KnownUpstream, classify
+    k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
+                      introduced="0.11.0", fixed="0.14.0")
+    finding = ["request pen0 diverges at token 3 (race)"]
+    assert classify("penalties", finding, [k], version="0.13.0") == ([], [("x", finding[0])], [])
+    assert classify("penalties", finding, [k], version="0.20.2") == (finding, [], [])
