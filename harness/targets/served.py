@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,39 @@ class TargetError(RuntimeError):
 
 class TargetHang(TargetError):
     """A run made no progress within the watchdog's bound: the server was dumped and stopped."""
+
+
+class TargetCrash(TargetError):
+    """A server died under a run: a finding of its own (arm, exit code, case, the engine's traceback)."""
+
+
+def _log_body(line: str) -> str:
+    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ")."""
+    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", line)
+
+
+def engine_traceback(log_path: Path, limit: int = 40) -> str:
+    """The last Python traceback in a server's log (the engine core's own, where it died), at most
+    `limit` lines, ending with its exception line; else the log's last error line."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+    if not starts:
+        errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
+        return errs[-1].strip() if errs else ""
+    block = [lines[starts[-1]]]
+    for ln in lines[starts[-1] + 1:]:
+        block.append(ln)
+        body = _log_body(ln)
+        if body and not body.startswith((" ", "\t")):
+            break  # the exception line closes the traceback
+    return "\n".join(block[-limit:])
+
+
+def exception_line(tb: str) -> str:
+    return _log_body(tb.strip().splitlines()[-1]).strip() if tb.strip() else "no traceback in its log"
 
 
 # The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine
@@ -209,6 +243,8 @@ class ServedTarget(Target):
         self._tok = None
         self.hung: dict[bool, str] = {}  # a server the watchdog stopped: later runs on it fail at once
         self.hangs: list[dict] = []  # every HANG of this target: {"line", "report"} for the gate
+        self.crashed: dict[bool, str] = {}  # a server that died under a run: later runs say so at once
+        self.crashes: list[dict] = []  # every CRASH: {"line", "traceback", "log"} for the gate
         self._sent = 0
         self.facts_before: list[dict] = []  # the agent's facts as the last run began
 
@@ -218,6 +254,10 @@ class ServedTarget(Target):
 
     def server_env(self, overlap: bool) -> dict:
         return dict(os.environ)
+
+    def plan_extra(self) -> dict:
+        """More for the agent's plan (vLLM: the release it runs in)."""
+        return {}
 
     def model_name(self) -> str:
         raise NotImplementedError
@@ -246,7 +286,8 @@ class ServedTarget(Target):
     def set_plan(self, overlap: bool, delays: dict | None = None, faults=(), seed: int | None = None) -> None:
         """Hand the agent of one server a new plan; it picks it up within 50 ms."""
         data = {"overlap": overlap and self.keep_overlap, "seed": self.seed if seed is None else seed,
-                "delays": delays or {}, "faults": sorted(faults), "facts_dir": str(self.facts_dir(overlap))}
+                "delays": delays or {}, "faults": sorted(faults), "facts_dir": str(self.facts_dir(overlap)),
+                **self.plan_extra()}
         self.plans[overlap] = data
         planmod.write_plan(str(self.plan_path(overlap)), data)
 
@@ -427,6 +468,7 @@ class ServedTarget(Target):
             done, pending = wait(futs, timeout=WATCH_POLL_S)
             if not pending:
                 return
+            self._check_alive(overlap)
             tokens, p, steps = progress_of(planmod.read_facts(str(self.facts_dir(overlap))))
             period = p or period
             now_state = (tokens, self._sent, len(done))
@@ -500,6 +542,44 @@ class ServedTarget(Target):
         self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks), "notes": notes})
         raise TargetHang(f"{line}; stacks of {len(stacks)} process(es) and the agent's facts in {report}")
 
+    def _check_alive(self, overlap: bool, wait_s: float = 0.0) -> None:
+        """Raise TargetCrash when the server of this arm has exited under a run (waiting up to
+        `wait_s` for it to finish exiting: a cut connection comes before the exit code), or, with
+        a `wait_s`, when it still runs but its health check fails: an engine that died behind a
+        live API server (vLLM's answers 500 to every request then)."""
+        s = self.servers.get(overlap)
+        if s is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while s.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        how = None
+        if s.proc.poll() is not None:
+            how = f"exited with code {s.proc.returncode}"
+        elif wait_s:
+            code = self._health(s)
+            if code != 200:
+                how = f"has a dead engine (its API server answers {self.health_path} with {code})"
+        if how is None:
+            return
+        mode = "on" if overlap else "off"
+        case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
+        tb = engine_traceback(s.log_path)
+        last = exception_line(tb)
+        line = f"CRASH: {self.name} (overlap {mode}) {how} while {case} ran: {last[:200]}"
+        self.servers.pop(overlap, None)
+        s.stop(grace=1.0)
+        self.crashed[overlap] = line
+        self.crashes.append({"line": line, "traceback": tb, "log": str(s.log_path)})
+        raise TargetCrash(f"{line} (log {s.log_path})")
+
+    def _health(self, s: "ServerProcess"):
+        import httpx
+        try:
+            return httpx.get(f"http://127.0.0.1:{s.port}{self.health_path}", timeout=5.0).status_code
+        except httpx.HTTPError as e:
+            return type(e).__name__
+
     def settled_facts(self, overlap: bool, received: int) -> list[dict]:
         """The agent's facts once its token counter accounts for the `received` tokens of the run
         (the engine delivers at least as many as the client got): the last reply can reach us
@@ -526,6 +606,8 @@ class ServedTarget(Target):
         import httpx
         if overlap in self.hung:
             raise TargetHang(f"{self.hung[overlap]} (in an earlier run; the server was stopped)")
+        if overlap in self.crashed:
+            raise TargetCrash(f"the server is gone: {self.crashed[overlap]}")
         limit = self.served_switches(engine_kw)
         base = self.url(overlap)
         if delays is not None or faults is not None:
@@ -540,12 +622,19 @@ class ServedTarget(Target):
                 try:
                     futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]
                     self.watch(futs, overlap)
-                    results = [x for f in futs for x in f.result()]
+                    try:
+                        results = [x for f in futs for x in f.result()]
+                    except httpx.HTTPError:  # a refused or cut connection: did the server die?
+                        self._check_alive(overlap, wait_s=5.0)
+                        raise
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
         finally:
             if (delays is not None or faults is not None) and overlap not in self.hung:
                 self.set_plan(overlap)  # back to the plain plan for whatever runs next
+        # an engine that died answers 500 until its API server exits: that is a CRASH of this run
+        self._check_alive(overlap, wait_s=5.0 if any(str(fin).startswith("server error")
+                                                     for _, _, fin, _ in results) else 0.0)
         facts = self.settled_facts(overlap, sum(len(ids) for _, ids, _, _ in results))
         self.check_overlap(overlap, facts, after_run=True)
         run = Run([(rid, ids, fin) for rid, ids, fin, _ in results],

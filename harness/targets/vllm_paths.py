@@ -269,12 +269,14 @@ KNOWN_UPSTREAM += [
 ]
 
 
-def classify(row: str, findings: list[str], known=None, counts=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def classify(row: str, findings: list[str], known=None, counts=None,
+             version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
     not reproduce). A known entry never hides a finding it does not match, nor any finding while
     its evidence counter (in `counts`) is 0; one the agent works around reproduced when its counter
-    is above 0."""
-    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
+    is above 0. Only the entries live in `version` (the release in force) count: outside its range
+    the same failure is new."""
+    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row and k.live_in(version)]
     new, seen = [], []
     for k in entries:
         if k.counter and (counts or {}).get(k.counter, 0) > 0:

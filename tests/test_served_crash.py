@@ -1,0 +1,94 @@
+"""A server that dies under a run is a CRASH of its own: the arm, the exit code, the case that was
+running and the engine's own traceback from its log; every later run on that arm says the
+server is gone because of that CRASH (never a bare "Connection refused"). Against a real
+process (tests/crashing_server.py), on both sides: it dies, and it does not."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.engine.request import Request
+from harness.targets.served import ServedTarget, TargetCrash, engine_traceback
+
+STAND_IN = Path(__file__).with_name("crashing_server.py")
+
+
+class StandIn(ServedTarget):
+    name = "stand-in"
+    start_timeout = 30.0
+
+    def __init__(self, crash_on, **kw):
+        super().__init__(**kw)
+        self.crash_on = crash_on  # False, True (the process dies) or "dead-engine"
+
+    def server_command(self, overlap, port):
+        return [sys.executable, str(STAND_IN), "--port", str(port)]
+
+    def server_env(self, overlap):
+        env = super().server_env(overlap)
+        env["STAND_IN_CRASH"] = ("dead-engine" if self.crash_on == "dead-engine" else "1") \
+            if overlap and self.crash_on else "0"
+        return env
+
+    def model_name(self):
+        return "stand-in"
+
+
+def _reqs():
+    return [Request(rid=f"r{i}", prompt_ids=[5, 6, 7, 8], max_new_tokens=3) for i in range(3)]
+
+
+def test_a_dying_server_is_a_crash_with_its_traceback(tmp_path):
+    t = StandIn(crash_on=True, workdir=str(tmp_path), concurrency=4)
+    try:
+        assert [o[1] for o in t.run(_reqs(), overlap=False).outputs] == [[5, 6, 7]] * 3  # the off arm lives
+        with pytest.raises(TargetCrash) as e:
+            t.run(_reqs(), overlap=True)
+        line = str(e.value)
+        assert line.startswith("CRASH: stand-in (overlap on) exited with code 7 while ") and \
+            "test_a_dying_server_is_a_crash_with_its_traceback" in line, line
+        assert "RuntimeError: stand-in engine: step 3 found a placeholder" in line, line
+        [c] = t.crashes
+        assert "Traceback (most recent call last)" in c["traceback"] and "schedule_step" in c["traceback"]
+        with pytest.raises(TargetCrash, match=r"^the server is gone: CRASH: stand-in \(overlap on\)"):
+            t.run(_reqs(), overlap=True)  # later runs: the CRASH, not a refused connection
+        assert len(t.run(_reqs(), overlap=False).outputs) == 3
+    finally:
+        t.close()
+
+
+def test_an_engine_dead_behind_a_live_server_is_a_crash(tmp_path):
+    t = StandIn(crash_on="dead-engine", workdir=str(tmp_path), concurrency=4)
+    try:
+        with pytest.raises(TargetCrash) as e:
+            t.run(_reqs(), overlap=True)
+        assert str(e.value).startswith("CRASH: stand-in (overlap on) has a dead engine (its API server answers "
+                                       "/health with 500)") and "step 3 found a placeholder" in str(e.value)
+        with pytest.raises(TargetCrash, match="^the server is gone"):
+            t.run(_reqs(), overlap=True)
+    finally:
+        t.close()
+
+
+def test_a_live_server_is_no_crash(tmp_path):
+    t = StandIn(crash_on=False, workdir=str(tmp_path), concurrency=4)
+    try:
+        for overlap in (True, False, True):
+            assert len(t.run(_reqs(), overlap=overlap).outputs) == 3
+        assert t.crashes == [] and t.crashed == {}
+    finally:
+        t.close()
+
+
+def test_engine_traceback_is_the_last_one_in_the_log(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO start\nTraceback (most recent call last):\n  File \"a.py\", line 1, in f\n"
+                   "ValueError: an old one, handled\nINFO going on\n"
+                   "(EngineCore_DP0 pid=9) ERROR 12-02 [core.py:1] EngineCore failed\n"
+                   "(EngineCore_DP0 pid=9) Traceback (most recent call last):\n"
+                   "(EngineCore_DP0 pid=9)   File \"core.py\", line 5, in step\n"
+                   "(EngineCore_DP0 pid=9) RuntimeError: Found no NVIDIA driver on your system.\n"
+                   "INFO shutting down\n")
+    tb = engine_traceback(log)
+    assert tb.splitlines()[0].endswith("Traceback (most recent call last):") and "old one" not in tb, tb
+    assert tb.splitlines()[-1].endswith("RuntimeError: Found no NVIDIA driver on your system."), tb
