@@ -103,10 +103,11 @@ POINTS += [
 # attributes below, checked against the source like the patched functions).
 POINTS += [
     Point("books_preempt", "vllm.v1.core.sched.scheduler", "Scheduler._preempt_request",
-          "records the blocks a preempted request held and whether a step of it was in flight"),
+          "records the blocks a preempted request held and whether a step of it was in flight", since="0.12.0"),
     Point("books_abort", "vllm.v1.core.sched.scheduler", "Scheduler.finish_requests",
           "records the blocks an aborted request held and whether a step of it was in flight"),
-    Point("books_scheduler", "vllm.v1.core.sched.scheduler", "Scheduler.has_requests",
+    # has_requests is the interface's before 0.24 (inherited); the scheduler's own count is in every release
+    Point("books_scheduler", "vllm.v1.core.sched.scheduler", "Scheduler.get_num_unfinished_requests",
           "idle: the scheduler's request map, queues, finished ids and deferred frees are read"),
     Point("books_pool", "vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks",
           "idle: every block's reference count and hash, the free queue's length"),
@@ -195,8 +196,18 @@ def output_attrs(version: str | None) -> tuple[str, str]:
     return "sampled_token_ids_cpu", "async_copy_ready_event"
 
 
+# attributes the books read that a release before `since` lacks (the agent reads them with a default)
+ATTRIBUTE_SINCE = {("books_scheduler", "deferred_frees"): "0.24.0", ("books_scheduler", "_inflight_prefills"): "0.23.0",
+                   ("books_scheduler", "kv_holding_waiting"): "0.31.0", ("books_scheduler", "deferred_waiting"): "0.31.0",
+                   ("books_request", "num_stale_output_tokens"): "0.27.0",
+                   ("books_request", "num_in_flight_tokens"): "0.26.0"}
+
+
 def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, ...]]:
+    from harness.targets.vllm_releases import release_key
     cls, attrs = ATTRIBUTES.get(name, (None, ()))
+    if version is not None:
+        attrs = tuple(a for a in attrs if release_key(version) >= release_key(ATTRIBUTE_SINCE.get((name, a), "0")))
     if name == "output_copy":
         attrs = ("_sampled_token_ids", *output_attrs(version))
     return cls, attrs
