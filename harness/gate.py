@@ -41,6 +41,7 @@ class GateResult:
     paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
+    cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate_json)
 
     @property
     def ok(self) -> bool:
@@ -57,6 +58,7 @@ class _Collector:
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
         self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+        self.cases: list[dict] = []  # case_record per case, for `check --json`
         self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
         self.known = durations or {}  # node id -> seconds, from earlier runs
         self.durations: dict[str, float] = {}  # node id -> seconds, this run
@@ -86,6 +88,7 @@ class _Collector:
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
         self.records.append((report.nodeid, suite, outcome, msg, step))
+        self.cases.append(case_record(report, suite, outcome, msg))
         if self.progress:
             self.progress(suite, report)
 
@@ -100,6 +103,7 @@ class _Collector:
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
+        res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
@@ -167,6 +171,23 @@ def _longest_first(config, log, cost):
             self.pending.sort(key=lambda i: -cost(c[i]))  # stable: ties keep collection order
             super()._send_tests(node, num)
     return LongestFirst(config, log)
+
+
+def case_record(report, suite: str, outcome: str, msg: str) -> dict:
+    """One case as `check --json` writes it: its status (harness.gate_json.STATUSES) and detail."""
+    from harness.gate_json import case_status
+    reason = ""
+    if outcome == "skipped":
+        reason = getattr(report, "wasxfail", "") or _skip_reason(report)
+    status, detail = case_status(outcome, msg, reason)
+    return {"id": report.nodeid, "suite": suite, "status": status, "detail": detail}
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:  # (file, line, "Skipped: why")
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr or "")
 
 
 def _message(report) -> str:
@@ -302,6 +323,19 @@ def _served_pair(target: str):
     """The server pair the suites used, as it is (make_target would reset its faults)."""
     from harness import targets
     return targets._SERVED.get((target, targets._DEFAULTS.get(target, {}).get("model")))
+
+
+def served_release(target: str, asked: str | None = None) -> tuple[str | None, list[str]]:
+    """(the engine release the suites ran against, what the agent adapted there): the release
+    asked for, else the one the target reports, else read from its install; (None, []) for ref."""
+    if target == "ref":
+        return None, []
+    pair = _served_pair(target)
+    adapted = [str(x) for x in (getattr(pair, "adapted", None) or ())]
+    if target == "vllm":
+        from harness.releases.installed import release_in_force
+        return asked or release_in_force(pair), adapted
+    return asked, adapted
 
 
 def served_hangs(target: str) -> list[dict]:

@@ -55,14 +55,10 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
-    if a.junit:
-        d = os.path.dirname(os.path.abspath(a.junit))
-        if os.path.isdir(a.junit):
-            raise UsageError(f"cannot write --junit {a.junit}: it is a directory (give a file name)")
-        if not os.path.isdir(d):
-            raise UsageError(f"cannot write --junit {a.junit}: no directory {d}")
-        if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write --junit {a.junit}: {d} is not writable")
+    from harness.gate_json import check_writable
+    for flag, path in (("--junit", a.junit), ("--json", a.json)):
+        if path:
+            check_writable(path, flag, UsageError)
     # a served target's servers and a GPU belong to this process: their cases run here
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
@@ -86,10 +82,19 @@ def cmd_check(a) -> int:
         print(h["line"])
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
     verdict = "HANG" if hangs else ("PASS" if res.ok else "FAIL")
+    if a.json:  # what `sweep` reads: every row's status, the release and what was adapted there
+        _write_json(a, res, verdict, hangs)
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
-          + (f"; JUnit XML: {a.junit}" if a.junit else ""))
+          + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
     return 0 if res.ok and not hangs else 1
+
+
+def _write_json(a, res, verdict: str, hangs) -> None:
+    from harness import gate_json
+    from harness.gate import served_release
+    release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
+    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs))
 
 
 def cmd_mutants(a) -> int:
@@ -138,6 +143,8 @@ def add_commands(sub) -> None:
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
+    c.add_argument("--json", metavar="FILE", help="write the verdict as JSON: every row's status (pass / FAIL "
+                   "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
