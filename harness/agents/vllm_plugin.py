@@ -25,6 +25,7 @@ from collections import deque
 
 from harness.agents import plan as planmod
 from harness.agents import progress
+from harness.agents import vllm_steps
 from harness.agents.host_order import HostOrder
 from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST
 
@@ -598,6 +599,7 @@ def register() -> None:
         _patch("engine_step_sync", _engine_step_sync_flag)
         for point, (role, key, when) in COUNTERS.items():
             _patch(point, _counting(role, key, when))
+        vllm_steps.install(_patch, _facts)  # each request's steps, for the steps oracle
         _flusher()
     except AgentError as e:
         f = _facts("error")
