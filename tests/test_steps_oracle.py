@@ -70,8 +70,9 @@ def test_sitting_out_the_step_after_the_last_token_and_finishing_is_no_wait():
     a.status = NS(name="FINISHED_LENGTH_CAPPED")
     books.finished(a)
     s.running.remove(a)
+    assert facts.data["requests"]["a"][6] == "FINISHED_LENGTH_CAPPED"  # published at once: the burst's last may end here
     _step(books, s, {"b": 1})
-    assert facts.data["requests"]["a"][3] == 0 and facts.data["requests"]["a"][6] == "FINISHED_LENGTH_CAPPED"
+    assert facts.data["requests"]["a"][3] == 0
 
 
 def test_a_full_step_or_an_empty_one_is_no_wait():

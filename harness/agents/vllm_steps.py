@@ -73,6 +73,7 @@ class Books:
     def preempted(self, request) -> None:
         self._rec(request)[5] += 1
         self._rec(request)[4] = 0  # out of the running set: a wait there is no longer owed
+        self.publish()
 
     def finished(self, request) -> None:
         if request is None:
@@ -81,6 +82,7 @@ class Books:
         rec = self._rec(request)
         rec[6] = getattr(status, "name", str(status))
         rec[4] = 0  # it sat out the step after its last token: that was no wait
+        self.publish()  # the last request of a burst finishes after the last schedule
 
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
