@@ -2,7 +2,8 @@
 (harness.targets.vllm_paths.PATHS): preemption with a step in flight, chunked prefill, prefix-cache
 hits, n > 1, seeded sampling across batch reorders, penalties, bad words, min_tokens, logit_bias,
 stops, max_tokens 1 and 2, logprobs, custom logits processors (CLI and entry point), structured
-output, pause / resume, prefix-cache reset, aborts.
+output, pause / resume, prefix-cache reset, aborts; and the steps each request took (test_steps,
+harness.oracles.steps): async may save steps, never add them or leave a request waiting.
 
 One workload serves every row, run once on each server (async on, async off); the rows a CLI
 logits processor would hide (pair "bare": vLLM repairs the output-id placeholders of every batch
@@ -24,8 +25,10 @@ import pytest
 
 from harness.agents import plan as planmod
 from harness.oracles import books as bookmod
+from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
+from harness.releases.installed import release_in_force
 from harness.targets import vllm_paths as vp
 
 
@@ -34,15 +37,19 @@ def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs = vp.build(tok, seed=0)
-    runs, cnt, ctl, books = {}, {}, {}, {}
+    runs, cnt, ctl, books, stepbooks = {}, {}, {}, {}, {}
     for overlap in (False, True):
-        before = vp.counts(planmod.read_facts(str(target.facts_dir(overlap))))
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        before, books_before = vp.counts(facts), steps.books_of(facts)
         runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)
         books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
         time.sleep(0.1)  # the agent flushes its counters every 0.1 s
-        cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        cnt[overlap] = vp.delta(before, vp.counts(facts))
+        stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
-                      installed=target.installed_logits_processors())
+                      installed=target.installed_logits_processors(), release=release_in_force(target),
+                      steps=stepbooks)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +76,8 @@ def bare_run(target, tok, oh_options):
         runs[overlap] = vp.run_bare(t, reqs, overlap)
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
-    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors())
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
+                      release=release_in_force(t))
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
@@ -122,15 +130,44 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
-    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both, version=version)
+    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both,
+                                  version if version is not None else pr.release)
+    _report(row.name, new, seen, gone, record_property)
+
+
+def _report(row: str, new, seen, gone, record_property=None) -> None:
     for kid in gone:
         if record_property is not None:
             record_property("known_gone", kid)
-        print(f"known upstream {kid} no longer reproduces on {row.name}")
+        print(f"known upstream {kid} no longer reproduces on {row}")
     if new:
-        pytest.fail(f"{row.name}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), pytrace=False)
+        pytest.fail(f"{row}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), pytrace=False)
     if seen:
         pytest.xfail(f"KNOWN UPSTREAM {seen[0][0]}: {seen[0][1]}" + (f" (+{len(seen) - 1} more)" if len(seen) > 1 else ""))
+
+
+def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
+    """The steps oracle (harness.oracles.steps) over the workload: async may save steps, never add
+    them, and never leave a request waiting with budget free where the off arm ran it. Fails as
+    "not exercised" when the agent kept no books or no request capped by max_tokens compared."""
+    if not pr.steps.get(False) or not pr.steps.get(True):
+        pytest.fail("not exercised: steps: the agent kept no books of the requests' steps "
+                    f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} requests)",
+                    pytrace=False)
+    v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]))
+    line = steps.summary_line(v)
+    if record_property is not None:
+        record_property("path_count", f"steps={v.compared}/{v.compared}")
+    print(line)
+    if v.length_capped == 0:
+        pytest.fail(f"not exercised: steps: no request capped by max_tokens was compared ({line})", pytrace=False)
+    new, seen, gone = vp.classify("steps", v.findings, known, None, pr.release)
+    _report("steps", new, seen, gone, record_property)
+    return line
+
+
+def test_steps(path_run, record_property):
+    judge_steps(path_run, record_property)
 
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)

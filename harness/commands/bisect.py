@@ -1,0 +1,91 @@
+"""`overlap-harness bisect`: the releases where one gate row, or one reproducer, changes
+(harness/releases/bisect.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def reproducer_probe(path: str, out_dir: Path, timeout: float):
+    """A probe that runs a fixtures/vllm_upstream reproducer on one release (a subprocess)."""
+    from harness.releases.bisect import reproducer_outcome
+    from harness.releases.installed import has_version_flag
+    from harness.releases.sweep import ROOT
+
+    def probe(version: str) -> str:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "fixtures.vllm_upstream.reproduce"]
+        if has_version_flag():
+            cmd += ["--vllm-version", version]
+        log = out_dir / f"reproduce-{version}.log"
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(log, "w", encoding="utf-8") as err:
+            p = subprocess.run(cmd + [str(Path(path).resolve())], cwd=str(ROOT), stdout=subprocess.PIPE,
+                               stderr=err, env=env, timeout=timeout, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"vLLM {version}: the reproducer did not run (exit {p.returncode}; see {log})")
+        return reproducer_outcome(json.loads(p.stdout))
+    return probe
+
+
+def cmd_bisect(a) -> int:
+    from harness.commands.sweep import releases_arg
+    from harness.flags import UsageError
+    from harness.releases import bisect as bi
+    from harness.releases import sweep as sw
+    from harness.releases.installed import known_releases
+    if bool(a.row) == bool(a.reproducer):
+        raise UsageError("bisect: give one of --row NAME or --reproducer FILE")
+    if a.reproducer and not Path(a.reproducer).is_file():
+        raise UsageError(f"bisect: no reproducer file {a.reproducer}")
+    cache = {}
+    if a.sweep:
+        if not a.row:
+            raise UsageError("bisect: --sweep gives a row's statuses; use it with --row")
+        try:
+            done = sw.load(a.sweep)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"bisect --sweep: {e}") from None
+        cache = bi.outcomes_from(done, a.row)
+    if a.sweep and not a.releases:  # the sweep's releases, with whatever is installed besides
+        from harness.releases.installed import installed
+        from harness.targets.vllm_paths import release_key
+        versions = sorted(set(cache) | set(installed()), key=release_key)
+    else:
+        versions = releases_arg(a.releases, UsageError)
+    if len(versions) < 2:
+        raise UsageError(f"bisect needs two releases or more; have {', '.join(versions) or 'none'} "
+                         "(`overlap-harness setup vllm --version V` installs one)")
+    out = Path(a.out)
+    if a.row:
+        def gate(v, out_dir):
+            print(f"bisect: vLLM {v}: running the gate ...", file=sys.stderr, flush=True)
+            return sw.gate_release(v, out_dir, timeout=a.timeout)
+        probe, subject = bi.row_probe(gate, a.row, out), f"row {a.row}"
+    else:
+        probe, subject = reproducer_probe(a.reproducer, out, a.timeout), f"reproducer {a.reproducer}"
+    try:
+        res = bi.bisect(versions, probe, known=known_releases(), cache=cache)
+    except RuntimeError as e:
+        raise UsageError(f"bisect: {e}") from None
+    res.subject = subject
+    for line in res.lines():
+        print(line)
+    return 0
+
+
+def add_commands(sub) -> None:
+    b = sub.add_parser("bisect", help="the last release where a gate row or a reproducer passes and the first "
+                       "where it fails (and where it was fixed)")
+    b.add_argument("--row", metavar="NAME", help="a row of the gate (a path such as penalties, steps, or a suite)")
+    b.add_argument("--reproducer", metavar="FILE", help="a reproducer in fixtures/vllm_upstream/ format: fails "
+                   "where a server dies, the arms' outputs differ or its `fails_when` counters count")
+    b.add_argument("--releases", metavar="V,V,...", help="releases to search (default: every installed one)")
+    b.add_argument("--sweep", nargs="+", metavar="FILE", help="sweep JSON whose results stand for gate runs "
+                   "(no release is gated twice)")
+    b.add_argument("--out", default="out/bisect", metavar="DIR", help="logs of the runs (default: out/bisect)")
+    b.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds per release (default: 1800)")
+    b.set_defaults(fn=cmd_bisect)

@@ -1,0 +1,99 @@
+"""`check --json FILE`: the gate's verdict as one JSON object, what `sweep` reads per release.
+
+Every case gets one status of STATUSES and a detail line; a row is a path of the paths suite
+(`test_paths[preemption]` -> row `preemption`, its steps case -> row `steps`) or, for any other
+suite, the suite itself (its first finding). The object says which release ran and what the
+agent adapted there, when the target knows it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, CRASH, SKIPPED = (
+    "pass", "FAIL", "KNOWN UPSTREAM", "n/a", "not exercised", "HANG", "CRASH", "skipped")
+STATUSES = (PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, CRASH, SKIPPED)
+# how bad a status is, for a row that sums several cases (a suite): the worst one stands
+_RANK = {PASS: 0, SKIPPED: 1, NA: 2, KNOWN: 3, NOT_EXERCISED: 4, FAIL: 5, HANG: 6, CRASH: 7}
+SCHEMA = 1
+
+
+def case_status(outcome: str, message: str, reason: str = "") -> tuple[str, str]:
+    """(status, detail) of one case from pytest's outcome, its failure message, or its skip /
+    xfail reason. KNOWN UPSTREAM keeps its id in the detail ("<id>: <finding>")."""
+    if outcome == "passed":
+        return PASS, ""
+    if outcome == "failed":
+        msg = message.removeprefix("Failed: ")
+        # the served target's own words for a dead or stuck server, raised as its error class
+        m = re.match(r"(?:[\w.]+(?:Error|Exception): )?(CRASH|HANG)\b", msg)
+        if m:
+            return m.group(1), msg
+        if msg.startswith("not exercised"):
+            return NOT_EXERCISED, msg
+        return FAIL, msg
+    if reason.startswith("KNOWN UPSTREAM"):
+        return KNOWN, reason.removeprefix("KNOWN UPSTREAM").strip()
+    # a feature the release lacks is "n/a in V" (never a pass); a CPU build that cannot run a
+    # path says "not on vLLM's CPU build": also not applicable here
+    if re.search(r"\bn/a\b", reason) or "not on vLLM's CPU build" in reason:
+        return NA, reason
+    return SKIPPED, reason
+
+
+def known_id(detail: str) -> str:
+    """"cpu-seeded-partial-prefill: vLLM reached it ..." -> "cpu-seeded-partial-prefill"."""
+    return detail.split(":", 1)[0].strip()
+
+
+def row_name(case: dict) -> str:
+    """A case's row: the parameter of a paths-suite case, else its suite."""
+    m = re.search(r"\[(.+)\]$", case["id"])
+    if case["suite"] == "test_paths":
+        if m:
+            return m.group(1)
+        return case["id"].rsplit("::", 1)[-1].removeprefix("test_")  # test_steps -> steps
+    return case["suite"]
+
+
+def rows(cases: list[dict]) -> dict[str, dict]:
+    """Row -> {"status", "detail"}: a path row is its case; a suite row is its worst case (the
+    first of them), so one failing case of twenty makes the suite's row FAIL with its finding."""
+    out: dict[str, dict] = {}
+    for c in cases:
+        name = row_name(c)
+        cur = out.get(name)
+        if cur is None or _RANK[c["status"]] > _RANK[cur["status"]]:
+            out[name] = {"status": c["status"], "detail": c["detail"]}
+    return out
+
+
+def report(res, target: str, verdict: str, release: str | None = None, adapted=(), hangs=()) -> dict:
+    """The JSON object of one gate run (res: harness.gate.GateResult)."""
+    out = {"schema": SCHEMA, "target": target, "release": release, "adapted": list(adapted),
+           "verdict": verdict, "seconds": round(res.seconds, 1), "exit_code": res.exit_code,
+           "suites": {s.suite: {"cases": s.cases, "passed": s.passed, "failed": s.failed, "skipped": s.skipped,
+                                "first_finding": s.first_failure} for s in res.suites.values()},
+           "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths), "known": list(res.known),
+           "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs]}
+    return out
+
+
+def write(path: str, obj: dict) -> None:
+    """Written whole, then renamed: a sweep reading it never sees half a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def check_writable(path: str, flag: str, error) -> None:
+    """One line and exit 2 for a --json / --junit path that cannot be written."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
+    if not os.path.isdir(d):
+        raise error(f"cannot write {flag} {path}: no directory {d}")
+    if not os.access(d, os.W_OK):
+        raise error(f"cannot write {flag} {path}: {d} is not writable")

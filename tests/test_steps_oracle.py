@@ -1,0 +1,160 @@
+"""The steps oracle without vLLM: the agent's books (harness.agents.vllm_steps) fed the
+scheduler's own shapes step by step, and the comparison of the arms (harness.oracles.steps):
+a step past max_tokens and a wait with budget free are caught, the async guard's legitimate
+sit-out after a request's last token is not, and preempted or aborted requests are left out.
+The live proof (a vLLM source patch caught by this oracle and not by tokens) is in
+tests/test_vllm.py."""
+from types import SimpleNamespace as NS
+
+import pytest
+
+from equivalence.test_paths import judge_steps
+from harness.agents.vllm_steps import Books, request_key
+from harness.oracles import steps
+from harness.targets import vllm_paths as vp
+from harness.targets.base import Run
+
+
+class _Facts:
+    def __init__(self):
+        self.data = {}
+
+    def set(self, **kw):
+        self.data.update(kw)
+
+
+def _sched(reqs, budget=64):
+    return NS(requests={r.request_id: r for r in reqs}, running=list(reqs), max_num_scheduled_tokens=budget)
+
+
+def _req(rid, prompt=(1, 2, 3), max_tokens=2):
+    return NS(request_id=rid, prompt_token_ids=list(prompt), max_tokens=max_tokens, num_computed_tokens=0,
+              num_tokens=len(prompt), status=None)
+
+
+def _step(books, sched, run: dict):
+    """One schedule: `run` maps request id -> tokens; computed tokens advance as vLLM's do."""
+    for rid, n in run.items():
+        r = sched.requests[rid]
+        r.num_computed_tokens += n
+    books.after_schedule(sched, NS(num_scheduled_tokens=run, total_num_scheduled_tokens=sum(run.values())))
+    for rid in run:  # the sampled token becomes known (sync) before the next schedule
+        r = sched.requests[rid]
+        if r.num_computed_tokens >= r.num_tokens:
+            r.num_tokens += 1
+
+
+def _books():
+    f = _Facts()
+    return Books(lambda role: f), f
+
+
+def test_books_count_scheduled_sampled_and_a_wait_once_the_request_runs_again():
+    books, facts = _books()
+    a, b = _req("a"), _req("b", (4, 5, 6, 7), max_tokens=4)
+    s = _sched([a, b])
+    _step(books, s, {"a": 3, "b": 4})  # prefills: both sample
+    _step(books, s, {"b": 1})  # a sits out with budget free ...
+    _step(books, s, {"a": 1, "b": 1})  # ... and runs again: one wait
+    rec = facts.data["requests"]
+    assert rec["a"][:4] == [request_key([1, 2, 3], 2), 2, 2, 1]
+    assert rec["b"][1:4] == [3, 3, 0]
+
+
+def test_sitting_out_the_step_after_the_last_token_and_finishing_is_no_wait():
+    books, facts = _books()
+    a, b = _req("a"), _req("b", (4, 5), max_tokens=8)
+    s = _sched([a, b])
+    _step(books, s, {"a": 3, "b": 2})
+    _step(books, s, {"b": 1})  # a's last token is in flight: the async guard skips it
+    a.status = NS(name="FINISHED_LENGTH_CAPPED")
+    books.finished(a)
+    s.running.remove(a)
+    assert facts.data["requests"]["a"][6] == "FINISHED_LENGTH_CAPPED"  # published at once: the burst's last may end here
+    _step(books, s, {"b": 1})
+    assert facts.data["requests"]["a"][3] == 0
+
+
+def test_a_full_step_or_an_empty_one_is_no_wait():
+    books, facts = _books()
+    a, b = _req("a", max_tokens=4), _req("b", max_tokens=4)
+    s = _sched([a, b], budget=3)
+    _step(books, s, {"a": 3})  # the budget went to a: b was not left waiting with budget free
+    _step(books, s, {})  # paused: nothing scheduled, no step
+    _step(books, s, {"a": 1, "b": 2})
+    assert facts.data["requests"]["b"][3] == 0
+
+
+def _arm(**per_key):
+    """key -> (copies, scheduled, sampled, waited, preempted, finish)."""
+    b = steps.StepBooks()
+    for key, (n, sc, sa, w, p, fin) in per_key.items():
+        b.per_key[key] = [n, sc, sa, w, p]
+        b.finish[key] = {fin}
+    return b
+
+
+REQS = [vp._req("t0", [1, 2], 2, ["max_tokens_1_2"]), vp._req("st0", [3, 4], 40, ["stop"])]
+K0, K1 = request_key([1, 2], 2), request_key([3, 4], 40)
+L, S = "FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"
+
+
+def test_the_quiet_half_equal_steps_pass_and_a_stop_token_may_cost_one_step():
+    off = _arm(**{K0: (1, 2, 2, 0, 0, L), K1: (1, 9, 9, 0, 0, S)})
+    on = _arm(**{K0: (1, 2, 2, 0, 0, L), K1: (1, 10, 10, 0, 0, S)})
+    v = steps.compare(REQS, off, on)
+    assert v.findings == [] and v.compared == 2 and v.length_capped == 1
+
+
+def test_a_step_past_max_tokens_is_caught():
+    off = _arm(**{K0: (1, 2, 2, 0, 0, L)})
+    on = _arm(**{K0: (1, 3, 3, 0, 0, L)})
+    v = steps.compare(REQS, off, on)
+    assert v.findings == ["request t0: 3 sampling steps async on, 2 off (max_tokens 2, capped in both): "
+                          "1 step(s) past max_tokens"]
+
+
+def test_a_wait_with_budget_free_is_caught():
+    off = _arm(**{K0: (1, 2, 2, 0, 0, L)})
+    on = _arm(**{K0: (1, 2, 2, 1, 0, L)})
+    assert "waited 1 step(s) with budget free async on, 0 off" in steps.compare(REQS, off, on).findings[0]
+
+
+def test_preempted_and_aborted_requests_are_left_out_and_counted():
+    off = _arm(**{K0: (1, 2, 2, 0, 1, L), K1: (1, 3, 3, 0, 0, "FINISHED_ABORTED")})
+    on = _arm(**{K0: (1, 5, 5, 3, 0, L), K1: (1, 9, 9, 2, 0, "FINISHED_ABORTED")})
+    v = steps.compare(REQS, off, on)
+    assert v.findings == [] and v.compared == 0
+    assert v.left_out == {"preempted": 1, "aborted or unfinished": 1}
+
+
+def _path_run(on_rec):
+    off = {"r1": [K0, 2, 2, 0, 0, 0, L]}
+    return vp.PathRun(REQS[:1], Run([]), Run([]), {}, {}, release="0.32.0", steps={False: off, True: {"r2": on_rec}})
+
+
+def test_judge_steps_fails_a_step_past_max_tokens_and_passes_the_correct_engine():
+    judge_steps(_path_run([K0, 2, 2, 0, 0, 0, L]), known=[])
+    with pytest.raises(pytest.fail.Exception, match="steps: request t0: 3 sampling steps async on, 2 off"):
+        judge_steps(_path_run([K0, 3, 3, 0, 0, 0, L]), known=[])
+
+
+def test_the_step_past_max_tokens_is_known_upstream_only_before_its_fix():
+    run = _path_run([K0, 3, 3, 0, 0, 0, L])
+    run.release = "0.11.0"
+    with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM async-step-past-max-tokens"):
+        judge_steps(run)
+    run.release = "0.12.0"
+    with pytest.raises(pytest.fail.Exception, match="not live in 0.12.0"):
+        judge_steps(run)
+
+
+def test_no_books_or_no_capped_request_is_not_exercised():
+    run = _path_run([K0, 2, 2, 0, 0, 0, L])
+    run.steps = {}
+    with pytest.raises(pytest.fail.Exception, match="not exercised: steps"):
+        judge_steps(run, known=[])
+    run = _path_run([K0, 2, 2, 0, 0, 0, S])
+    run.steps[False]["r1"][6] = S
+    with pytest.raises(pytest.fail.Exception, match="no request capped by max_tokens"):
+        judge_steps(run, known=[])
