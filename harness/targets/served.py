@@ -570,8 +570,9 @@ class ServedTarget(Target):
         self.servers.pop(overlap, None)
         s.stop(grace=1.0)
         self.crashed[overlap] = line
-        self.crashes.append({"line": line, "traceback": tb, "log": str(s.log_path)})
-        raise TargetCrash(f"{line} (log {s.log_path})")
+        log = self.keep(s.log_path)  # the report points to it: it outlives the temporary work folder
+        self.crashes.append({"line": line, "traceback": tb, "log": str(log)})
+        raise TargetCrash(f"{line} (log {log})")
 
     def _health(self, s: "ServerProcess"):
         import httpx
