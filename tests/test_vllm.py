@@ -366,18 +366,26 @@ def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_diff
     vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
     vllm#52461 on the row where no CLI processor is set, and the GSM8K pair finds the arms differ
     (async off bans repeated digits; async on reads placeholders and does nothing), the async-off
-    arm the one that moved from the ref engine's accuracy: not a weak fixture. The whole check,
-    as a user runs it, in a process of its own (its servers are its own)."""
+    arm the one that moved from the ref engine's accuracy: not a weak fixture. The servers as
+    `check --logits-processor` starts them, and the two suites the processor reaches, in a process
+    of its own (its servers are its own)."""
     if setup_cmd.ready():
         _unavailable(setup_cmd.ready())
     import subprocess
     import sys
     import xml.etree.ElementTree as ET
     junit = tmp_path / "check.xml"
-    p = subprocess.run([sys.executable, "-m", "harness.cli", "check", "--target", "vllm", "--logits-processor", USER_LP,
-                        "--junit", str(junit)], capture_output=True, text=True, timeout=1200)
+    # the two suites the processor reaches (the paths rows on both pairs, the GSM8K pair), as
+    # `check --logits-processor` starts and runs them; the rest of the gate is test_suites_through_the_gate's
+    script = ("import sys\n"
+              "from harness.gate import path_lines, run_suites, start_served\n"
+              f"start_served('vllm', (), SystemExit, logits_processors=[{USER_LP!r}])\n"
+              f"res = run_suites('vllm', suites=['test_paths', 'test_gsm8k_gate'], junit={str(junit)!r})\n"
+              "print('\\n'.join(path_lines(res)))\n"
+              "sys.exit(0 if res.ok else 1)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200)
     out = p.stdout
-    print(out)  # the report a user reads (pytest -s shows it)
+    print(out)  # the report's lines a user reads (pytest -s shows them)
     assert p.returncode == 1, out + p.stderr[-2000:]
     assert f"{USER_LP.replace('=', ' = ')}" in out, out
     assert "KNOWN UPSTREAM vllm#52461" in out, out
