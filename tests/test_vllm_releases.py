@@ -158,6 +158,7 @@ def test_setup_list_and_remove(tmp_path, capsys):
     (["setup", "vllm", "--remove", "0.12.0"], "not installed"),
     (["check", "--target", "ref", "--vllm-version", "0.13.0"], "applies to --target vllm only"),
     (["check", "--target", "vllm", "--vllm-version", "7.0.0"], "not in the release table"),
+    (["check", "--json", "/nonexistent-dir/result.json"], "cannot write --json"),
 ])
 def test_bad_release_input_is_one_line(argv, says, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))
