@@ -158,6 +158,7 @@ def test_setup_list_and_remove(tmp_path, capsys):
     (["setup", "vllm", "--remove", "0.12.0"], "not installed"),
     (["check", "--target", "ref", "--vllm-version", "0.13.0"], "applies to --target vllm only"),
     (["check", "--target", "vllm", "--vllm-version", "7.0.0"], "not in the release table"),
+    (["check", "--json", "/nonexistent-dir/result.json"], "cannot write --json"),
 ])
 def test_bad_release_input_is_one_line(argv, says, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))
@@ -229,3 +230,18 @@ def test_classify_counts_a_known_entry_only_in_the_release_in_force():
     finding = ["request pen0 diverges at token 3 (race)"]
     assert classify("penalties", finding, [k], version="0.13.0") == ([], [("x", finding[0])], [])
     assert classify("penalties", finding, [k], version="0.20.2") == (finding, [], [])
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_each_source_patch_applies_exactly_where_the_table_says(version):
+    """A patch's edits are in the release's source (each once) from PATCH_SINCE on, and not before."""
+    from harness.agents.vllm_patches import PATCHES
+    assert set(vr.PATCH_SINCE) == set(PATCHES)
+    with zipfile.ZipFile(_wheel(version)) as z:
+        wrong = []
+        for name, p in PATCHES.items():
+            text = _read(z, p.file)
+            applies = all(text.count(search) == 1 for search, _ in p.edits)
+            if applies != (vr.patch_absent(name, version) == ""):
+                wrong.append(f"{name}: applies={applies}, table since {vr.PATCH_SINCE[name]}")
+    assert wrong == [], (version, wrong)

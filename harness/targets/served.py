@@ -558,7 +558,13 @@ class ServedTarget(Target):
             how = f"exited with code {s.proc.returncode}"
         elif wait_s:
             code = self._health(s)
-            if code != 200:
+            if not isinstance(code, int):  # no answer at all: it is going down; its exit code says more
+                end = time.monotonic() + 10.0
+                while s.proc.poll() is None and time.monotonic() < end:
+                    time.sleep(0.1)
+            if s.proc.poll() is not None:
+                how = f"exited with code {s.proc.returncode}"
+            elif code != 200:
                 how = f"has a dead engine (its API server answers {self.health_path} with {code})"
         if how is None:
             return

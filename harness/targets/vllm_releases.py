@@ -248,3 +248,26 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "logits_processor_entry_point": ("entry_point_logits_processors",),
 }
 
+
+
+# The first release each source patch (harness.agents.vllm_patches) applies to: its search texts
+# are written against the pinned release's source; before this release the code they change is
+# not there in that shape (checked against every cached wheel by tests/test_vllm_releases.py).
+PATCH_SINCE = {
+    "preempt_keeps_placeholders": "0.27.0", "preempt_in_flight_not_stale": "0.27.0",
+    "resume_output_ids_not_recovered": "0.11.1", "reset_cache_keeps_stale_output": "0.31.0",
+    "input_ids_fast_path_after_reorder": "0.19.0", "output_index_map_shared": "0.11.1",
+    "prefill_chunk_sample_fed_back": "0.10.2", "partial_prefill_token_kept": "0.12.0",
+    "penalty_ids_wrong_row": "0.14.0", "bad_words_read_placeholders": "0.11.1",
+    "min_tokens_counts_in_flight_twice": "0.11.1", "max_tokens_counts_placeholders": "0.11.1",
+    "cache_blocks_past_placeholders": "0.11.1", "grammar_before_previous_token": "0.16.0",
+    "spec_accept_count_off_by_one": "0.11.1",
+}
+
+
+def patch_absent(name: str, version: str) -> str:
+    """"n/a in V: why" when source patch `name` does not apply to release V; "" when it does."""
+    since = PATCH_SINCE.get(name, "")
+    if since and release_key(version) < release_key(since):
+        return f"n/a in {version}: vLLM patch {name} changes code that has its shape from {since}"
+    return ""
