@@ -279,7 +279,7 @@ def test_the_vllm_52461_entry_names_its_reproducer_and_releases():
     assert {k.row for k in entries} == {"logits_processor_entry_point_bare", "logits_processor_batch_entry_point_bare",
                                         "installed_logits_processors_bare"}
     for k in entries:
-        assert k.evidence and k.introduced == "0.27.1" and not k.fixed and k.live_in("0.32.0")
+        assert k.evidence and k.introduced == "0.11.1" and not k.fixed and k.live_in("0.32.0") and not k.live_in("0.11.0")
         spec = json.loads((ROOT / k.reproducer).read_text())
         assert spec["id"] == k.id and spec["pair"] == "bare" and spec["requests"]
         assert all(r.get("vllm_xargs", {}).get("oh_no_repeat") for r in spec["requests"])

