@@ -280,6 +280,9 @@ def test_the_vllm_52461_entry_names_its_reproducer_and_releases():
                                         "installed_logits_processors_bare"}
     for k in entries:
         assert k.evidence and k.introduced == "0.11.1" and not k.fixed and k.live_in("0.32.0") and not k.live_in("0.11.0")
+        # the range is the source fact checked in every cached wheel (tests/test_vllm_releases.py)
+        from harness.targets.vllm_releases import FACTS
+        assert k.introduced == FACTS["cli_only_placeholder_repair"].since and not FACTS["cli_only_placeholder_repair"].until
         spec = json.loads((ROOT / k.reproducer).read_text())
         assert spec["id"] == k.id and spec["pair"] == "bare" and spec["requests"]
         assert all(r.get("vllm_xargs", {}).get("oh_no_repeat") for r in spec["requests"])

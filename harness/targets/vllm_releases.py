@@ -92,6 +92,10 @@ FACTS: dict[str, Since] = {
     "entry_point_logits_processors": Since(since="0.10.1", why="the `vllm.logits_processors` entry point"),
     "cli_logits_processors": Since(since="0.10.1", why="the --logits-processors flag"),
     "kv_cache_memory_bytes": Since(since="0.10.2", why="the --kv-cache-memory-bytes flag"),
+    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
+    # of the newest output ids runs for custom processors only when one was given on the CLI
+    "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
+                                         "custom logits processors only when --logits-processors names one"),
 }
 
 # fact -> (file under site-packages/vllm, regex): the fact holds exactly where the file matches
@@ -105,6 +109,8 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "entry_point_logits_processors": ("v1/sample/logits_processor/__init__.py", r"vllm\.logits_processors"),
     "cli_logits_processors": ("engine/arg_utils.py", r'"--logits-processors"'),
     "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
+    "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
+                                    r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
 }
 
 # A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
