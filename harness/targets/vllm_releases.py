@@ -260,6 +260,8 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
 # are written against the pinned release's source; before this release the code they change is
 # not there in that shape (checked against every cached wheel by tests/test_vllm_releases.py).
 PATCH_SINCE = {
+    "abort_in_flight_keeps_blocks": "0.16.0", "preempt_in_flight_drops_block": "0.24.0",
+    "max_tokens_guard_one_step_early": "0.12.0",
     "preempt_keeps_placeholders": "0.27.0", "preempt_in_flight_not_stale": "0.27.0",
     "resume_output_ids_not_recovered": "0.11.1", "reset_cache_keeps_stale_output": "0.31.0",
     "input_ids_fast_path_after_reorder": "0.19.0", "output_index_map_shared": "0.11.1",
