@@ -334,7 +334,10 @@ def test_replay_of_an_engine_that_makes_no_progress_ends(capsys, tmp_path, monke
     monkeypatch.setattr(Scheduler, "next_batch", lambda self, step: None)
     t = time.monotonic()
     assert main(["replay", path]) == 1
-    assert "hang: the engine made no progress" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the ref engine's watchdog (harness.engine.loop): no token and no admission for its bound of
+    # rounds, and what is held by whom
+    assert "hang: HANG: the ref engine made no progress" in out and "held:" in out, out
     assert time.monotonic() - t < 60
 
 
