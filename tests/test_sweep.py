@@ -284,3 +284,11 @@ def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
     assert release_in_force(NS(home=tmp_path)) == "0.13.0"
     assert release_in_force(NS(release="0.11.0", home=tmp_path)) == "0.11.0"  # what the target says wins
     assert release_in_force(NS(home=tmp_path / "none")) is None and release_in_force(None) is None
+
+
+def test_bisect_refuses_an_unknown_row_before_any_server_starts(capsys):
+    """Bad input is one line and exit 2: a row the gate does not report names the rows it does."""
+    from harness.cli import main
+    assert main(["bisect", "--row", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no gate row 'nosuch'" in err and "steps" in err and "books_at_idle" in err and "preemption" in err

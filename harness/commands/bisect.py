@@ -31,6 +31,15 @@ def reproducer_probe(path: str, out_dir: Path, timeout: float):
     return probe
 
 
+def gate_rows() -> set[str]:
+    """The rows `check --json` reports (harness.gate_json.row_name): every path of the paths suite, its
+    steps and books cases, every other suite."""
+    from harness.gate import ROOT, SUITE_DIRS
+    from harness.targets.vllm_paths import PATHS
+    suites = {f.stem for d in SUITE_DIRS for f in (ROOT / d).glob("test_*.py")}
+    return {p.name for p in PATHS} | {"steps", "books_at_idle"} | (suites - {"test_paths"})
+
+
 def cmd_bisect(a) -> int:
     from harness.commands.sweep import releases_arg
     from harness.flags import UsageError
@@ -41,6 +50,8 @@ def cmd_bisect(a) -> int:
         raise UsageError("bisect: give one of --row NAME or --reproducer FILE")
     if a.reproducer and not Path(a.reproducer).is_file():
         raise UsageError(f"bisect: no reproducer file {a.reproducer}")
+    if a.row and a.row not in gate_rows():  # bad input is one line before any server starts
+        raise UsageError(f"bisect: no gate row {a.row!r}; rows: {', '.join(sorted(gate_rows()))}")
     cache = {}
     if a.sweep:
         if not a.row:
