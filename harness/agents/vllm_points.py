@@ -97,6 +97,12 @@ POINTS += [
           "snapshots the CPU generators' states before a sample, for the rewind below"),
     Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
           "rewinds the generators of discarded samples: on CPU from the snapshot", since="0.10.2"),
+    # two more bugs of vLLM's CPU build in both arms, worked around where the release table says
+    # they live (harness.targets.vllm_releases FACTS cpu_sampler_ignores_mixed_seeds,
+    # grammar_indices_pinned), unless the plan lists "cpu_mixed_seeds" / "cpu_grammar_pin" under "stock"
+    Point("cpu_sampler", "vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
+          "the CPU sampler: in a batch mixing seeded and unseeded requests every row is given a generator "
+          "(the unseeded ones a fresh one), so vLLM's generator loop runs and the seeds hold", since="0.11.0"),
 ]
 # The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
 # preempted or aborted request held, and reads these objects when the engine core goes idle (the

