@@ -33,6 +33,7 @@ class Found:
 @dataclass
 class ServedStressResult:
     runs: int = 0
+    shrink_runs: int = 0  # of the runs, those spent shrinking (and replaying) a finding
     cases: int = 0
     refused: int = 0
     explore_s: float = 0.0
@@ -53,11 +54,13 @@ class ServedStressResult:
 class ServedStress:
     def __init__(self, target, tok, *, seconds: float, seed: int = 0, shard=(0, 1), cases: int = 4,
                  shrink_seconds: float = 180.0, out: str = "stress-out", version: str | None = None,
-                 agent: bool = True, vllm: bool = True, max_findings: int = 0, patches=(), progress=None):
+                 agent: bool = True, vllm: bool = True, max_findings: int = 0, patches=(), progress=None,
+                 max_runs: int = 0):
         self.t, self.tok, self.seconds, self.seed, self.shard = target, tok, seconds, seed, shard
         self.cases, self.shrink_seconds, self.out, self.version = cases, shrink_seconds, out, version
         self.agent, self.vllm, self.max_findings, self.patches = agent, vllm, max_findings, tuple(patches)
         self.progress = progress
+        self.max_runs = max_runs  # > 0: stop after this many submissions (tests: a count, not a time)
         self.res = ServedStressResult()
         self.current = ""
         self._t0 = 0.0
@@ -97,7 +100,8 @@ class ServedStress:
 
     def _condition(self, case: ServedCase) -> bool:
         from harness.search.shrink import _Stop
-        if self._stop or time.monotonic() > self._t0 + self.seconds:
+        if self._stop or time.monotonic() > self._t0 + self.seconds or (
+                self.max_runs and self.res.runs - self.res.shrink_runs >= self.max_runs):
             raise _Stop()
         key = _key(case)
         if key in self._seen:  # hypothesis draws the same example again now and then: no run for it
@@ -133,6 +137,7 @@ class ServedStress:
         def still_fails(c: ServedCase) -> bool:
             w = self.judge(c)
             r.runs += 1
+            r.shrink_runs += 1
             self.current = f"shrinking ({len(c.requests)} request(s)): {c.shape()}"
             self._show()
             same = next((x for x in w.new if tuple(x.signature) == sig), None)
@@ -167,7 +172,6 @@ class ServedStress:
         for o in (False, True):  # both servers up before the clock starts
             self.t.url(o)
         self._t0 = time.monotonic()
-        shrink_before = 0.0
         try:
             while not self._stop and time.monotonic() < self._t0 + self.seconds:
                 try:
@@ -180,7 +184,7 @@ class ServedStress:
             self.res.interrupted = True
         except Exception as e:  # the target broke beyond a finding (a server that cannot start again)
             self.res.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-        self.res.explore_s = time.monotonic() - self._t0 - self.res.shrink_s + shrink_before
+        self.res.explore_s = time.monotonic() - self._t0 - self.res.shrink_s
         self.current = "done"
         self._show(final=True)
         return self.res
@@ -194,7 +198,8 @@ class ServedStress:
         el = max(time.monotonic() - self._t0, 1e-9)
         shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
         rate = 60 * r.cases / max(el - r.shrink_s, 1e-9)
-        return (f"stress {self.t.name} seed {self.seed}{shard}: {r.cases} cases in {r.runs} runs, {rate:.1f} cases/min, "
+        return (f"stress {self.t.name} seed {self.seed}{shard}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
+                f"{rate:.1f} cases/min, "
                 f"findings {len(r.found)} new, {len(r.known)} known upstream | {min(el, self.seconds):.0f}/"
                 f"{self.seconds:.0f} s | {self.current}")
 
@@ -210,8 +215,9 @@ def summary_lines(s: ServedStress) -> list[str]:
     """The closing summary: cases and rate, each feature and path row, known upstream, findings."""
     from harness.targets import vllm_paths as vp
     r = s.res
-    out = [f"{r.cases} cases in {r.runs} runs ({r.refused} refused) over {r.explore_s / 60:.1f} min of search: "
-           f"{r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_s:.0f} s" if r.shrink_s else "")]
+    out = [f"{r.cases} cases in {r.runs - r.shrink_runs} runs ({r.refused} refused) over {r.explore_s / 60:.1f} min "
+           f"of search: {r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_runs} runs in {r.shrink_s:.0f} s"
+                                                              if r.shrink_runs else "")]
     out.append("features (cases that drew each): " + ", ".join(f"{k} {v}" for k, v in sorted(r.features.items())))
     if s.agent:
         out.append("path rows (runs where the agent counted the path async on/off; counts on/off):")
