@@ -13,6 +13,9 @@ stress explores cases (engine switches x schedule policy x workload, drawn by hy
 The first failure is shrunk by hypothesis to a minimal case that fails the same way, and
 written as a JSON reproducer with a Chrome trace and a PNG timeline around the failing step.
 `replay` runs a reproducer again, bit for bit (the simulated device is deterministic).
+
+`--target vllm` / `--target openai` search a served pair instead (harness/commands/stress_served.py,
+harness/search/served_*.py; docs/stress.md).
 """
 from __future__ import annotations
 

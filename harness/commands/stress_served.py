@@ -166,7 +166,11 @@ def cmd_replay_served(a, bad) -> int:
         print(f"not judged: {v.refused}")
         return EXIT_BAD_INPUT
     if not v.failed:
-        print(f"no longer fails (recorded: {rec.get('kind', '?')}: {rec.get('summary', '?')})")
+        claimed = [kid for kid, what in v.known if not what.startswith("vLLM reached it")]
+        if claimed:  # it fails as recorded, and a known-upstream entry (live in this release) claims it
+            print(f"reproduces KNOWN UPSTREAM {claimed[0]} (not a new failure; recorded: {rec.get('kind', '?')})")
+        else:
+            print(f"no longer fails (recorded: {rec.get('kind', '?')}: {rec.get('summary', '?')})")
         return 0
     same = any(list(f.signature) == list(rec.get("signature", [])) for f in v.new)
     f = next((f for f in v.new if list(f.signature) == list(rec.get("signature", []))), v.new[0])

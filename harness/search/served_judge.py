@@ -182,6 +182,13 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
         out.append(Finding("steps", f"steps: {f}", ("steps", "past max_tokens" if "past max_tokens" in f else
                                                     "waited" if "waited" in f else "more steps")))
     for f in bookmod.findings(on["books"], off["books"]):
+        if bookmod.HELD["host_buffers_held"] in f and all(
+                bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
+            # the worker writes its books after its step, before the output thread reads that step's
+            # ids and frees the buffer (harness.agents.vllm_plugin.worker_books): after the last step
+            # of a run nothing rewrites them, so a held buffer alone at idle is not judged (measured:
+            # it did not replay)
+            continue
         what = re.sub(r"^async (on|off): \d+ ", "", f).split(" at idle")[0]
         out.append(Finding("books", f"books: {f}", ("books", f.split(":")[0], what)))
     for row in vp.PATHS:
