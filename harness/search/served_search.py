@@ -15,6 +15,7 @@ from harness.search.served_case import ServedCase, case_features, features, subm
 from harness.search.served_judge import judge
 from harness.search.served_shrink import shrink
 
+FALLBACKS = 3  # larger shrunk cases tried when the smallest does not replay
 BURST = 50  # draws per hypothesis search before a fresh seed (its first draw is the simplest case)
 
 
@@ -144,8 +145,9 @@ class ServedStress:
             if same is not None:
                 f.finding = same  # the verdict of the smallest case so far: what its reproducer records
             return same is not None
+        history = [case]
         if self.shrink_seconds > 0:
-            f.best, f.tries = shrink(case, still_fails, time.monotonic() + self.shrink_seconds)
+            f.best, f.tries = shrink(case, still_fails, time.monotonic() + self.shrink_seconds, history)
         f.shrink_s = time.monotonic() - t
         r.shrink_s += f.shrink_s
         f.repro = os.path.join(self.out, f"repro-{len(r.found)}-{f.finding.kind}.json")
@@ -155,9 +157,21 @@ class ServedStress:
                                            "requests_shrunk": len(f.best.requests), "shrink_tries": f.tries})
         served_repro.write(f.repro, d)
         if self.shrink_seconds > 0:  # the reproducer as `replay` will run it: the same verdict?
-            _, back = served_repro.load(f.repro)
-            f.replay_same = still_fails(back)
+            # a timing-dependent failure can pass one shrinking try by luck: fall back on the cases
+            # accepted before it (larger, newest first) until one replays, at most FALLBACKS of them
+            for cand in [None] + history[::-1][1:1 + FALLBACKS]:
+                if cand is not None:
+                    f.best = cand
+                    d = served_repro.reproducer(self.t, cand, f.finding, seed=self.seed, patches=self.patches,
+                                                version=self.version, found=d["harness"]["found"])
+                    d["harness"]["found"]["requests_shrunk"] = len(cand.requests)
+                    served_repro.write(f.repro, d)
+                _, back = served_repro.load(f.repro)
+                f.replay_same = still_fails(back)
+                if f.replay_same:
+                    break
             d["harness"]["found"]["replayed_same"] = f.replay_same
+            d["harness"]["verdict"] = f.finding.to_dict()
             served_repro.write(f.repro, d)
 
     # -- the loop ------------------------------------------------------------------------

@@ -54,15 +54,19 @@ def _request_variants(r):
         yield v(prompt_ids=r.prompt_ids[:keep + n // 2])
 
 
-def shrink(case: ServedCase, still_fails, deadline: float) -> tuple[ServedCase, int]:
-    """The smallest case found before `deadline` (time.monotonic()) that `still_fails`; and the tries."""
+def shrink(case: ServedCase, still_fails, deadline: float, history: list | None = None) -> tuple[ServedCase, int]:
+    """The smallest case found before `deadline` (time.monotonic()) that `still_fails`; and the tries.
+    `history` (a list) gets every accepted case, oldest first (to fall back on one that replays)."""
     tries = [0]
 
     def attempt(c: ServedCase) -> bool:
         if time.monotonic() > deadline:
             raise _Spent()
         tries[0] += 1
-        return still_fails(c)
+        ok = still_fails(c)
+        if ok and history is not None:
+            history.append(c)
+        return ok
 
     def with_requests(reqs):
         c = clone(case)
