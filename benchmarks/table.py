@@ -11,7 +11,10 @@ Rows (ratio > 1: ours / the subject is faster, except where the row says "x less
 - detector: engine wall time with the access tracker vs without (the ratio is the overhead);
 - stress: schedules/min of 2 shard processes (`stress --shard I/2`, as a CI matrix runs them)
   vs 1 process over the same minutes;
-- gate: `overlap-harness check` wall time in one process vs `--workers 2` (pytest-xdist).
+- gate: `overlap-harness check` wall time in one process vs `--workers 2` (pytest-xdist);
+- vllm-stress (not in the default --only: it needs `setup vllm` and minutes): `stress --target vllm`
+  cases/min with 4 request mixes merged into each submission vs one mix per submission, on one warm
+  server pair (benchmarks/bench_vllm_stress.py).
 """
 from __future__ import annotations
 
@@ -107,6 +110,15 @@ def gate():
     return walls["1"] / walls["2"], f"{walls['2']:.0f} s vs {walls['1']:.0f} s wall"
 
 
+def vllm_stress(minutes: float):
+    from bench_vllm_stress import rates
+    from harness.targets import vllm_setup
+    if vllm_setup.ready():
+        return None, f"skipped: {vllm_setup.ready()}"
+    r = rates(minutes)
+    return r["ratio"], f"{r['batched']:.1f} vs {r['single']:.1f} cases/min"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
@@ -127,6 +139,8 @@ def main() -> int:
         ("stress", "stress schedules/min, 2 shards", "1 process", ">= 1.8",
          lambda: stress(0.25 if a.quick else 1.0, tmp)),
         ("gate", "check wall, --workers 2", "check in one process", ">= 1.67 (<= 0.6x time)", gate),
+        ("vllm-stress", "vLLM stress cases/min, 4 mixes a run", "1 mix a run", ">= 2",
+         lambda: vllm_stress(0.75 if a.quick else 1.5)),
     ]
     for key, what, anchor, goal, fn in plan:
         if key not in only:

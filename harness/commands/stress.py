@@ -13,6 +13,9 @@ stress explores cases (engine switches x schedule policy x workload, drawn by hy
 The first failure is shrunk by hypothesis to a minimal case that fails the same way, and
 written as a JSON reproducer with a Chrome trace and a PNG timeline around the failing step.
 `replay` runs a reproducer again, bit for bit (the simulated device is deterministic).
+
+`--target vllm` / `--target openai` search a served pair instead (harness/commands/stress_served.py,
+harness/search/served_*.py; docs/stress.md).
 """
 from __future__ import annotations
 
@@ -69,6 +72,13 @@ def _one_line_errors(fn):
 
 
 def cmd_stress(a) -> int:
+    if a.target != "ref":  # a served pair: harness/commands/stress_served.py
+        from harness.commands.stress_served import cmd_stress_served
+        with sigterm_as_interrupt() as term:
+            return cmd_stress_served(a, _usage, term)
+    for flag in ("vllm_version", "url", "url_off", "served_model", "tokenizer"):
+        if getattr(a, flag) is not None:
+            raise _usage(f"--{flag.replace('_', '-')} applies to a served target (--target vllm or openai)")
     from harness.engine.build import ModelUnavailable, load_model
     from harness.faults import CATALOGUE, check_names
     check_names(a.fault, BadInput)
@@ -148,6 +158,9 @@ def _report(a, res, term, faults) -> int:
 
 
 def cmd_replay(a) -> int:
+    if a.target != "ref":
+        from harness.commands.stress_served import cmd_replay_served
+        return cmd_replay_served(a, _usage)
     try:
         d = load_reproducer(a.file)
     except ReproUnavailable as e:
@@ -203,8 +216,16 @@ def add_commands(sub) -> None:
     s.add_argument("--max-running", type=int, default=4, help="largest max_running explored (default 4)")
     s.add_argument("--spec", default="both", choices=("both", "off", "on"),
                    help="explore plain decoding, speculative decoding, or both (default)")
+    from harness.commands.stress_served import add_flags
+    add_flags(s)
     s.set_defaults(fn=_one_line_errors(cmd_stress))
     r = sub.add_parser("replay", help="run a stress reproducer again and say whether it still fails")
     r.add_argument("file", help="a repro.json written by `overlap-harness stress`")
     r.add_argument("--timeline", metavar="DIR", help="also write the trace and PNG of the replay into DIR")
+    r.add_argument("--target", default="ref", choices=("ref", "vllm", "openai"),
+                   help="the target the reproducer was found on (default ref; vllm/openai: a served reproducer)")
+    r.add_argument("--vllm-version", metavar="V", help="vllm: the release (default: the reproducer's)")
+    r.add_argument("--out", default=None, metavar="DIR", help="vllm: where a CRASH's log or a HANG's report is kept")
+    r.add_argument("--url", help="openai: the endpoint with overlap on")
+    r.add_argument("--url-off", help="openai: the endpoint with overlap off")
     r.set_defaults(fn=_one_line_errors(cmd_replay))

@@ -276,6 +276,23 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   fixed=vllm_releases.FACTS["grammar_indices_pinned"].until),
 ]
 
+# Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the
+# agent's step books): a sampling request preempted while a step of it is in flight (a
+# reset_prefix_cache with running requests, or KV pressure) draws from its generator in that step;
+# the scheduler drops the stale sample, but GPUModelRunner rewinds a request's generator only for a
+# discarded partial-prefill sample (discard_request_mask), so the request resumes one draw ahead and
+# its seeded tokens differ from async off (greedy requests are unaffected). vLLM 0.32.0's source; no
+# upstream report found (the V0 fix of a resumed request's seeding was vllm-project/vllm#19940).
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "async-seeded-preempt-in-flight", "stress",
+    "async scheduling: a seeded request preempted with a step in flight (reset_prefix_cache with running "
+    "requests, or KV pressure) resumes with its generator one draw ahead (the stale step's sample was drawn "
+    "and never rewound), so its tokens differ from async off",
+    "none found for vllm-project/vllm (searched: seeded sampling, preemption, async scheduling, generator); "
+    "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
+    "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
+    match=lambda f: "a sampled request preempted async on" in f, introduced="0.10.0"))
+
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
 # point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
 # when a processor was given with --logits-processors (gpu_model_runner: logitsprocs_need_output_

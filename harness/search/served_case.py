@@ -1,0 +1,197 @@
+"""A served case: request mixes over what the vLLM path rows know, and the agent's delays and the
+server controls of one submission; drawn by hypothesis (`submissions`).
+
+One submission merges `cases` independent request mixes (each 1-3 requests, rids `c<i>r<j>`)
+into one run on each server: the servers stay warm and a run of a few seconds buys several cases
+(benchmarks/bench_vllm_stress.py measures what that buys). The mixes share the run's delays and
+controls, which are drawn once per submission.
+
+What a request can carry (harness.targets.vllm_paths.PATHS names the same paths): greedy, seeded
+or unseeded temperature sampling, repetition / presence / frequency penalties, two-token
+bad_words, min_tokens with a stop token id (and that token boosted, so the stream ends right at
+the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded samples, top-5 logprobs
+(always: the tie/race classifier needs them), a regex (structured output), each of our logits
+processors (CLI and entry point, per request and batch level: vllm_xargs), prompts short, over the
+step budget (chunked prefill) or on the 93-token shared prefix (prefix hits), max_tokens 1-3 or
+up to 24, arrival times, and a client that disconnects after k tokens. A submission adds the
+agent's delay points (harness.agents.vllm_points.DELAY_POINTS) on the async-on server, and a
+/pause + /resume or a /reset_prefix_cache (running requests preempted) at a chosen time.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from harness.engine.request import Request
+
+# the agent's delay points (harness.agents.vllm_points.DELAY_POINTS; not imported: that module is
+# the agent's and its table is checked against it in tests/test_served_search.py)
+DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
+CONTROLS = ("pause", "reset")
+PAUSE_FOR_S = 0.3
+# what each request body may carry beyond the plain greedy request (the keys of `Request.extra`)
+XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_no_repeat_cli",
+         "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
+VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
+             "stop_token_ids")
+
+
+@dataclass
+class ServedCase:
+    """One submission: the merged requests of `cases` mixes, the async-on server's delays, and
+    the controls [(seconds after the start, "pause" | "reset")] sent to both servers."""
+    requests: list
+    delays: dict = field(default_factory=dict)
+    controls: list = field(default_factory=list)
+    cases: int = 1
+
+    def size(self) -> tuple:
+        """What shrinking makes smaller, in order of weight (a smaller tuple is a simpler case)."""
+        return (len(self.requests), len(self.controls), len(self.delays),
+                sum(len(features(r)) for r in self.requests), sum(len(r.prompt_ids) for r in self.requests),
+                sum(r.max_new_tokens for r in self.requests))
+
+    def shape(self) -> str:
+        """One line: how many cases and requests, and what they exercise (progress lines)."""
+        feats = sorted({f for r in self.requests for f in features(r)})
+        extra = [f"delays {'+'.join(sorted(self.delays))}"] if self.delays else []
+        extra += [c for _, c in self.controls]
+        return (f"{self.cases} case(s), {len(self.requests)} request(s): {', '.join(feats) or 'greedy'}"
+                + (f"; {', '.join(extra)}" if extra else ""))
+
+
+def clone_request(r: Request) -> Request:
+    c = copy.copy(r)
+    c.prompt_ids, c.stop = list(r.prompt_ids), tuple(r.stop)
+    c.extra = copy.deepcopy(getattr(r, "extra", None) or {})
+    c.n = getattr(r, "n", 1)
+    return c
+
+
+def clone(case: ServedCase) -> ServedCase:
+    return ServedCase([clone_request(r) for r in case.requests], copy.deepcopy(case.delays),
+                      list(case.controls), case.cases)
+
+
+def features(r: Request) -> list[str]:
+    """The paths one request exercises, by what it asks for (the summary counts cases by these)."""
+    from harness.targets import vllm_paths as vp
+    ex = getattr(r, "extra", None) or {}
+    out = []
+    if r.temperature > 0:
+        out.append("seeded" if r.seed is not None else "sampled")
+    if getattr(r, "n", 1) > 1:
+        out.append("n>1")
+    if r.repetition_penalty != 1.0 or ex.get("presence_penalty") or ex.get("frequency_penalty"):
+        out.append("penalties")
+    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs"):
+        if ex.get(k):
+            out.append(k)
+    if r.stop or ex.get("stop_token_ids"):
+        out.append("stop")
+    out += [f"lp:{k}" for k, v in XARGS.items() if v in (ex.get("vllm_xargs") or {})]
+    if r.max_new_tokens <= 2:
+        out.append("max_tokens<=2")
+    if len(r.prompt_ids) > vp.MAX_BATCHED_TOKENS:
+        out.append("chunked_prefill")
+    if getattr(r, "shared_prefix", False):
+        out.append("shared_prefix")
+    if r.abort_after is not None:
+        out.append("abort")
+    if r.arrival:
+        out.append("arrival")
+    return out
+
+
+def case_features(case: ServedCase) -> list[str]:
+    out = sorted({f for r in case.requests for f in features(r)})
+    out += [f"delay:{k}" for k in sorted(case.delays)] + sorted({c for _, c in case.controls})
+    return out
+
+
+# -- drawing ------------------------------------------------------------------------------
+def _words(draw, lo, hi):
+    from harness.targets.vllm_paths import WORDS
+    return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=lo, max_size=hi)))
+
+
+@st.composite
+def requests(draw, tok, rid: str, vllm: bool = True):
+    """One request; every option off in hypothesis's simplest example (a short greedy request)."""
+    from harness.targets import vllm_paths as vp
+    kind = draw(st.sampled_from(("short", "long", "prefix")))
+    text = _words(draw, 2, 12) if kind != "long" else _words(draw, 70, 110)  # > 64 tokens: chunked
+    prompt = vp._ids(tok, text) if kind != "prefix" else vp._ids(tok, vp.PREFIX) + tok.encode(" " + text)
+    max_tokens = draw(st.one_of(st.sampled_from((1, 2, 3)), st.integers(4, 24)))
+    r = Request(rid=rid, prompt_ids=prompt[:vp.MAX_MODEL_LEN - 32], max_new_tokens=max_tokens)
+    r.extra, r.n, r.shared_prefix = {}, 1, kind == "prefix"
+    r.arrival = draw(st.sampled_from((0, 0, 2, 5, 10, 20)))
+    sampling = draw(st.sampled_from(("greedy", "seeded", "sampled")))
+    if sampling != "greedy":
+        r.temperature = draw(st.sampled_from((0.7, 1.0)))
+        r.top_p = draw(st.sampled_from((1.0, 0.9)))
+        r.seed = draw(st.integers(0, 1 << 20)) if sampling == "seeded" else None
+        if sampling == "seeded" and draw(st.booleans()):
+            r.n = draw(st.sampled_from((2, 3)))
+    if draw(st.booleans()) and vllm:
+        r.ignore_eos = True
+    opts = draw(st.sets(st.sampled_from(("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str",
+                                         "stop_ids", "regex", "lp")), max_size=3))
+    if not vllm:
+        opts -= {"bad_words", "min_tokens", "regex", "lp", "stop_ids"}
+    period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
+    common = tok.encode(" the")[-1], tok.encode(" and")[-1]
+    if "penalties" in opts:
+        pick = draw(st.sampled_from(("repetition", "presence", "frequency", "all")))
+        if pick in ("repetition", "all") and vllm:
+            r.repetition_penalty = 1.3
+        if pick in ("presence", "all"):
+            r.extra["presence_penalty"] = 0.6
+        if pick in ("frequency", "all") or (pick == "repetition" and not vllm):
+            r.extra["frequency_penalty"] = 0.8
+    if "bad_words" in opts:
+        r.extra["bad_words"] = draw(st.lists(st.sampled_from((" slot table", " the", " cache", " two three",
+                                                              " relay fence")), min_size=1, max_size=2, unique=True))
+    if "min_tokens" in opts:
+        k = draw(st.integers(1, max(1, max_tokens - 1)))
+        r.extra["min_tokens"], r.extra["stop_token_ids"] = k, [period]
+        if draw(st.booleans()):  # the stop token wins as soon as min_tokens lets it
+            r.extra["logit_bias"] = {str(period): 100.0}
+    if "logit_bias" in opts and "logit_bias" not in r.extra:
+        r.extra["logit_bias"] = {str(common[0]): 4.0, str(common[1]): 4.0}
+    if "stop_str" in opts:
+        r.stop = tuple(draw(st.lists(st.sampled_from((",", ".", " table", " the")), min_size=1, max_size=2,
+                                     unique=True)))
+    if "stop_ids" in opts:
+        r.extra["stop_token_ids"] = sorted(set(r.extra.get("stop_token_ids", [])) | {comma})
+    if "regex" in opts:
+        r.extra["structured_outputs"] = {"regex": draw(st.sampled_from((" [a-z]{3,8}-[0-9]{2,4}", " (yes|no)",
+                                                                        " [0-9]{1,3}")))}
+    if "lp" in opts:
+        lp = draw(st.sampled_from(sorted(XARGS)))
+        r.extra["vllm_xargs"] = {XARGS[lp]: f"{common[0]}:3" if lp == "boost" else 1}
+    if draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1:  # a client that disconnects
+        r.abort_after = draw(st.integers(1, max_tokens - 1))
+    return r
+
+
+@st.composite
+def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True):
+    """`cases` mixes merged into one submission, with its delays and controls (none on a target
+    without our agent: `agent=False`)."""
+    reqs = []
+    for i in range(cases):
+        n = draw(st.integers(1, 3))
+        reqs += [draw(requests(tok, f"c{i}r{j}", vllm)) for j in range(n)]
+    delays, controls = {}, []
+    if agent:
+        for point in draw(st.sets(st.sampled_from(DELAY_POINTS), max_size=2)):
+            if point == "before_wait" and draw(st.booleans()):  # hold the reader back a step or two
+                delays[point] = {"p": draw(st.sampled_from((0.5, 1.0))), "steps": draw(st.sampled_from((1, 2)))}
+            else:
+                delays[point] = {"p": draw(st.sampled_from((0.2, 0.5, 1.0))), "ms": draw(st.sampled_from((2, 5, 20)))}
+        for c in draw(st.sets(st.sampled_from(CONTROLS), max_size=2)):
+            controls.append((draw(st.sampled_from((0.2, 0.5, 1.0))), c))
+    return ServedCase(reqs, delays, sorted(controls), cases)

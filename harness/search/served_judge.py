@@ -1,0 +1,238 @@
+"""Run one served case on both servers and judge it with every oracle the gate has.
+
+- divergence: a clear-winner divergence, async on vs off (harness.oracles.reference.divergences;
+  a numerical tie is rounding, left out), and a logprob record that is not its token's
+  (record_problems), in either arm;
+- crash: a server died under the run (TargetCrash); hang: the watchdog stopped it (TargetHang);
+  either server is started again for the next case (the finding is the case that did it);
+- steps: async may save steps, never add them or leave a request waiting with budget free
+  (harness.oracles.steps, from the agent's books of each request);
+- books: everything back at idle in both arms (harness.oracles.books, VllmTarget.idle_books);
+- placeholders: a value-reading processor of ours read a placeholder where an output id belongs
+  (its counter, as the path rows' `placeholders`);
+- overlap: the async server ran without overlap (the target's own check after every run).
+
+A finding that matches a known-upstream entry live in the release (vllm_paths.classify) is
+known, not new; an entry the agent works around (its counter above 0) is known too.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from harness.search.served_case import PAUSE_FOR_S, ServedCase
+
+RESET = "/reset_prefix_cache?reset_running_requests=true"
+
+
+@dataclass
+class Finding:
+    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap
+    summary: str
+    signature: tuple  # what must stay the same while shrinking and on replay
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "summary": self.summary, "signature": list(self.signature)}
+
+
+@dataclass
+class Verdict:
+    new: list = field(default_factory=list)  # Finding
+    known: list = field(default_factory=list)  # (known id, what)
+    counts_on: dict = field(default_factory=dict)  # the agent's counters over the run (deltas)
+    counts_off: dict = field(default_factory=dict)
+    refused: str = ""  # the server refused a request (a case we should not have drawn): not judged
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.new)
+
+    def signature(self):
+        return self.new[0].signature if self.new else None
+
+
+def _controls(target, overlap: bool, controls, done: threading.Event, got: list):
+    import httpx
+    base, t0 = target.url(overlap), time.monotonic()
+    with httpx.Client(timeout=30.0) as c:
+        for at, what in controls:
+            if done.wait(max(0.0, t0 + at - time.monotonic())):
+                return  # the run ended first
+            try:
+                if what == "pause":
+                    got.append(("pause", c.post(base + "/pause?mode=keep").status_code))
+                    time.sleep(PAUSE_FOR_S)
+                    got.append(("resume", c.post(base + "/resume").status_code))
+                else:
+                    got.append(("reset", c.post(base + RESET).status_code))
+            except httpx.HTTPError as e:
+                got.append((what, type(e).__name__))
+
+
+def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict:
+    """One arm: its Run, the agent's counter deltas, the step books of its requests, its books at
+    idle, the control answers; or {"error": Finding} when the server crashed or hung."""
+    from harness.agents import plan as planmod
+    from harness.oracles import steps
+    from harness.targets import vllm_paths as vp
+    from harness.targets.served import TargetCrash, TargetHang
+    facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
+    before, books_before = vp.counts(facts), steps.books_of(facts)
+    done, got = threading.Event(), []
+    ctl = threading.Thread(target=_controls, args=(target, overlap, case.controls, done, got), daemon=True)
+    arm = "on" if overlap else "off"
+    try:
+        target.url(overlap)  # a server lost in an earlier case starts here, not inside the run's bound
+        if case.controls:
+            ctl.start()
+        try:
+            run = target.run(case.requests, overlap=overlap,
+                             delays=(case.delays or {}) if (overlap and agent and case.delays) else None)
+        finally:
+            done.set()
+            if ctl.is_alive():
+                ctl.join(5.0)
+    except TargetCrash as e:
+        return {"error": Finding("crash", f"async {arm}: {e}"[:400], ("crash", arm, _exception(str(e))))}
+    except TargetHang as e:
+        return {"error": Finding("hang", f"async {arm}: {e}"[:400], ("hang", arm))}
+    out = {"run": run, "controls": got}
+    if agent:
+        out["books"] = target.idle_books(overlap)
+        time.sleep(0.1)  # the agent flushes its counters every 0.1 s
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        out["counts"] = vp.delta(before, vp.counts(facts))
+        out["steps"] = steps.new_since(books_before, steps.books_of(facts))
+    return out
+
+
+def _exception(text: str) -> str:
+    """A crash's exception type and message without numbers (the same crash on replay)."""
+    m = re.search(r"ran: (.*?)(?: \(log |$)", text)
+    return re.sub(r"\d+", "N", (m.group(1) if m else text))[:120]
+
+
+def judge(target, case: ServedCase, version: str | None = None, agent: bool = True) -> Verdict:
+    """Both arms of one case (off first: the reference), every oracle; the servers are started
+    again where one was lost."""
+    from harness.targets.served import TargetError
+    t0 = time.monotonic()
+    v = Verdict()
+    arms = {}
+    try:
+        for overlap in (False, True):
+            arms[overlap] = run_arm(target, case, overlap, agent)
+    except TargetError as e:  # refused (400: a request the server will not take) or overlap lost
+        msg = str(e)
+        if "refused with 4" in msg:
+            v.refused = msg[:300]
+        elif "overlap" in msg:
+            v.new.append(Finding("overlap", msg[:300], ("overlap",)))
+        else:
+            raise
+        v.seconds = time.monotonic() - t0
+        return v
+    finally:
+        restart_lost(target)
+    errors = [a["error"] for a in arms.values() if "error" in a]
+    if not errors:
+        v.new += _findings(case, arms[False], arms[True], agent)
+        v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
+    else:
+        v.new += errors
+        for a in arms.values():
+            if "counts" in a:
+                v.counts_on = a["counts"]
+    _classify(v, version)
+    v.seconds = time.monotonic() - t0
+    return v
+
+
+def restart_lost(target) -> None:
+    """A server the watchdog stopped or that died is started again by the next run (lazily)."""
+    for d in (getattr(target, "hung", {}), getattr(target, "crashed", {})):
+        d.clear()
+
+
+def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
+    from harness.oracles import books as bookmod
+    from harness.oracles import steps
+    from harness.oracles.divergence import record_problems, run_logprobs
+    from harness.oracles.reference import divergences
+    from harness.targets import vllm_paths as vp
+    out = []
+    preempted = _sampled_preempted(case, on) if agent else set()
+    for _, _, divs in divergences(off["run"], on["run"]):
+        for d in divs:
+            if not d.near_tie:
+                why = " (a sampled request preempted async on)" if d.rid.split("#")[0] in preempted else ""
+                out.append(Finding("divergence", f"request {d.rid} diverges at token {d.position} ({d.verdict}): "
+                                   f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",)))
+    for lab, a in (("on", on), ("off", off)):
+        run = a["run"]
+        out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
+                                                                                                 run_logprobs(run))]
+    if not agent:
+        return out
+    sv = steps.compare(case.requests, steps.summed(off["steps"]), steps.summed(on["steps"]))
+    for f in sv.findings:
+        out.append(Finding("steps", f"steps: {f}", ("steps", "past max_tokens" if "past max_tokens" in f else
+                                                    "waited" if "waited" in f else "more steps")))
+    for f in bookmod.findings(on["books"], off["books"]):
+        if bookmod.HELD["host_buffers_held"] in f and all(
+                bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
+            # the worker writes its books after its step, before the output thread reads that step's
+            # ids and frees the buffer (harness.agents.vllm_plugin.worker_books): after the last step
+            # of a run nothing rewrites them, so a held buffer alone at idle is not judged (measured:
+            # it did not replay)
+            continue
+        what = re.sub(r"^async (on|off): \d+ ", "", f).split(" at idle")[0]
+        out.append(Finding("books", f"books: {f}", ("books", f.split(":")[0], what)))
+    for row in vp.PATHS:
+        if row.placeholders and row.pair == "main":
+            for lab, a in (("on", on), ("off", off)):
+                k = a["counts"].get(row.placeholders, 0)
+                if k:
+                    out.append(Finding("placeholders", f"async {lab}: a logits processor read {k} placeholder(s) "
+                                       f"where an output token id belongs ({row.placeholders})",
+                                       ("placeholders", row.placeholders)))
+    return out
+
+
+def _sampled_preempted(case, on: dict) -> set:
+    """The rids of requests that sample (temperature > 0) and that the async-on arm preempted, by
+    the agent's step books (what KNOWN_UPSTREAM async-seeded-preempt-in-flight claims)."""
+    from harness.agents.vllm_steps import request_key
+    from harness.oracles import steps
+    books = steps.summed(on.get("steps") or {}).per_key
+    return {r.rid for r in case.requests if r.temperature > 0
+            and (books.get(request_key(r.prompt_ids, r.max_new_tokens)) or [0] * 5)[4] > 0}
+
+
+def _classify(v: Verdict, version: str | None) -> None:
+    """Move the findings a known-upstream entry claims (live in `version`) to v.known; note the
+    entries the agent worked around. The bare pair's entries (vllm#52461) cannot show on the main
+    pair (a CLI processor turns vLLM's repair on), so they never claim a finding here."""
+    from harness.targets import vllm_paths as vp
+    both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
+    rows = sorted({k.row for k in vp.KNOWN_UPSTREAM
+                   if k.row not in vp.PATHS_BY_NAME or vp.PATHS_BY_NAME[k.row].pair == "main"})
+    for row in rows:
+        _, seen, _ = vp.classify(row, [], counts=both, version=version)
+        v.known += seen
+    new = []
+    for f in v.new:
+        hit = None
+        for row in rows:
+            _, seen, _ = vp.classify(row, [f.summary], counts=both, version=version)
+            hit = next((kid for kid, what in seen if what == f.summary), None)
+            if hit:
+                break
+        if hit:
+            v.known.append((hit, f.summary))
+        else:
+            new.append(f)
+    v.new = new

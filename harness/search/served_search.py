@@ -1,0 +1,256 @@
+"""The search against a served pair (vLLM, or any OpenAI-compatible on/off pair): hypothesis draws
+submissions (harness.search.served_case) in bursts from the seeds of `--seed` and `--shard`
+(harness.search.explore.burst_seeds), each is judged on both warm servers (served_judge), a new
+failure is shrunk within its time limit and written as a reproducer, known-upstream findings are
+counted once per entry, and the search goes on until its time is spent."""
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from harness.search.explore import burst_seeds
+from harness.search.served_case import ServedCase, case_features, features, submissions
+from harness.search.served_judge import judge
+from harness.search.served_shrink import shrink
+
+FALLBACKS = 3  # larger shrunk cases tried when the smallest does not replay
+BURST = 50  # draws per hypothesis search before a fresh seed (its first draw is the simplest case)
+
+
+@dataclass
+class Found:
+    finding: object  # served_judge.Finding, the first one of the case
+    found_s: float  # seconds from the search's start
+    first: ServedCase
+    best: ServedCase
+    tries: int = 0
+    shrink_s: float = 0.0
+    repro: str = ""
+    replay_same: bool | None = None  # the reproducer replayed once: the same verdict?
+
+
+@dataclass
+class ServedStressResult:
+    runs: int = 0
+    shrink_runs: int = 0  # of the runs, those spent shrinking (and replaying) a finding
+    cases: int = 0
+    refused: int = 0
+    explore_s: float = 0.0
+    shrink_s: float = 0.0
+    found: list = field(default_factory=list)  # Found, one per new signature
+    duplicates: int = 0  # runs that failed the way an earlier finding did
+    known: dict = field(default_factory=dict)  # known id -> [runs, first what]
+    features: dict = field(default_factory=dict)  # feature -> cases that drew it
+    rows: dict = field(default_factory=dict)  # path row -> [runs counted on, runs counted off, count on, count off]
+    interrupted: bool = False
+    error: str = ""
+
+    @property
+    def cases_per_min(self) -> float:
+        return 60 * self.cases / self.explore_s if self.explore_s > 0 else 0.0
+
+
+class ServedStress:
+    def __init__(self, target, tok, *, seconds: float, seed: int = 0, shard=(0, 1), cases: int = 4,
+                 shrink_seconds: float = 180.0, out: str = "stress-out", version: str | None = None,
+                 agent: bool = True, vllm: bool = True, max_findings: int = 0, patches=(), progress=None,
+                 max_runs: int = 0):
+        self.t, self.tok, self.seconds, self.seed, self.shard = target, tok, seconds, seed, shard
+        self.cases, self.shrink_seconds, self.out, self.version = cases, shrink_seconds, out, version
+        self.agent, self.vllm, self.max_findings, self.patches = agent, vllm, max_findings, tuple(patches)
+        self.progress = progress
+        self.max_runs = max_runs  # > 0: stop after this many submissions (tests: a count, not a time)
+        self.res = ServedStressResult()
+        self.current = ""
+        self._t0 = 0.0
+        self._stop = False
+        self._seen: set = set()
+
+    # -- one submission ------------------------------------------------------------------
+    def judge(self, case: ServedCase):
+        return judge(self.t, case, self.version, self.agent)
+
+    def _count(self, case: ServedCase, v) -> None:
+        r = self.res
+        r.runs += 1
+        if v.refused:
+            r.refused += 1
+            return
+        r.cases += case.cases
+        mixes: dict = {}
+        for q in case.requests:
+            mixes.setdefault(q.rid.split("r")[0], set()).update(features(q))
+        for feats in mixes.values():
+            for f in feats | set(case_features(ServedCase([], case.delays, case.controls))):
+                r.features[f] = r.features.get(f, 0) + 1
+        from harness.targets import vllm_paths as vp
+        for row in vp.PATHS:
+            if row.pair != "main" or row.cpu_reason:
+                continue
+            on, off = vp.row_count(row, v.counts_on), vp.row_count(row, v.counts_off)
+            acc = r.rows.setdefault(row.name, [0, 0, 0, 0])
+            acc[0] += on > 0
+            acc[1] += off > 0
+            acc[2] += on
+            acc[3] += off
+        for kid, what in v.known:
+            k = r.known.setdefault(kid, [0, what])
+            k[0] += 1
+
+    def _condition(self, case: ServedCase) -> bool:
+        from harness.search.shrink import _Stop
+        if self._stop or time.monotonic() > self._t0 + self.seconds or (
+                self.max_runs and self.res.runs - self.res.shrink_runs >= self.max_runs):
+            raise _Stop()
+        key = _key(case)
+        if key in self._seen:  # hypothesis draws the same example again now and then: no run for it
+            return False
+        self._seen.add(key)
+        self.current = case.shape()
+        self._show()
+        v = self.judge(case)
+        self._count(case, v)
+        self._show()
+        if not v.failed:
+            return False
+        sig = v.signature()
+        if any(tuple(f.finding.signature) == tuple(sig) for f in self.res.found):
+            self.res.duplicates += 1
+            return False
+        self._new_finding(case, v)
+        if self.max_findings and len(self.res.found) >= self.max_findings:
+            self._stop = True
+            raise _Stop()
+        return False
+
+    def _new_finding(self, case: ServedCase, v) -> None:
+        from harness.search import served_repro
+        r = self.res
+        f = Found(v.new[0], time.monotonic() - self._t0, case, case)
+        r.found.append(f)
+        t = time.monotonic()
+        sig = tuple(v.signature())
+        self.current = f"shrinking {case.shape()}"
+        self._show()
+
+        def still_fails(c: ServedCase) -> bool:
+            w = self.judge(c)
+            r.runs += 1
+            r.shrink_runs += 1
+            self.current = f"shrinking ({len(c.requests)} request(s)): {c.shape()}"
+            self._show()
+            same = next((x for x in w.new if tuple(x.signature) == sig), None)
+            if same is not None:
+                f.finding = same  # the verdict of the smallest case so far: what its reproducer records
+            return same is not None
+        history = [case]
+        if self.shrink_seconds > 0:
+            f.best, f.tries = shrink(case, still_fails, time.monotonic() + self.shrink_seconds, history)
+        f.shrink_s = time.monotonic() - t
+        r.shrink_s += f.shrink_s
+        f.repro = os.path.join(self.out, f"repro-{len(r.found)}-{f.finding.kind}.json")
+        d = served_repro.reproducer(self.t, f.best, f.finding, seed=self.seed, patches=self.patches,
+                                    version=self.version,
+                                    found={"after_s": round(f.found_s, 1), "requests_found": len(case.requests),
+                                           "requests_shrunk": len(f.best.requests), "shrink_tries": f.tries})
+        served_repro.write(f.repro, d)
+        if self.shrink_seconds > 0:  # the reproducer as `replay` will run it: the same verdict?
+            # a timing-dependent failure can pass one shrinking try by luck: fall back on the cases
+            # accepted before it (larger, newest first) until one replays, at most FALLBACKS of them
+            for cand in [None] + history[::-1][1:1 + FALLBACKS]:
+                if cand is not None:
+                    f.best = cand
+                    d = served_repro.reproducer(self.t, cand, f.finding, seed=self.seed, patches=self.patches,
+                                                version=self.version, found=d["harness"]["found"])
+                    d["harness"]["found"]["requests_shrunk"] = len(cand.requests)
+                    served_repro.write(f.repro, d)
+                _, back = served_repro.load(f.repro)
+                f.replay_same = still_fails(back)
+                if f.replay_same:
+                    break
+            d["harness"]["found"]["replayed_same"] = f.replay_same
+            d["harness"]["verdict"] = f.finding.to_dict()
+            served_repro.write(f.repro, d)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> ServedStressResult:
+        from hypothesis import HealthCheck, Phase, find, settings
+        from hypothesis.errors import NoSuchExample, Unsatisfiable
+        from harness.search.shrink import _Stop
+        strategy = submissions(self.tok, self.cases, vllm=self.vllm, agent=self.agent)
+        opts = settings(database=None, max_examples=BURST, deadline=None, phases=[Phase.generate],
+                        suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        seeds = burst_seeds(self.seed, *self.shard)
+        for o in (False, True):  # both servers up before the clock starts
+            self.t.url(o)
+        self._t0 = time.monotonic()
+        try:
+            while not self._stop and time.monotonic() < self._t0 + self.seconds:
+                try:
+                    find(strategy, self._condition, settings=opts, random=random.Random(next(seeds)))
+                except (NoSuchExample, Unsatisfiable):
+                    continue
+        except _Stop:
+            pass
+        except KeyboardInterrupt:
+            self.res.interrupted = True
+        except Exception as e:  # the target broke beyond a finding (a server that cannot start again)
+            self.res.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+        self.res.explore_s = time.monotonic() - self._t0 - self.res.shrink_s
+        self.current = "done"
+        self._show(final=True)
+        return self.res
+
+    def _show(self, final: bool = False) -> None:
+        if self.progress is not None:
+            self.progress(self, final)
+
+    def status_line(self) -> str:
+        r = self.res
+        el = max(time.monotonic() - self._t0, 1e-9)
+        shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
+        rate = 60 * r.cases / max(el - r.shrink_s, 1e-9)
+        return (f"stress {self.t.name} seed {self.seed}{shard}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
+                f"{rate:.1f} cases/min, "
+                f"findings {len(r.found)} new, {len(r.known)} known upstream | {min(el, self.seconds):.0f}/"
+                f"{self.seconds:.0f} s | {self.current}")
+
+
+def _key(case: ServedCase) -> str:
+    return repr([(vars(r).get("rid"), r.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, r.seed, r.stop,
+                  r.repetition_penalty, r.ignore_eos, r.arrival, r.abort_after, getattr(r, "n", 1),
+                  sorted((getattr(r, "extra", None) or {}).items(), key=str)) for r in case.requests]
+                + [sorted(case.delays.items(), key=str), case.controls])
+
+
+def summary_lines(s: ServedStress) -> list[str]:
+    """The closing summary: cases and rate, each feature and path row, known upstream, findings."""
+    from harness.targets import vllm_paths as vp
+    r = s.res
+    out = [f"{r.cases} cases in {r.runs - r.shrink_runs} runs ({r.refused} refused) over {r.explore_s / 60:.1f} min "
+           f"of search: {r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_runs} runs in {r.shrink_s:.0f} s"
+                                                              if r.shrink_runs else "")]
+    out.append("features (cases that drew each): " + ", ".join(f"{k} {v}" for k, v in sorted(r.features.items())))
+    if s.agent:
+        out.append("path rows (runs where the agent counted the path async on/off; counts on/off):")
+        for name, (ron, roff, con, coff) in r.rows.items():
+            row = vp.PATHS_BY_NAME[name]
+            both = row.arm == "both"
+            mark = "" if ron and (roff or not both) else "   <- not exercised"
+            out.append(f"  {name:<36} runs {ron}/{roff if both else '-'}  counts {con}/{coff}{mark}")
+    for kid, (n, what) in sorted(r.known.items()):
+        out.append(f"KNOWN UPSTREAM {kid}: in {n} run(s), first: {what[:200]}")
+    for i, f in enumerate(r.found, 1):
+        out.append(f"FINDING {i}: {f.finding.kind}: {f.finding.summary[:300]}")
+        out.append(f"  found after {f.found_s:.0f} s in a run of {f.first.cases} case(s), {len(f.first.requests)} "
+                   f"request(s); shrunk to {len(f.best.requests)} request(s) in {f.tries} tries ({f.shrink_s:.0f} s)"
+                   + ("" if f.replay_same is None else
+                      f"; replayed: {'same verdict' if f.replay_same else 'did NOT fail the same way'}"))
+        out.append(f"  reproducer: {f.repro}   replay: overlap-harness replay {f.repro} --target {s.t.name}")
+    if r.duplicates:
+        out.append(f"{r.duplicates} more run(s) failed as an earlier finding did")
+    if r.error:
+        out.append(f"stopped: {r.error}")
+    return out

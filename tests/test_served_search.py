@@ -1,0 +1,175 @@
+"""The served search without a server: the case generator, the shrinker, the reproducer writer and
+reader, the known-upstream classification of stress findings, and the CLI's one-line errors
+(harness/search/served_*.py, harness/commands/stress_served.py). The searches against vLLM itself
+are tests/test_vllm_stress.py."""
+import random
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, settings
+
+from harness.search import served_case as sc
+from harness.search import served_repro
+from harness.search.served_judge import Finding, Verdict, _classify
+from harness.search.served_shrink import shrink
+
+
+class Tok:
+    """A stand-in tokenizer: one id per character (enough for the generator's prompts)."""
+    bos_id, add_bos = 1, True
+
+    def encode(self, text):
+        return [32 + (ord(c) % 200) for c in text]
+
+
+def _draw(n=12, seed=3, **kw):
+    got = []
+    find(sc.submissions(Tok(), **kw), lambda c: got.append(c) or len(got) >= n,
+         settings=settings(database=None, max_examples=200, phases=[Phase.generate],
+                           suppress_health_check=list(HealthCheck)), random=random.Random(seed))
+    return got
+
+
+def test_delay_points_are_the_agents():
+    from harness.agents.vllm_points import DELAY_POINTS
+    assert sc.DELAY_POINTS == DELAY_POINTS
+
+
+def test_submissions_cover_the_paths_and_fit_the_servers():
+    from harness.targets import vllm_paths as vp
+    cases = _draw(40)
+    feats = {f for c in cases for f in sc.case_features(c)}
+    for want in ("seeded", "n>1", "penalties", "bad_words", "min_tokens", "logit_bias", "stop", "structured_outputs",
+                 "chunked_prefill", "shared_prefix", "abort", "arrival", "max_tokens<=2", "pause", "reset"):
+        assert want in feats, (want, sorted(feats))
+    assert any(f.startswith("lp:") for f in feats) and any(f.startswith("delay:") for f in feats)
+    for c in cases:
+        assert c.cases == 4 and len({r.rid for r in c.requests}) == len(c.requests)
+        for r in c.requests:
+            assert len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN
+            assert r.abort_after is None or 1 <= r.abort_after < r.max_new_tokens
+            assert r.n == 1 or (r.seed is not None and r.abort_after is None)
+            assert r.extra.get("min_tokens", 0) <= r.max_new_tokens
+        assert set(c.delays) <= set(sc.DELAY_POINTS)
+
+
+def test_an_openai_pair_gets_no_vllm_fields_nor_agent_delays():
+    for c in _draw(20, agent=False, vllm=False):
+        assert not c.delays and not c.controls
+        for r in c.requests:
+            assert not set(r.extra) & set(sc.VLLM_ONLY) and r.repetition_penalty == 1.0 and not r.ignore_eos
+
+
+def test_the_shrinker_keeps_only_what_the_failure_needs():
+    """A fake failure: a request with bad_words beside a reset. The shrinker drops the rest and every
+    parameter the failure does not need."""
+    case = next(c for c in _draw(60, seed=5) if any("bad_words" in r.extra for r in c.requests)
+                and len(c.requests) > 3)
+    case.controls = [(0.5, "reset")]
+
+    def fails(c):
+        return any("bad_words" in r.extra for r in c.requests) and any(w == "reset" for _, w in c.controls)
+    tries = []
+    best, n = shrink(case, lambda c: tries.append(1) or fails(c), float("inf"))
+    assert fails(best) and len(best.requests) == 1 and best.delays == {} and n == len(tries)
+    r = best.requests[0]
+    assert list(r.extra) == ["bad_words"] and r.temperature == 0 and r.abort_after is None and r.arrival == 0
+    assert r.max_new_tokens == 1 and len(r.prompt_ids) <= 9 and best.size() < case.size()
+
+
+def test_the_shrinker_stops_at_its_deadline():
+    import time
+    case = _draw(8)[-1]
+    best, n = shrink(case, lambda c: True, time.monotonic() - 1)
+    assert n == 0 and best.size() == case.size()
+
+
+class FakeTarget:
+    name, seed = "vllm", 0
+
+    def payload(self, r, overlap):
+        from harness.targets.served import ServedTarget
+        return ServedTarget.payload(self, r, overlap)
+
+    def model_name(self):
+        return "m"
+
+
+def test_a_reproducer_round_trips_in_the_fixture_format(tmp_path):
+    case = _draw(15, seed=11)[-1]
+    f = Finding("divergence", "request c0r0 diverges", ("divergence",))
+    d = served_repro.reproducer(FakeTarget(), case, f, seed=7, patches=["max_tokens_counts_placeholders"],
+                                version="0.32.0")
+    assert {"id", "what", "upstream", "requests", "counters"} <= set(d)  # fixtures/vllm_upstream's keys
+    assert all("model" not in b and "prompt" in b and "max_tokens" in b for b in d["requests"])
+    path = served_repro.write(str(tmp_path / "r.json"), d)
+    d2, back = served_repro.load(path)
+    assert d2["harness"]["patches"] == ["max_tokens_counts_placeholders"] and back.delays == case.delays
+    assert back.controls == [tuple(c) for c in case.controls]
+    t = FakeTarget()
+    for a, b in zip(case.requests, back.requests):  # the same bodies go to the servers
+        assert t.payload(a, True) == t.payload(b, True) and (a.arrival, a.abort_after) == (b.arrival, b.abort_after)
+
+
+def test_a_bad_reproducer_is_one_line(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"id": "x", "requests": []}')
+    with pytest.raises(served_repro.BadServedRepro, match="not a served-target reproducer"):
+        served_repro.load(str(p))
+    p.write_text('{"requests": [{"prompt": [1]}], "harness": {"format": "%s", "rids": []}}' % served_repro.FORMAT)
+    with pytest.raises(served_repro.BadServedRepro, match="one length"):
+        served_repro.load(str(p))
+
+
+def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
+    from harness.targets import vllm_paths as vp
+    k = next(k for k in vp.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
+    d, case = served_repro.load(k.reproducer)
+    assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
+
+
+def test_known_upstream_claims_only_its_own_findings():
+    seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
+                     "preempted async on)", ("divergence",))
+    plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",))
+    v = Verdict(new=[seeded, plain], counts_on={"cpu_generator_rewinds": 2})
+    _classify(v, "0.32.0")
+    assert v.new == [plain]
+    assert {k for k, _ in v.known} == {"async-seeded-preempt-in-flight", "cpu-seeded-partial-prefill"}
+    past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
+                   ("steps", "past max_tokens"))
+    v = Verdict(new=[past])
+    _classify(v, "0.32.0")  # fixed in 0.12.0: new here
+    assert v.new == [past]
+    v = Verdict(new=[past])
+    _classify(v, "0.11.0")
+    assert v.new == [] and v.known[0][0] == "async-step-past-max-tokens"
+    bare = Finding("placeholders", "async on: a logits processor read 3 placeholder(s)", ("placeholders", "x"))
+    v = Verdict(new=[bare], counts_on={"lp_no_repeat_placeholder_reads": 3})
+    _classify(v, "0.32.0")  # vllm#52461 is the bare pair's: on the main pair it is new
+    assert v.new == [bare]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--target", "vllm", "--url", "http://x"], "--url / --url-off apply to --target openai only"),
+    (["--target", "openai", "--url", "http://x"], "needs --url (overlap on) and --url-off"),
+    (["--target", "openai", "--url", "a", "--url-off", "b", "--fault", "f"], "--fault applies to --target ref or vllm"),
+    (["--target", "vllm", "--fault", "nope"], "unknown fault nope for target vllm"),
+    (["--target", "vllm", "--minutes", "0"], "--minutes must be a positive number"),
+    (["--target", "vllm", "--cases-per-run", "0"], "--cases-per-run must be between 1 and 16"),
+    (["--target", "vllm", "--shard", "2/2"], "bad --shard"),
+    (["--target", "vllm", "--vllm-version", "9.9.9"], "--vllm-version"),
+    (["--vllm-version", "0.32.0"], "applies to a served target"),
+])
+def test_bad_flags_are_one_line_and_exit_2(argv, msg, capsys, tmp_path):
+    from harness.cli import main
+    assert main(["stress", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+
+
+def test_replay_of_a_ref_reproducer_with_target_vllm_is_refused(tmp_path, capsys):
+    from harness.cli import main
+    p = tmp_path / "r.json"
+    p.write_text('{"format": "overlap-harness-repro"}')
+    assert main(["replay", str(p), "--target", "vllm"]) == 2
+    assert "not a served-target reproducer" in capsys.readouterr().err
