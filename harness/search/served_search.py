@@ -86,7 +86,7 @@ class ServedStress:
             for f in feats | set(case_features(ServedCase([], case.delays, case.controls))):
                 r.features[f] = r.features.get(f, 0) + 1
         from harness.targets import vllm_paths as vp
-        for row in vp.PATHS:
+        for row in vp.PATHS if self.agent else ():  # no agent: nothing counted the paths
             if row.pair != "main" or row.cpu_reason:
                 continue
             on, off = vp.row_count(row, v.counts_on), vp.row_count(row, v.counts_off)
