@@ -10,6 +10,7 @@ completion and to /health.
 import json
 import os
 import sys
+import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,6 +24,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     dead = False
+    core = threading.Lock()  # one engine core: it dies once, its traceback whole
 
     def do_GET(self):
         self.send_response((500 if Handler.dead else 200) if self.path == "/health" else 404)
@@ -46,13 +48,14 @@ class Handler(BaseHTTPRequestHandler):
                 Handler.dead = True
                 return self._500()
         if os.environ.get("STAND_IN_CRASH") == "1":
-            try:
-                schedule_step(body)
-            except RuntimeError:
-                sys.stderr.write("ERROR 12-02 14:00:00 [core.py:1] EngineCore encountered a fatal error.\n")
-                traceback.print_exc()
-                sys.stderr.flush()
-                os._exit(7)
+            with Handler.core:
+                try:
+                    schedule_step(body)
+                except RuntimeError:
+                    sys.stderr.write("ERROR 12-02 14:00:00 [core.py:1] EngineCore encountered a fatal error.\n")
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                    os._exit(7)
         ids = list(body["prompt"])[:body["max_tokens"]]
         out = {"choices": [{"index": 0, "finish_reason": "length", "logprobs": {
             "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.1] * len(ids),

@@ -92,3 +92,19 @@ def test_engine_traceback_is_the_last_one_in_the_log(tmp_path):
     tb = engine_traceback(log)
     assert tb.splitlines()[0].endswith("Traceback (most recent call last):") and "old one" not in tb, tb
     assert tb.splitlines()[-1].endswith("RuntimeError: Found no NVIDIA driver on your system."), tb
+
+
+def test_engine_traceback_prefers_the_engine_cores_whole_one(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_DP0 pid=9) Traceback (most recent call last):\n"
+                   "(EngineCore_DP0 pid=9)   File \"core.py\", line 5, in step\n"
+                   "(EngineCore_DP0 pid=9) IndexError: index 7 is out of bounds\n"
+                   "(APIServer pid=3) Traceback (most recent call last):\n"
+                   "(APIServer pid=3)   File \"async_llm.py\", line 9, in output_handler\n"
+                   "(APIServer pid=3) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+                   "Traceback (most recent call last):\n"
+                   "  File \"worker.py\", line 2, in run\n"
+                   "ERROR 12-02 [core.py:1] cut by another thread's log line\n")
+    assert engine_traceback(log).splitlines()[-1].endswith("IndexError: index 7 is out of bounds")
+    log.write_text(log.read_text().replace("(EngineCore_DP0 pid=9) ", ""))  # untagged: the last whole one
+    assert engine_traceback(log).splitlines()[-1].endswith("EngineDeadError: EngineCore encountered an issue.")

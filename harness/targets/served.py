@@ -56,9 +56,16 @@ def _log_body(line: str) -> str:
     return re.sub(r"^\([^)]*pid=\d+\)\s?", "", line)
 
 
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
+_LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
+
 def engine_traceback(log_path: Path, limit: int = 40) -> str:
-    """The last Python traceback in a server's log (the engine core's own, where it died), at most
-    `limit` lines, ending with its exception line; else the log's last error line."""
+    """The engine core's traceback in a server's log, at most `limit` lines, ending with its
+    exception line; else the log's last error line. A complete traceback (one that ends on an
+    exception line, not cut by a log line or by the process's exit) is preferred, and of those
+    the last one a vLLM engine-core process wrote (the API server's own traceback, which follows
+    it, only says the engine died); else the last complete one; else the last one."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
@@ -67,13 +74,19 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     if not starts:
         errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
         return errs[-1].strip() if errs else ""
-    block = [lines[starts[-1]]]
-    for ln in lines[starts[-1] + 1:]:
-        block.append(ln)
-        body = _log_body(ln)
-        if body and not body.startswith((" ", "\t")):
-            break  # the exception line closes the traceback
-    return "\n".join(block[-limit:])
+    blocks = []
+    for st in starts:
+        block, complete = [lines[st]], False
+        for ln in lines[st + 1:]:
+            block.append(ln)
+            body = _log_body(ln)
+            if body and not body.startswith((" ", "\t")):
+                complete = bool(_EXC_LINE.match(body)) and not _LOG_PREFIX.match(body)
+                break  # the exception line (or whatever cut the traceback) closes it
+        blocks.append((block, complete, "EngineCore" in lines[st]))
+    whole = [b for b in blocks if b[1]]
+    pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
+    return "\n".join(pick[-limit:])
 
 
 def exception_line(tb: str) -> str:
