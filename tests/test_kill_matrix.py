@@ -1,5 +1,5 @@
 """The fault kill matrix: every fault in the catalogue is caught by the suite it names, and the
-correct engine passes every suite over 20 seeds. Run through the real CLI."""
+correct engine passes every suite over 4 seeds. Run through the real CLI."""
 import json
 import subprocess
 import sys
@@ -41,10 +41,11 @@ def test_matrix_exit_code_says_ok(matrix):
 
 
 @pytest.mark.slow
-def test_correct_engine_passes_every_suite_over_10_seeds(tmp_path):
-    # 10 seeds (8.5 min for 20 on a loaded 2-core CI machine); `check --seeds 200` is the long sweep
+def test_correct_engine_passes_every_suite_over_4_seeds(tmp_path):
+    # 4 seeds keep CI under its 30 minutes (10 took 256 s on a loaded 2-core CI machine);
+    # `check --seeds 200` is the long sweep
     junit = tmp_path / "check.xml"
-    r = oh("check", "--seeds", "10", "--junit", str(junit))
+    r = oh("check", "--seeds", "4", "--junit", str(junit))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "PASS" in r.stdout and junit.exists()
 

@@ -175,9 +175,9 @@ def test_interrupt_while_shrinking_keeps_what_was_found(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_minute_stress_of_the_correct_engine_finds_nothing(tmp_path):
-    res = Stress(seconds=120, seed=1).run()
-    assert res.runs > 50, f"only {res.runs} schedules in 2 minutes"
+def test_a_minute_of_stress_of_the_correct_engine_finds_nothing(tmp_path):
+    res = Stress(seconds=60, seed=1).run()  # `stress --minutes 20` is the long run
+    assert res.runs > 20, f"only {res.runs} schedules in a minute"
     assert not res.failed, f"false alarm on the correct engine: {res.best[1].summary}\n{res.best[0]}"
 
 

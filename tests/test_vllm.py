@@ -6,44 +6,15 @@ Needs `overlap-harness setup vllm` (the Makefile's `test` runs it). Elsewhere th
 with the reason; with OVERLAP_HARNESS_REQUIRE_VLLM=1 (.ci/run) a missing setup is a failure, so
 CI cannot pass with the real engine silently skipped.
 """
-import os
-
 import pytest
 
 from harness.targets import vllm_setup as setup_cmd
 from harness.workloads import presets as workloads
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
+from tests.served_pair import vllm_unavailable as _unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
-
-
-def _unavailable(why: str):
-    if REQUIRED:
-        pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def vllm():
-    why = setup_cmd.ready()
-    if why:
-        _unavailable(why)
-    from harness import targets
-    from harness.targets.served import TargetUnavailable
-    try:
-        t = targets.make_target("vllm")
-        t.start()
-    except TargetUnavailable as e:
-        _unavailable(str(e))
-    yield t
-    targets.close_served()
-
-
-@pytest.fixture(scope="module")
-def tok(vllm):
-    return vllm.tokenizer()
 
 
 def _workload(tok, seed=0, penalty=False):

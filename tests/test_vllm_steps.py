@@ -12,7 +12,6 @@ from harness.agents import plan as planmod
 from harness.oracles import steps
 from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
-from tests.test_vllm import tok, vllm  # noqa: F401  (the shared server pair)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PATCH = "max_tokens_guard_one_step_early"

@@ -9,7 +9,6 @@ benchmarks/bench_vllm_stress.py's."""
 import pytest
 
 from harness.search.served_search import ServedStress, summary_lines
-from tests.test_vllm import tok, vllm  # noqa: F401  (the shared server pair)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PATCH = "max_tokens_counts_placeholders"  # a length-capped request ends one token short async on

@@ -92,6 +92,8 @@ FACTS: dict[str, Since] = {
     "entry_point_logits_processors": Since(since="0.10.1", why="the `vllm.logits_processors` entry point"),
     "cli_logits_processors": Since(since="0.10.1", why="the --logits-processors flag"),
     "kv_cache_memory_bytes": Since(since="0.10.2", why="the --kv-cache-memory-bytes flag"),
+    "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
+                                   "ignores the field with a warning)"),
     # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
     # of the newest output ids runs for custom processors only when one was given on the CLI
     "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
@@ -118,6 +120,7 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "entry_point_logits_processors": ("v1/sample/logits_processor/__init__.py", r"vllm\.logits_processors"),
     "cli_logits_processors": ("engine/arg_utils.py", r'"--logits-processors"'),
     "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
+    "completions_bad_words": ("entrypoints/openai/completion/protocol.py", r"\n    bad_words: list\[str\]"),
     "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
     "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
@@ -266,6 +269,8 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "structured_output": ("point:grammar",),
     "min_tokens": ("point:min_tokens",),
     "logit_bias": ("point:logit_bias",),
+    "bad_words": ("completions_bad_words",),
+    "bad_words_bare": ("completions_bad_words",),
     "seeded_partial_prefill": ("point:bookkeeping",),
     "logits_processor_cli": ("cli_logits_processors",),
     "logits_processor_entry_point": ("entry_point_logits_processors",),

@@ -1,0 +1,37 @@
+"""The vLLM server pair the vLLM tests share: one per test process (pytest-xdist worker), for the
+whole session, since a start costs most of a minute and every module restarting it cost minutes
+of CI. `vllm_unavailable` skips with the reason, or fails under OVERLAP_HARNESS_REQUIRE_VLLM=1
+(.ci/run), so CI cannot pass with the real engine silently skipped."""
+import os
+
+import pytest
+
+REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
+
+
+def vllm_unavailable(why: str):
+    if REQUIRED:
+        pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    from harness import targets
+    from harness.targets import vllm_setup as setup_cmd
+    from harness.targets.served import TargetUnavailable
+    why = setup_cmd.ready()
+    if why:
+        vllm_unavailable(why)
+    try:
+        t = targets.make_target("vllm")
+        t.start()
+    except TargetUnavailable as e:
+        vllm_unavailable(str(e))
+    yield t
+    targets.close_served()
+
+
+@pytest.fixture(scope="session")
+def tok(vllm):
+    return vllm.tokenizer()
