@@ -20,11 +20,11 @@ check: venv
 run: venv
 	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
 
-# two pytest-xdist workers: the tests on the shared vLLM pair in one (tests/conftest.py), the rest
-# spread over both; serial, the suite took 51 minutes on a 2-core CI machine
+# the vLLM tests in one process, the rest beside them on TEST_WORKERS xdist workers
+# (scripts/test.sh); serial, the suite took 51 minutes on a 2-core CI machine
 TEST_WORKERS ?= 2
 test: venv vllm
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	@TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
 
 # `make bench`: the quick benchmarks, then every ratio against its anchor side by side
 # (benchmarks/table.py --quick); about 6 minutes on 2 idle cores. `make bench-long` (or

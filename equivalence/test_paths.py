@@ -39,6 +39,7 @@ def path_run(target, tok, oh_options):
     reqs = vp.build(tok, seed=0)
     runs, cnt, ctl, books, stepbooks = {}, {}, {}, {}, {}
     for overlap in (False, True):
+        target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         before, books_before = vp.counts(facts), steps.books_of(facts)
         runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)

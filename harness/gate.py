@@ -234,10 +234,14 @@ def xdist_args(workers) -> list[str]:
 
 
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
-               suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1) -> GateResult:
+               suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1,
+               keyword: str | None = None) -> GateResult:
+    """`keyword`: only the cases pytest's -k selects (a suite's module fixtures run only for them)."""
     xd = xdist_args(workers)
     args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
                                   "--oh-target", target, "--oh-device", device] + xd
+    if keyword:
+        args += ["-k", keyword]
     for f in faults:
         args += ["--oh-fault", f]
     if seeds:

@@ -2,16 +2,25 @@ import pytest
 
 from harness.engine.build import build_engine
 from harness.engine.config import EngineConfig
-from tests.served_pair import tok, vllm  # noqa: F401  (the shared vLLM pair, one per session)
+from tests.served_pair import tok, vllm, vllm_pair  # noqa: F401  (the shared vLLM pair, one per session)
 
 
+def _pair_order(item):
+    """Stock vLLM first, then each source patch's tests together (the async-on server restarts
+    when the patch changes, not between two tests of the same one), then what stops the server."""
+    m = item.get_closest_marker("on_server")
+    if m is None:
+        return (0, "")
+    return (2, "") if m.args[0] == "stopped" else (1, m.args[0])
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (the Makefile's `test`), every test on the shared vLLM
-    pair runs in one worker, which starts the pair once; the rest, vLLM tests with servers of
-    their own included, spread over the other workers."""
-    for item in items:
-        if "vllm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("vllm-pair"))
+    """The tests on the shared vLLM pair first (scripts/test.sh runs them in a process of their
+    own), in the order _pair_order gives them; the rest as collected."""
+    pair = sorted((i for i in items if "vllm_pair" in getattr(i, "fixturenames", ())), key=_pair_order)
+    ids = {id(i) for i in pair}
+    items[:] = pair + [i for i in items if id(i) not in ids]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ def vllm_unavailable(why: str):
 
 
 @pytest.fixture(scope="session")
-def vllm():
+def vllm_pair():
     from harness import targets
     from harness.targets import vllm_setup as setup_cmd
     from harness.targets.served import TargetUnavailable
@@ -32,6 +32,19 @@ def vllm():
     targets.close_served()
 
 
+@pytest.fixture
+def vllm(vllm_pair):
+    """The shared pair, handed back as the next test expects it whatever this one did: stock
+    faults, and a server the watchdog stopped or that died started again when next used (a test
+    that leaves a hang behind fails itself, not every test after it)."""
+    from harness import targets
+    from harness.search.served_judge import restart_lost
+    yield vllm_pair
+    if vllm_pair.faults:
+        targets.make_target("vllm", ())
+    restart_lost(vllm_pair)
+
+
 @pytest.fixture(scope="session")
-def tok(vllm):
-    return vllm.tokenizer()
+def tok(vllm_pair):
+    return vllm_pair.tokenizer()

@@ -2,6 +2,7 @@
 running and the engine's own traceback from its log; every later run on that arm says the
 server is gone because of that CRASH (never a bare "Connection refused"). Against a real
 process (tests/crashing_server.py), on both sides: it dies, and it does not."""
+import os
 import sys
 from pathlib import Path
 
@@ -108,3 +109,19 @@ def test_engine_traceback_prefers_the_engine_cores_whole_one(tmp_path):
     assert engine_traceback(log).splitlines()[-1].endswith("IndexError: index 7 is out of bounds")
     log.write_text(log.read_text().replace("(EngineCore_DP0 pid=9) ", ""))  # untagged: the last whole one
     assert engine_traceback(log).splitlines()[-1].endswith("EngineDeadError: EngineCore encountered an issue.")
+
+
+def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):
+    """A server that dies while starting is reported by its exception, not by a WARNING that
+    mentions an error (vLLM 0.20.2's ulimit warning names `OSError: [Errno 24]`)."""
+    from harness.targets.served import ServerProcess, TargetUnavailable
+    log = tmp_path / "server.log"
+    script = ("import sys\n"
+              "print('(APIServer pid=1) WARNING 12-03 08:48:59 [system_utils.py:294] Found ulimit of 20000 and "
+              "failed to automatically increase. This can cause fd limit errors like `OSError: [Errno 24] Too many "
+              "open files`.')\n"
+              "raise ValueError('no such model directory: /nowhere')\n")
+    s = ServerProcess("stand-in server", [sys.executable, "-c", script], dict(os.environ), log, cwd=tmp_path)
+    with pytest.raises(TargetUnavailable) as e:
+        s.wait_healthy("http://127.0.0.1:9/health", 30)
+    assert str(e.value).endswith("ValueError: no such model directory: /nowhere"), str(e.value)

@@ -73,8 +73,8 @@ def test_fault_is_caught(vllm, tok, fault, delays, penalty):
 def test_suites_through_the_gate(vllm):
     """`check --target vllm` runs the black-box suites in-process on the same servers: the correct
     engine passes the equivalence suite and every path row (each path ran, counted by the agent;
-    a known upstream bug reported as such), and a fault the suites name fails them: stale output
-    ids fail the penalty row and the value-reading logits processor's row."""
+    a known upstream bug reported as such), and a fault the path suite names fails it: stale
+    output ids fail the penalty row and the value-reading logits processor's row."""
     from harness.gate import run_suites
     suites = ["test_overlap_equivalence", "test_paths"]
     ok = run_suites("vllm", (), 1, suites=suites)
@@ -83,9 +83,11 @@ def test_suites_through_the_gate(vllm):
         assert suite.failed == 0 and suite.passed > 0, suite
     assert len(ok.paths) >= 18 and all(int(p.split("=")[1].split("/")[0]) > 0 for p in ok.paths), ok.paths
     assert any(k.startswith("KNOWN UPSTREAM cpu-seeded-partial-prefill") for k in ok.known), ok.known
-    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=suites)
-    assert bad.suites["test_overlap_equivalence"].failed > 0
-    assert bad.suites["test_paths"].failed >= 2, bad.suites["test_paths"]
+    # with the fault, only the two rows it must fail (that the equivalence suite's comparison
+    # catches it too is test_fault_is_caught's, on the same servers)
+    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_paths"],
+                     keyword="penalties or logits_processor_cli_value")
+    assert bad.suites["test_paths"].failed == bad.suites["test_paths"].cases == 2, bad.suites["test_paths"]
     from harness import targets
     targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
 
@@ -137,13 +139,14 @@ def test_overlap_oracle_through_the_gate(vllm):
 CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
 
 
-@pytest.fixture(scope="module")
-def stock_off(vllm, tok):
+@pytest.fixture(scope="session")  # the pair's tests run in their own order (tests/conftest.py)
+def stock_off(vllm_pair, tok):
+    vllm = vllm_pair
     reqs = _workload(tok, penalty=True)
     return reqs, vllm.run(reqs, overlap=False)
 
 
-@pytest.mark.parametrize("patch", CI_PATCHES)
+@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES])
 def test_source_patch_is_caught(vllm, tok, stock_off, patch):
     """The quiet half is test_overlap_on_equals_off: the same workload on stock vLLM."""
     from harness import targets
@@ -158,10 +161,11 @@ def test_source_patch_is_caught(vllm, tok, stock_off, patch):
 
 
 # -- nothing leaks: the engine's own books at idle (harness.oracles.books) ---------------------
-@pytest.fixture(scope="module")
-def paths_off(vllm, tok):
+@pytest.fixture(scope="session")  # the pair's tests run in their own order (tests/conftest.py)
+def paths_off(vllm_pair, tok):
     """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
     async off: its outputs and its books at idle, shared by the tests below."""
+    vllm = vllm_pair
     from harness.targets import vllm_paths as vp
     reqs = vp.build(tok, seed=0)
     off, _ = vp.run_with_controls(vllm, reqs, False)
@@ -173,6 +177,7 @@ def _paths_on(vllm, reqs):
     import time as _time
     from harness.agents import plan as planmod
     from harness.targets import vllm_paths as vp
+    vllm.url(True)  # a server on other source patches restarts before its counts are read
     before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
     on, _ = vp.run_with_controls(vllm, reqs, True)
     t = _time.monotonic()
@@ -196,9 +201,9 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
 
 
 @pytest.mark.parametrize("patch,resource", [
-    ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
-    ("preempt_in_flight_drops_block", "KV blocks referenced by no request"),
-])
+    pytest.param(p, r, marks=pytest.mark.on_server(p)) for p, r in (
+        ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
+        ("preempt_in_flight_drops_block", "KV blocks referenced by no request"))])
 def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
     """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
@@ -224,6 +229,7 @@ def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource
     print(f"{patch}: books: {found[0]}; the token comparison: {tokens}")
 
 
+@pytest.mark.on_server("abort_in_flight_keeps_blocks")
 def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     """Enough requests aborted with a step in flight under abort_in_flight_keeps_blocks hold every
     block: the next request can never be admitted, and the run ends as HANG within the watchdog's
@@ -259,15 +265,18 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     print(h["line"], *h["notes"], f"(the run took {took:.1f} s; bound {hang_bound(period):.1f} s)", sep="\n")
 
 
+@pytest.mark.on_server("stopped")
 def test_spinning_engine_is_a_hang(vllm, tok):
     """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
     within the watchdog's bound, with every server process's stacks and the agent's facts in the
-    report; the hung server's later runs fail at once. Last of the tests on the module's pair:
-    the hung server is stopped."""
+    report; the hung server's later runs fail at once. Among the last of the pair's tests: the
+    hung server is stopped (and started again by whatever uses it next)."""
     import time
     from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
     from harness.agents import plan as planmod
-    vllm.url(True)  # an earlier test's patch restarted the async server: its start-up is not the bound's
+    # a patch test before this one leaves the async server to restart: a short run on the fresh
+    # one measures its token period, so the bound is the watchdog's, not its no-period cap
+    vllm.run(_workload(tok)[:2], overlap=True)
     _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
     bound = hang_bound(period)
     t = time.monotonic()
@@ -337,21 +346,24 @@ def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_diff
     vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
     vllm#52461 on the row where no CLI processor is set, and the GSM8K pair finds the arms differ
     (async off bans repeated digits; async on reads placeholders and does nothing), the async-off
-    arm the one that moved from the ref engine's accuracy: not a weak fixture. The servers as
-    `check --logits-processor` starts them, and the two suites the processor reaches, in a process
-    of its own (its servers are its own)."""
+    arm the one that moved from the ref engine's accuracy: not a weak fixture. Run: the cases of
+    the two suites the processor reaches that these assertions read, in a process of its own (its servers are its own, configured as `check --logits-processor` configures them)."""
     if setup_cmd.ready():
         _unavailable(setup_cmd.ready())
     import subprocess
     import sys
     import xml.etree.ElementTree as ET
     junit = tmp_path / "check.xml"
-    # the two suites the processor reaches (the paths rows on both pairs, the GSM8K pair), as
-    # `check --logits-processor` starts and runs them; the rest of the gate is test_suites_through_the_gate's
+    # the cases the assertions below read, as `check --logits-processor` configures the servers:
+    # the bare pair's row of installed processors and the GSM8K pair; the main pair's rows with the
+    # processor installed beside the CLI ones would cost two server starts and two path runs more
+    # (the rest of the gate is test_suites_through_the_gate's)
     script = ("import sys\n"
-              "from harness.gate import path_lines, run_suites, start_served\n"
-              f"start_served('vllm', (), SystemExit, logits_processors=[{USER_LP!r}])\n"
-              f"res = run_suites('vllm', suites=['test_paths', 'test_gsm8k_gate'], junit={str(junit)!r})\n"
+              "from harness.gate import path_lines, run_suites\n"
+              "from harness.targets import configure\n"
+              f"configure('vllm', logits_processors=[{USER_LP!r}])\n"
+              f"res = run_suites('vllm', suites=['test_paths', 'test_gsm8k_gate'], junit={str(junit)!r},\n"
+              "                 keyword='installed_logits_processors_bare or gsm8k')\n"
               "print('\\n'.join(path_lines(res)))\n"
               "sys.exit(0 if res.ok else 1)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200)

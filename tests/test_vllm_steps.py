@@ -26,6 +26,7 @@ def _workload(tok):
 
 
 def _run_with_books(target, reqs, overlap):
+    target.url(overlap)  # a server on other source patches restarts before its books are read
     before = steps.books_of(planmod.read_facts(str(target.facts_dir(overlap))))
     run = target.run(reqs, overlap=overlap)
     time.sleep(0.4)  # the agent flushes its facts every 0.1 s
@@ -33,13 +34,19 @@ def _run_with_books(target, reqs, overlap):
     return run, steps.summed(steps.new_since(before, after))
 
 
+def test_the_steps_books_agree_on_stock_vllm(vllm, tok):  # noqa: F811
+    reqs = _workload(tok)
+    _, off = _run_with_books(vllm, reqs, False)
+    _, on = _run_with_books(vllm, reqs, True)
+    quiet = steps.compare(reqs, off, on)
+    assert quiet.findings == [] and quiet.length_capped == len(reqs), steps.summary_line(quiet)
+
+
+@pytest.mark.on_server(PATCH)
 def test_the_steps_oracle_catches_what_tokens_miss(vllm, tok):  # noqa: F811
     from harness import targets
     reqs = _workload(tok)
     off_run, off = _run_with_books(vllm, reqs, False)
-    _, on = _run_with_books(vllm, reqs, True)
-    quiet = steps.compare(reqs, off, on)
-    assert quiet.findings == [] and quiet.length_capped == len(reqs), steps.summary_line(quiet)
     try:
         assert targets.make_target("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
         bad_run, bad = _run_with_books(vllm, reqs, True)

@@ -30,6 +30,7 @@ def test_stress_is_quiet_on_stock_vllm(vllm, tok, tmp_path):  # noqa: F811
     assert res.runs == 1 and not res.found and not res.rows, [f.finding.summary for f in res.found]
 
 
+@pytest.mark.on_server(PATCH)
 def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_path):  # noqa: F811
     from harness import targets
     from harness.search import served_repro

@@ -79,13 +79,15 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     from harness.oracles import steps
     from harness.targets import vllm_paths as vp
     from harness.targets.served import TargetCrash, TargetHang
-    facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
-    before, books_before = vp.counts(facts), steps.books_of(facts)
     done, got = threading.Event(), []
     ctl = threading.Thread(target=_controls, args=(target, overlap, case.controls, done, got), daemon=True)
     arm = "on" if overlap else "off"
     try:
-        target.url(overlap)  # a server lost in an earlier case starts here, not inside the run's bound
+        # a server lost in an earlier case (or on other source patches) starts here, not inside
+        # the run's bound, and before its facts are read: those of a stopped server count nothing
+        target.url(overlap)
+        facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
+        before, books_before = vp.counts(facts), steps.books_of(facts)
         if case.controls:
             ctl.start()
         try:

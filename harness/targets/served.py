@@ -152,15 +152,20 @@ class ServerProcess:
             _LIVE.add(self)
 
     def log_tail(self, n: int = 3) -> str:
+        """Why a server did not come up: its traceback's exception line; else its first ERROR
+        line (a WARNING that names an error, vLLM's ulimit one, is no cause); else its last lines."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        keep = [ln for ln in lines if ln.strip()]
+        tb = engine_traceback(self.log_path)
+        if "Traceback (most recent call last)" in tb:
+            return exception_line(tb)[:300]
+        keep = [ln for ln in lines if ln.strip() and not re.search(r"\b(WARNING|INFO|DEBUG)\b", ln)]
         errors = [ln for ln in keep if "Error:" in ln or "ERROR" in ln]
         if errors:  # the root cause, not the last line of the traceback that followed it
             return errors[0].strip()[-300:]
-        return " | ".join(ln.strip()[-200:] for ln in keep[-n:])
+        return " | ".join(ln.strip()[-200:] for ln in (keep or lines)[-n:])
 
     def wait_healthy(self, url: str, timeout: float) -> None:
         import httpx

@@ -225,13 +225,29 @@ class VllmTarget(ServedTarget):
 
     def refresh_faults(self, old) -> None:
         """The faults changed: agent faults go to the plan; a different set of source patches
-        restarts the async-on server on its own copy of vLLM (the off server keeps running)."""
-        from harness.agents.vllm_patches import PATCHES
-        if {f for f in old if f in PATCHES} != set(self.patches()) and True in self.servers:
-            self.servers.pop(True).stop()
-            for f in self.facts_dir(True).glob("*.json"):  # the stopped server's facts
-                f.unlink()
+        restarts the async-on server on its own copy of vLLM (the off server keeps running) when
+        it is next used, not now: going back to stock vLLM and on to the same patch again (a
+        test's quiet half between two of its patched ones) costs no start."""
         self.set_plan(True)
+
+    def _drop_stale_on(self) -> None:
+        """Stop the async-on server when it runs other source patches than the faults ask for."""
+        s = self.servers.get(True)
+        if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
+            self.servers.pop(True).stop()  # start() clears its facts
+
+    def start(self, which=(False, True)) -> None:
+        if True in which:
+            self._drop_stale_on()
+        fresh = True in which and True not in self.servers
+        super().start(which)
+        if fresh and True in self.servers:
+            self.servers[True].patches = frozenset(self.patches())
+
+    def url(self, overlap: bool) -> str:
+        if overlap:
+            self._drop_stale_on()
+        return super().url(overlap)
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
         err = [f["error"] for f in facts if f.get("error")]
