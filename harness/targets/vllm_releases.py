@@ -92,6 +92,9 @@ FACTS: dict[str, Since] = {
     "entry_point_logits_processors": Since(since="0.10.1", why="the `vllm.logits_processors` entry point"),
     "cli_logits_processors": Since(since="0.10.1", why="the --logits-processors flag"),
     "kv_cache_memory_bytes": Since(since="0.10.2", why="the --kv-cache-memory-bytes flag"),
+    "nobind_crashes": Since(since="0.20.0", until="0.21.0", why="VLLM_CPU_OMP_THREADS_BIND=nobind kills the "
+                            "engine at start (its binding log line indexes an empty CPU list: IndexError): "
+                            "the servers get the list of every core instead, which binds nothing away"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
     # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
@@ -120,6 +123,7 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "entry_point_logits_processors": ("v1/sample/logits_processor/__init__.py", r"vllm\.logits_processors"),
     "cli_logits_processors": ("engine/arg_utils.py", r'"--logits-processors"'),
     "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
+    "nobind_crashes": ("utils/ompmultiprocessing.py", r"core ids=\{self\.cpu_lists\[i\]\}"),
     "completions_bad_words": ("entrypoints/openai/completion/protocol.py", r"\n    bad_words: list\[str\]"),
     "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
@@ -174,6 +178,8 @@ class Release:
         if self.has("async_output") and not self.has("vllm_stubs_cuda"):
             out.append("the async output path's CUDA stream and event calls stubbed (vLLM stubs them from "
                        f"{FACTS['vllm_stubs_cuda'].since})")
+        if self.has("nobind_crashes"):
+            out.append("OpenMP threads bound to the list of every core, not `nobind` (which kills its engine at start)")
         if self.has("needs_vllm_record"):
             out.append("a `vllm` distribution record with a +cpu version (platform detection reads it)")
         if self.tokenizer_class():
