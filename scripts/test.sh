@@ -7,11 +7,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-log=${TEST_VLLM_LOG:-$(mktemp -t oh-test-vllm.XXXXXX)}
+log=${TEST_VLLM_LOG:-}
+if [ -z "$log" ]; then  # a temporary log, printed whole at the end and then removed
+  log=$(mktemp -t oh-test-vllm.XXXXXX)
+  trap 'rm -f "$log"' EXIT
+fi
 echo "test: the vLLM tests run beside the others; their output is in $log (printed at the end)"
 "$PY" -m pytest -q -p no:cacheprovider -m vllm --durations=15 "$@" >"$log" 2>&1 &
 vllm_pid=$!
-stop() { kill -TERM "$vllm_pid" 2>/dev/null; wait "$vllm_pid" 2>/dev/null; exit 130; }
+stop() { kill -TERM "$vllm_pid" 2>/dev/null; wait "$vllm_pid" 2>/dev/null; cat "$log"; exit 130; }
 trap stop INT TERM
 "$PY" -m pytest -q -p no:cacheprovider -m "not vllm" -n "${TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"
 rest=$?

@@ -1,7 +1,7 @@
 """The vLLM server pair the vLLM tests share: one per test process (scripts/test.sh runs the
 vLLM tests in one), for the whole session, since a start costs most of a minute and every module
-restarting it cost minutes of CI. `vllm_unavailable` skips with the reason, or fails under OVERLAP_HARNESS_REQUIRE_VLLM=1
-(.ci/run), so CI cannot pass with the real engine silently skipped."""
+restarting it cost minutes of CI. `vllm_unavailable` skips with the reason, or fails under
+OVERLAP_HARNESS_REQUIRE_VLLM=1 (.ci/run), so CI cannot pass with the real engine silently skipped."""
 import os
 
 import pytest
