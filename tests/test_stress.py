@@ -157,11 +157,26 @@ def test_ctrl_c_exits_130_with_a_summary(tmp_path):
     p = subprocess.Popen(CLI + ["stress", "--minutes", "1", "--out", str(tmp_path / "o")], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(6)
+    # Ctrl-C once the search has begun (its first progress line), not after a fixed sleep: on a
+    # loaded machine the imports alone can take longer, and a Ctrl-C then is the CLI's, not stress's
+    import threading
+    lines, begun = [], threading.Event()
+
+    def read_err():
+        for line in p.stderr:
+            lines.append(line)
+            if line.startswith("stress seed"):
+                begun.set()
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
+    assert begun.wait(timeout=120), "".join(lines)[-2000:]
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    p.wait(timeout=60)  # stdout is a few lines: the pipe cannot fill
+    out = p.stdout.read()
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert p.returncode == 130, err[-2000:]
-    assert "schedules" in err and "interrupted" in out
+    assert "schedules in" in err and "interrupted" in out, (out, err[-2000:])
 
 
 def test_interrupt_while_shrinking_keeps_what_was_found(tmp_path):
