@@ -125,3 +125,26 @@ def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):
     with pytest.raises(TargetUnavailable) as e:
         s.wait_healthy("http://127.0.0.1:9/health", 30)
     assert str(e.value).endswith("ValueError: no such model directory: /nowhere"), str(e.value)
+
+
+def test_an_engine_dead_in_native_code_is_named_by_what_it_printed(tmp_path):
+    """An engine core that dies in native code leaves no traceback of its own, only a library's
+    message (vLLM 0.11.0 handing `nobind` to libnuma); the API server's traceback, which only says
+    the engine died, is quoted with that message, and the colours of its process tag are dropped."""
+    from harness.targets.served import ServerProcess, TargetUnavailable
+    log = tmp_path / "server.log"
+    tag = "\x1b[1;36m(APIServer pid=7)\x1b[0;0m "
+    frames = "".join(f"print({tag + '  File x.py, line ' + str(i) + ', in f'!r})\n" for i in range(60))
+    script = ("import sys\n"
+              "print('(EngineCore_DP0 pid=8) INFO 12-03 16:49:29 [core.py:77] Initializing an engine')\n"
+              "print(\"somelib: Warning: cannot parse cpu list `none'\")\n"
+              "print()\n"
+              f"print({tag + 'Traceback (most recent call last):'!r})\n" + frames +
+              f"print({tag + 'RuntimeError: Engine core initialization failed. See root cause above.'!r})\n"
+              "sys.exit(1)\n")
+    s = ServerProcess("stand-in server", [sys.executable, "-c", script], dict(os.environ), log, cwd=tmp_path)
+    with pytest.raises(TargetUnavailable) as e:
+        s.wait_healthy("http://127.0.0.1:9/health", 30)
+    assert str(e.value).endswith("RuntimeError: Engine core initialization failed. See root cause above. "
+                                 "(before it: somelib: Warning: cannot parse cpu list `none')"), str(e.value)
+    assert "\x1b" not in str(e.value)

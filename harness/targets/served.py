@@ -52,8 +52,12 @@ class TargetCrash(TargetError):
 
 
 def _log_body(line: str) -> str:
-    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ")."""
-    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", line)
+    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ") nor its colours (older
+    releases colour the tag even in a log file)."""
+    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", _ANSI.sub("", line))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
@@ -87,6 +91,16 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     whole = [b for b in blocks if b[1]]
     pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
     return "\n".join(pick[-limit:])
+
+
+def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
+    """The last line among the `look` before lines[end] that is no log record (a native
+    library's own message, as libnuma's); "" when there is none."""
+    for ln in reversed(lines[max(0, end - look):end]):
+        body = _log_body(ln).strip()
+        if body and not _LOG_PREFIX.match(body) and not ln.startswith((" ", "\t")):
+            return body
+    return ""
 
 
 def exception_line(tb: str) -> str:
@@ -158,14 +172,20 @@ class ServerProcess:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        tb = engine_traceback(self.log_path)
-        if "Traceback (most recent call last)" in tb:
-            return exception_line(tb)[:300]
+        starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+        if starts:
+            tb = engine_traceback(self.log_path)  # its last lines: the start may be cut off
+            why = exception_line(tb)[:300]
+            if "(EngineCore" not in tb:  # the API server's: it only says the engine died
+                cause = _untagged_line_before(lines, starts[-1])
+                if cause:  # an engine that died in native code leaves no traceback, only this
+                    why += f" (before it: {cause[:200]})"
+            return why
         keep = [ln for ln in lines if ln.strip() and not re.search(r"\b(WARNING|INFO|DEBUG)\b", ln)]
         errors = [ln for ln in keep if "Error:" in ln or "ERROR" in ln]
         if errors:  # the root cause, not the last line of the traceback that followed it
-            return errors[0].strip()[-300:]
-        return " | ".join(ln.strip()[-200:] for ln in (keep or lines)[-n:])
+            return _log_body(errors[0]).strip()[-300:]
+        return " | ".join(_log_body(ln).strip()[-200:] for ln in (keep or lines)[-n:])
 
     def wait_healthy(self, url: str, timeout: float) -> None:
         import httpx
