@@ -20,8 +20,9 @@ check: venv
 run: venv
 	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
 
-# the vLLM tests in one process, the rest beside them on TEST_WORKERS xdist workers
-# (scripts/test.sh); serial, the suite took 51 minutes on a 2-core CI machine
+# the vLLM pair's tests in one process, the rest beside them on TEST_WORKERS xdist workers, then
+# the vLLM tests with servers of their own (scripts/test.sh); serial, the suite took 51 minutes
+# on a 2-core CI machine
 TEST_WORKERS ?= 2
 test: venv vllm
 	@TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh

@@ -1,5 +1,5 @@
 """The fault kill matrix: every fault in the catalogue is caught by the suite it names, and the
-correct engine passes every suite over 4 seeds. Run through the real CLI."""
+correct engine sets off no suite. Run through the real CLI (`check` itself: tests/test_check_cli.py)."""
 import json
 import subprocess
 import sys
@@ -38,20 +38,3 @@ def test_fault_caught_by_its_suite(matrix, fault):
 
 def test_matrix_exit_code_says_ok(matrix):
     assert matrix["ok"] is True
-
-
-@pytest.mark.slow
-def test_correct_engine_passes_every_suite_over_4_seeds(tmp_path):
-    # 4 seeds keep CI under its 30 minutes (10 took 256 s on a loaded 2-core CI machine);
-    # `check --seeds 200` is the long sweep
-    junit = tmp_path / "check.xml"
-    r = oh("check", "--seeds", "4", "--junit", str(junit))
-    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-    assert "PASS" in r.stdout and junit.exists()
-
-
-def test_check_fails_with_a_fault_and_refuses_unknown_ones():
-    r = oh("check", "--fault", "no_fence")
-    assert r.returncode == 1 and "FAIL" in r.stdout and "WAR hazard on req_to_token" in r.stdout
-    r = oh("check", "--fault", "nosuch")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "known: no_fence" in r.stderr

@@ -296,6 +296,7 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     assert vllm.overlap_summary().startswith("overlap: not judged (the async server hung")
 
 
+@pytest.mark.own_servers
 def test_silently_lost_overlap_fails(tmp_path):
     """Without our agent keeping it on, vLLM's CPU platform turns async scheduling off without a
     word: the server asked for overlap runs without it, and the target must refuse it."""
@@ -313,6 +314,7 @@ def test_silently_lost_overlap_fails(tmp_path):
         t.close()
 
 
+@pytest.mark.own_servers
 def test_gsm8k_gate_on_vllm(tmp_path):
     """The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
     HF form, about 90% right on GSM8K-format questions): the correct vLLM passes, and ids read
@@ -341,6 +343,7 @@ def test_gsm8k_gate_on_vllm(tmp_path):
 USER_LP = "no_repeat_all=fixtures.vllm_user.logitsprocs:NoRepeatAll"
 
 
+@pytest.mark.own_servers
 def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_differ(tmp_path):
     """Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
     vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
