@@ -122,6 +122,9 @@ def test_old_releases_say_what_is_adapted():
     assert vr.release("0.11.0").requirements_extra() == ["transformers<5"]
     assert vr.release("0.11.0").tokenizer_class() == "PreTrainedTokenizerFast"
     assert any("forced on" in a for a in vr.release("0.20.2").adaptations())
+    # no OpenMP binding, in each release's own word for it (a wrong one kills the engine at start)
+    assert [vr.release(v).omp_bind(2) for v in ("0.10.2", "0.11.0", "0.11.1", "0.20.2", "0.21.0", vr.PINNED)] == \
+        ["all", "all", "nobind", "0-1", "nobind", "nobind"]
 
 
 def test_unknown_release_is_one_line():
@@ -221,6 +224,41 @@ def test_cuda_stubs_let_the_async_output_path_run_without_a_driver():
     assert (torch.cuda.current_stream, torch.cuda.stream, getattr(torch, "Event", None)) == before
 
 
+def test_runner_stubs_let_an_async_runner_start_without_a_driver():
+    """0.10.2-0.11.0's model runner, under async, records its input event on torch.cuda's default
+    stream at start (inside the CPU runner's placeholders, whose event takes no stream): it raises
+    without a driver, and runs inside the agent's runner stubs, which are gone afterwards."""
+    import torch
+
+    from harness.agents.vllm_plugin import _CudaStubs
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the stubs are never installed (vLLM's own calls are real)")
+
+    class _EventPlaceholder:  # the CPU model runner's, in those releases
+        def __init__(self, *a, **kw):
+            self.record = lambda: None
+            self.synchronize = lambda: None
+
+    def runner_init():  # the lines of vllm/v1/worker/gpu_model_runner.py there
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.default_stream())
+        return ev
+
+    saved = torch.cuda.Event
+    torch.cuda.Event = _EventPlaceholder
+    try:
+        before = torch.cuda.default_stream
+        with pytest.raises((RuntimeError, AssertionError, TypeError)):
+            runner_init()
+        with _CudaStubs((), names=_CudaStubs.RUNNER):
+            runner_init().synchronize()
+        assert torch.cuda.default_stream is before and torch.cuda.Event is _EventPlaceholder
+    finally:
+        torch.cuda.Event = saved
+    assert vr.release("0.11.0").has("runner_records_default_stream")
+    assert not vr.release("0.11.1").has("runner_records_default_stream")
+
+
 def test_classify_counts_a_known_entry_only_in_the_release_in_force():
     """The gate passes the release to the classification: outside the entry's range the same
     finding is new (it fails), inside it is KNOWN UPSTREAM."""
@@ -230,6 +268,17 @@ def test_classify_counts_a_known_entry_only_in_the_release_in_force():
     finding = ["request pen0 diverges at token 3 (race)"]
     assert classify("penalties", finding, [k], version="0.13.0") == ([], [("x", finding[0])], [])
     assert classify("penalties", finding, [k], version="0.20.2") == (finding, [], [])
+
+
+def test_placeholder_reads_are_the_bug_live_in_each_release():
+    """An entry-point processor reading placeholders is vllm#26467 (nothing repaired) before 0.11.1
+    and vllm#52461 (repaired for CLI processors only) from it: one known id per release."""
+    from harness.targets.vllm_paths import classify
+    finding = ["logits_processor_entry_point_bare: async on: the processor read 16 placeholder(s)"]
+    counts = {"lp_no_repeat_placeholder_reads": 16}
+    for version, kid in (("0.11.0", "vllm#26467"), ("0.11.1", "vllm#52461"), (vr.PINNED, "vllm#52461")):
+        new, known, _ = classify("logits_processor_entry_point_bare", finding, counts=counts, version=version)
+        assert new == [] and [k for k, _ in known] == [kid], (version, known)
 
 
 @pytest.mark.parametrize("version", SUPPORTED)

@@ -226,7 +226,12 @@ def _engine_step_sync(orig):
 
 def _runner_init(orig):
     def __init__(self, *a, **kw):
-        orig(self, *a, **kw)
+        if _STUB_CUDA["runner"]:  # 0.10.2-0.11.0: the input event recorded on torch.cuda's default stream
+            with _CudaStubs((), names=_CudaStubs.RUNNER):
+                orig(self, *a, **kw)
+            _facts("worker").set(cuda_stubbed=True)
+        else:
+            orig(self, *a, **kw)
         _facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
                              async_outputs=0)
         _register_stack_dump()
@@ -390,16 +395,19 @@ class _CudaStubs:
     and no CUDA device is there."""
 
     NAMES = (("cuda", "current_stream"), ("cuda", "stream"), ("cuda", "Event"), (None, "Event"))
+    # the model runner's __init__ where it records its input event on the default stream (the
+    # CPU runner's own event placeholder there takes no stream)
+    RUNNER = (("cuda", "default_stream"), ("cuda", "Event"))
 
-    def __init__(self, args):
+    def __init__(self, args, names=NAMES):
         import torch
-        self.torch, self.args, self.saved = torch, args, []
+        self.torch, self.args, self.names, self.saved = torch, args, names, []
 
     def __enter__(self):
         t = self.torch
         stubs = {"current_stream": lambda *a, **kw: _StreamStub(), "stream": lambda *a, **kw: _StreamStub(),
-                 "Event": _EventStub}
-        for mod, name in self.NAMES:
+                 "default_stream": lambda *a, **kw: _StreamStub(), "Event": _EventStub}
+        for mod, name in self.names:
             owner = t.cuda if mod else t
             self.saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None))))
             setattr(owner, name, stubs[name])
@@ -414,7 +422,7 @@ class _CudaStubs:
         return False
 
 
-_STUB_CUDA = {"on": False}  # set by register() from the release table
+_STUB_CUDA = {"on": False, "runner": False}  # set by register() from the release table
 
 
 def _output_copy(orig):
@@ -952,6 +960,7 @@ def register() -> None:
         v = _release()
         here = {p.name for p in points_in(v)}
         _STUB_CUDA["on"] = _needs_cuda_stubs(v)
+        _STUB_CUDA["runner"] = _STUB_CUDA["on"] and _holds(v, "runner_records_default_stream")
         for point, make in PATCHES.items():
             if point in here:
                 _patch(point, make)

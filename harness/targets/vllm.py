@@ -182,9 +182,8 @@ class VllmTarget(ServedTarget):
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("VLLM_DO_NOT_TRACK", "1")
-        # two servers share two cores here: no binding; where `nobind` crashes, every core's list
-        bind = f"0-{(os.cpu_count() or 1) - 1}" if self.release.has("nobind_crashes") else "nobind"
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
+        # two servers share two cores here: no binding (the release's word for it)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.release.omp_bind(os.cpu_count() or 1))
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
         if self.paths:

@@ -317,6 +317,19 @@ KNOWN_UPSTREAM += [
     KnownUpstream("vllm#52461", "installed_logits_processors_bare", **_52461, evidence="lp_visible_placeholders",
                   report_gone=False),
 ]
+# Before 0.11.1 nothing repairs the placeholders, for any processor or penalty (vllm#26467, whose
+# fix added the repair): the same rows' reads there are that bug, not #52461 (found by the sweep
+# on 0.11.0: 16 placeholder reads on each bare-pair entry-point row, async on only)
+_26467 = dict(
+    what="under async scheduling the newest output token id is a -1 placeholder when penalties and logits "
+         "processors read it: nothing repairs it before 0.11.1",
+    upstream="vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.10.0", fixed="0.11.1")
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
+    KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
+                  evidence="lp_batch_placeholder_reads"),
+]
 
 def classify(row: str, findings: list[str], known=None, counts=None,
              version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:

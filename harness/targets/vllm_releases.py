@@ -95,6 +95,11 @@ FACTS: dict[str, Since] = {
     "nobind_crashes": Since(since="0.20.0", until="0.21.0", why="VLLM_CPU_OMP_THREADS_BIND=nobind kills the "
                             "engine at start (its binding log line indexes an empty CPU list: IndexError): "
                             "the servers get the list of every core instead, which binds nothing away"),
+    "runner_records_default_stream": Since(since="0.10.2", until="0.11.1", why="with async scheduling the model "
+                                           "runner records its input event on torch.cuda.default_stream() at start, "
+                                           "which kills vLLM's CPU worker (removed by vllm-project/vllm#26736)"),
+    "bind_all": Since(until="0.11.1", why="the VLLM_CPU_OMP_THREADS_BIND value that binds no thread is `all` "
+                      "(`nobind` from 0.11.1; here libnuma cannot parse it and the engine dies at start)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
     # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
@@ -124,6 +129,9 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "cli_logits_processors": ("engine/arg_utils.py", r'"--logits-processors"'),
     "kv_cache_memory_bytes": ("engine/arg_utils.py", r'"--kv-cache-memory-bytes"'),
     "nobind_crashes": ("utils/ompmultiprocessing.py", r"core ids=\{self\.cpu_lists\[i\]\}"),
+    "runner_records_default_stream": ("v1/worker/gpu_model_runner.py",
+                                      r"prepare_inputs_event\.record\(torch\.cuda\.default_stream\(\)\)"),
+    "bind_all": ("v1/worker/cpu_worker.py", r'self\.local_omp_cpuid != "all"'),
     "completions_bad_words": ("entrypoints/openai/completion/protocol.py", r"\n    bad_words: list\[str\]"),
     "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
@@ -170,6 +178,12 @@ class Release:
         """The model directory's tokenizer_class: transformers 4 lacks `TokenizersBackend` (a 5 name)."""
         return "PreTrainedTokenizerFast" if self.has("transformers_4") else ""
 
+    def omp_bind(self, ncpu: int) -> str:
+        """VLLM_CPU_OMP_THREADS_BIND for servers that share the cores: no binding, in this release's words."""
+        if self.has("bind_all"):
+            return "all"
+        return f"0-{ncpu - 1}" if self.has("nobind_crashes") else "nobind"
+
     def adaptations(self) -> list[str]:
         """What the agent and the target change to run this release here (the verdict says so)."""
         out = []
@@ -178,8 +192,13 @@ class Release:
         if self.has("async_output") and not self.has("vllm_stubs_cuda"):
             out.append("the async output path's CUDA stream and event calls stubbed (vLLM stubs them from "
                        f"{FACTS['vllm_stubs_cuda'].since})")
+        if self.has("runner_records_default_stream") and not self.has("vllm_stubs_cuda"):
+            out.append("the model runner's start under async given a stub for torch.cuda.default_stream (it "
+                       "records an event there: vllm#26736 removed it)")
         if self.has("nobind_crashes"):
             out.append("OpenMP threads bound to the list of every core, not `nobind` (which kills its engine at start)")
+        if self.has("bind_all"):
+            out.append("OpenMP threads left unbound with `all` (its name for `nobind`, which kills its engine at start)")
         if self.has("needs_vllm_record"):
             out.append("a `vllm` distribution record with a +cpu version (platform detection reads it)")
         if self.tokenizer_class():
