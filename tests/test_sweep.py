@@ -75,6 +75,17 @@ def test_a_suite_row_is_its_worst_case():
                                      "steps": {"status": "pass", "detail": ""}}
 
 
+def test_a_suite_row_with_cases_that_ran_is_not_skipped():
+    """A skipped case (the speculative variant where no drafter runs) does not stand for the suite
+    whose other cases passed; a suite all of whose cases were skipped is skipped."""
+    eq = "equivalence/test_overlap_equivalence.py::"
+    cases = [{"id": eq + "test_a", "suite": "test_overlap_equivalence", "status": "pass", "detail": ""},
+             {"id": eq + "test_b", "suite": "test_overlap_equivalence", "status": "skipped", "detail": "no drafter"},
+             {"id": "races/test_fence.py::test_a", "suite": "test_fence", "status": "skipped", "detail": "white-box"}]
+    assert gate_json.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
+                                     "test_fence": {"status": "skipped", "detail": "white-box"}}
+
+
 def test_check_json_to_a_missing_folder_is_one_line_exit_2(tmp_path, capsys):
     assert "cannot write --json" in _usage_error(capsys, "check", "--json", str(tmp_path / "no" / "x.json"))
 
