@@ -324,7 +324,7 @@ _26467 = dict(
     what="under async scheduling the newest output token id is a -1 placeholder when penalties and logits "
          "processors read it: nothing repairs it before 0.11.1",
     upstream="vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
-    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.10.0", fixed="0.11.1")
+    reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1")
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
