@@ -226,11 +226,8 @@ def _engine_step_sync(orig):
 
 def _runner_init(orig):
     def __init__(self, *a, **kw):
-        if _STUB_CUDA["runner"]:  # 0.10.2-0.11.0: the input event recorded on torch.cuda's default stream
-            with _CudaStubs((), names=_CudaStubs.RUNNER):
-                orig(self, *a, **kw)
-            _facts("worker").set(cuda_stubbed=True)
-        else:
+        # 0.10.2-0.11.0: the input event recorded on torch.cuda's default stream
+        with _cuda_stubs(_STUB_CUDA["runner"], (), _CudaStubs.RUNNER):
             orig(self, *a, **kw)
         _facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
                              async_outputs=0)
@@ -425,16 +422,21 @@ class _CudaStubs:
 _STUB_CUDA = {"on": False, "runner": False}  # set by register() from the release table
 
 
+def _cuda_stubs(on: bool, args, names=_CudaStubs.NAMES):
+    """The stubs around one call where the release needs them (the worker's facts say so), else nothing."""
+    if not on:
+        import contextlib
+        return contextlib.nullcontext()
+    _facts("worker").set(cuda_stubbed=True)
+    return _CudaStubs(args, names)
+
+
 def _output_copy(orig):
     ids_attr, event_attr = output_attrs(_release())
 
     def __init__(self, *a, **kw):
         global _COPY
-        if _STUB_CUDA["on"]:
-            with _CudaStubs(a + tuple(kw.values())):
-                orig(self, *a, **kw)
-            _facts("worker").set(cuda_stubbed=True)
-        else:
+        with _cuda_stubs(_STUB_CUDA["on"], a + tuple(kw.values())):
             orig(self, *a, **kw)
         _facts("worker").add("async_outputs")
         src = self._sampled_token_ids
