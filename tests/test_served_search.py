@@ -173,3 +173,47 @@ def test_replay_of_a_ref_reproducer_with_target_vllm_is_refused(tmp_path, capsys
     p.write_text('{"format": "overlap-harness-repro"}')
     assert main(["replay", str(p), "--target", "vllm"]) == 2
     assert "not a served-target reproducer" in capsys.readouterr().err
+
+
+def test_a_reproducer_that_does_not_replay_falls_back_on_one_that_does(tmp_path):
+    """A timing-dependent failure: every case that keeps request c0r0 with bad_words fails, and any
+    other case fails once, by luck, then never again. Shrinking keeps the lucky steps (one run
+    each), so the smallest case does not replay; the reproducer written is the one that replays
+    most often (here the case as found, 3 of 3), with its rate."""
+    from harness.search import served_search as ss
+    case = next(c for c in _draw(30, seed=5) if len(c.requests) >= 4)
+    case.requests[0].extra["bad_words"] = [" the"]
+    lucky = set()
+
+    def fails(c):
+        if any(r.rid == case.requests[0].rid and r.extra.get("bad_words") for r in c.requests):
+            return True
+        key = ss._key(c)
+        if key in lucky:
+            return False
+        lucky.add(key)
+        return True
+
+    class Flaky(ss.ServedStress):
+        def judge(self, c):
+            return Verdict(new=[Finding("divergence", "d", ("divergence",))] if fails(c) else [])
+
+    s = Flaky(FakeTarget(), Tok(), seconds=60, out=str(tmp_path), shrink_seconds=30)
+    s._t0 = 0.0
+    s._new_finding(case, Verdict(new=[Finding("divergence", "d", ("divergence",))]))
+    f = s.res.found[0]
+    assert lucky  # some shrinking step failed by luck and was kept ...
+    assert case.requests[0].rid in [r.rid for r in f.best.requests]  # ... but is not what was written
+    assert f.replay_same and f.replays == ss.REPLAY_TRIES
+    d, back = served_repro.load(f.repro)
+    assert d["harness"]["found"]["replays"] == f"{ss.REPLAY_TRIES} of {ss.REPLAY_TRIES}" and fails(back)
+
+
+def test_replay_tries_below_one_is_one_line_before_a_server_starts(tmp_path, capsys):
+    from harness.cli import main
+    case = _draw(5, seed=11)[-1]
+    d = served_repro.reproducer(FakeTarget(), case, Finding("divergence", "d", ("divergence",)), seed=7)
+    path = served_repro.write(str(tmp_path / "r.json"), d)
+    assert main(["replay", path, "--target", "vllm", "--tries", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--tries must be at least 1") and not any("starting" in e for e in err), err

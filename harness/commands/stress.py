@@ -228,4 +228,7 @@ def add_commands(sub) -> None:
     r.add_argument("--out", default=None, metavar="DIR", help="vllm: where a CRASH's log or a HANG's report is kept")
     r.add_argument("--url", help="openai: the endpoint with overlap on")
     r.add_argument("--url-off", help="openai: the endpoint with overlap off")
+    r.add_argument("--tries", type=int, default=3, metavar="N",
+                   help="vllm/openai: judge the case up to N times until it fails as recorded (default 3): "
+                        "async timing decides some failures; the ref engine's replay is exact and runs once")
     r.set_defaults(fn=_one_line_errors(cmd_replay))

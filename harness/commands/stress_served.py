@@ -155,9 +155,19 @@ def cmd_replay_served(a, bad) -> int:
     print(f"replaying {a.file}: {len(case.requests)} request(s), patches {', '.join(a.fault) or 'none'}, "
           f"delays {', '.join(case.delays) or 'none'}, controls {', '.join(c for _, c in case.controls) or 'none'}",
           file=sys.stderr)
+    tries = getattr(a, "tries", 1)
+    if tries is None or tries < 1:
+        raise bad("--tries must be at least 1")
+    sig = list(rec.get("signature", []))
     try:
         t, _, version = make_served(a, bad)
-        v = judge(t, case, version, a.target == "vllm")
+        for k in range(1, tries + 1):  # until it fails as recorded: async timing decides some failures
+            v = judge(t, case, version, a.target == "vllm")
+            if v.refused or any(list(f.signature) == sig for f in v.new):
+                break
+            if k < tries:
+                print(f"try {k} of {tries}: " + (f"failed differently ({v.new[0].kind})" if v.failed else
+                                                 "did not fail as recorded") + "; again", file=sys.stderr)
     finally:
         targets.close_served()
     for kid, what in v.known:
@@ -170,12 +180,13 @@ def cmd_replay_served(a, bad) -> int:
         if claimed:  # it fails as recorded, and a known-upstream entry (live in this release) claims it
             print(f"reproduces KNOWN UPSTREAM {claimed[0]} (not a new failure; recorded: {rec.get('kind', '?')})")
         else:
-            print(f"no longer fails (recorded: {rec.get('kind', '?')}: {rec.get('summary', '?')})")
+            print(f"no longer fails in {k} tr{'y' if k == 1 else 'ies'} (recorded: {rec.get('kind', '?')}: "
+                  f"{rec.get('summary', '?')})")
         return 0
-    same = any(list(f.signature) == list(rec.get("signature", [])) for f in v.new)
-    f = next((f for f in v.new if list(f.signature) == list(rec.get("signature", []))), v.new[0])
-    print(f"still fails{' (the same verdict)' if same else ' (differently from the recorded verdict)'}: "
-          f"{f.kind}: {f.summary}")
+    same = any(list(f.signature) == sig for f in v.new)
+    f = next((f for f in v.new if list(f.signature) == sig), v.new[0])
+    print(f"still fails{' (the same verdict)' if same else ' (differently from the recorded verdict)'}"
+          f"{f' on try {k} of {tries}' if tries > 1 else ''}: {f.kind}: {f.summary}")
     for g in v.new[1:6]:
         print(f"  also {g.kind}: {g.summary[:200]}")
     return EXIT_FOUND

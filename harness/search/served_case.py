@@ -34,6 +34,7 @@ PAUSE_FOR_S = 0.3
 # what each request body may carry beyond the plain greedy request (the keys of `Request.extra`)
 XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_no_repeat_cli",
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
+OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
              "stop_token_ids")
 
@@ -137,8 +138,10 @@ def requests(draw, tok, rid: str, vllm: bool = True):
             r.n = draw(st.sampled_from((2, 3)))
     if draw(st.booleans()) and vllm:
         r.ignore_eos = True
-    opts = draw(st.sets(st.sampled_from(("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str",
-                                         "stop_ids", "regex", "lp")), max_size=3))
+    # each option on in one request of four, independently: a set drawn whole (hypothesis's sets lean
+    # to the empty one) gave a request penalties 3% of the time (7 of 32 runs of ~8 requests had one),
+    # and bugs that need two readers of the output history in one batch need them far more often
+    opts = {o for o in OPTIONS if draw(st.integers(0, 3)) == 3}  # 0, the simplest draw: off
     if not vllm:
         opts -= {"bad_words", "min_tokens", "regex", "lp", "stop_ids"}
     period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
