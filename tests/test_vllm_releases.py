@@ -393,6 +393,16 @@ def test_ipex_vnni_entry_is_the_decode_kernel_on_ipex_2_8():
     assert not any("VNNI" in a for a in vr.release("0.10.2").adaptations() + vr.release("0.11.1").adaptations())
 
 
+def test_resume_as_decode_entry_is_the_reorder_condition():
+    """cpu-resume-as-decode lives where the CPU attention's reorder reads the prompt length (each
+    wheel's cpu_attn.py) and has a reproducer; the gate has no workaround for it (a CRASH)."""
+    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
+    assert Path(k.reproducer).is_file() and not k.counter
+    for v in vr.versions():
+        assert k.live_in(v) == vr.release(v).has("cpu_reorder_by_prompt"), v
+
+
 def test_ipex_decode_workaround_reruns_a_rejected_call_on_flash_decoding(monkeypatch):
     """The agent reruns a decode IPEX's VNNI kernel rejected with IPEX's flash-decoding kernel
     forced (its environment switch, read on every call), counts it, and leaves the switch as it

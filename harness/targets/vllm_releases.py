@@ -123,6 +123,11 @@ FACTS: dict[str, Since] = {
     # vLLM's CPU attention decodes with IPEX's kernel until 0.11.0 (0.11.1 has its own kernels)
     "ipex_decode_kernel": Since(until="0.11.1", why="the CPU attention decodes with IPEX's "
                                 "PagedAttention.single_query_cached_kv_attention"),
+    # the CPU attention's batch reorder takes a request for a decode once its prompt is computed, so a
+    # resumed request's multi-token chunk of its output goes down the decode path (KNOWN_UPSTREAM
+    # cpu-resume-as-decode: no workaround, the gate's CRASH)
+    "cpu_reorder_by_prompt": Since(until="0.11.1", why="the CPU attention sorts a request among the decodes "
+                                   "once num_computed_tokens reaches its prompt's length"),
     # both: ipex_decode_kernel and an IPEX of IPEX_VNNI_REJECTS_NO_WINDOW (tests/test_vllm_releases.py)
     "ipex_vnni_rejects_no_window": Since(since="0.11.0", until="0.11.1", why="IPEX 2.8's decode picks its VNNI "
                                          "kernel when the batch's first 4+ rows share their first KV block "
@@ -155,6 +160,8 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
                                         r"if len\(generators\) != logits\.shape\[0\]"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
+    "cpu_reorder_by_prompt": ("v1/attention/backends/cpu_attn.py",
+                              r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
                            r"PagedAttention\.single_query_cached_kv_attention\("),
 }
