@@ -328,6 +328,9 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "seeded_partial_prefill": ("point:bookkeeping",),
     "logits_processor_cli": ("cli_logits_processors",),
     "logits_processor_entry_point": ("entry_point_logits_processors",),
+    # counted where vLLM repairs the output ids (the agent's penalty_ids point): none before 0.11.1
+    "installed_logits_processors": ("point:penalty_ids",),
+    "installed_logits_processors_bare": ("point:penalty_ids",),
 }
 
 
