@@ -132,6 +132,19 @@ def test_a_traceback_the_logger_wrote_is_read_whole(tmp_path):
     assert exception_line(engine_traceback(log)) == "RuntimeError: Sliding window unsupported"  # cut: the worker's
 
 
+def test_a_bare_assertion_is_named_by_its_source_line(tmp_path):
+    """`assert x >= 0` fails as a bare `AssertionError`: the crash names the failing line and its
+    place (a stress finding's signature compares it on replay; two assertions must differ)."""
+    log = tmp_path / "server.log"
+    e = "(EngineCore pid=3) ERROR 12-04 00:46:58 [core.py:1512] "
+    log.write_text(f"{e}Traceback (most recent call last):\n{e}  File \"/x/core.py\", line 783, in step\n"
+                   f"{e}    outs = self.scheduler.update_from_output(\n{e}           ^^^^^^^^\n"
+                   f"{e}  File \"/x/async_scheduler.py\", line 71, in _update_request_with_output\n"
+                   f"{e}    assert request.num_output_placeholders >= 0\n{e}           ^^^^^^^^\n{e}AssertionError\n")
+    assert exception_line(engine_traceback(log)) == ("AssertionError: assert request.num_output_placeholders >= 0 "
+                                                     "(async_scheduler.py:71)")
+
+
 def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):
     """A server that dies while starting is reported by its exception, not by a WARNING that
     mentions an error (vLLM 0.20.2's ulimit warning names `OSError: [Errno 24]`)."""

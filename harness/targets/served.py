@@ -111,10 +111,24 @@ def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
     return ""
 
 
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
 def exception_line(tb: str) -> str:
+    """The traceback's exception line; a bare one (`AssertionError`) gets the failing source line
+    and its place, which is what tells two assertions apart."""
     if not tb.strip():
         return "no traceback in its log"
-    return _RECORD.sub("", _log_body(tb.strip().splitlines()[-1])).strip()
+    lines = [_RECORD.sub("", _log_body(ln)) for ln in tb.strip().splitlines()]
+    last = lines[-1].strip()
+    if ":" in last:
+        return last
+    for i in range(len(lines) - 1, -1, -1):
+        m = _FRAME.match(lines[i])
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) - 1 else ""
+            return f"{last}: {code} ({os.path.basename(m.group(1))}:{m.group(2)})" if code else last
+    return last
 
 
 # The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine
