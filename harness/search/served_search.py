@@ -20,7 +20,8 @@ from harness.search.served_shrink import shrink
 # (measured: input_ids_fast_path_after_reorder's and penalty_ids_wrong_row's shrunk cases of
 # 2026-12-03 did not replay). So the reproducer, loaded back as `replay` runs it, is judged
 # REPLAY_TRIES times; below RELIABLE of them, the larger cases kept before it are judged too (newest
-# first, at most FALLBACKS, then the case as found), and the one that replays most often is written.
+# first, at most FALLBACKS, then the case as found), and the one that replays most often is written;
+# candidates after the first stop once half the shrinking time (at least a minute) is spent on them.
 REPLAY_TRIES = 3
 RELIABLE = 2
 FALLBACKS = 3
@@ -176,8 +177,10 @@ class ServedStress:
             t = time.monotonic()
             cands = [f.best] + [c for c in history[::-1] if _key(c) != _key(f.best)][:FALLBACKS]
             cands += [case] if all(_key(c) != _key(case) for c in cands) else []
-            best = None
+            best, until = None, t + max(60.0, self.shrink_seconds / 2)  # a crash restarts a server per run
             for cand in cands:
+                if best is not None and time.monotonic() > until:
+                    break
                 write(cand, f.finding)
                 _, back = served_repro.load(f.repro)
                 got = [judged(back) for _ in range(REPLAY_TRIES)]
