@@ -217,3 +217,13 @@ def test_replay_tries_below_one_is_one_line_before_a_server_starts(tmp_path, cap
     assert main(["replay", path, "--target", "vllm", "--tries", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("--tries must be at least 1") and not any("starting" in e for e in err), err
+
+
+def test_a_crash_signature_does_not_name_the_request():
+    """A crash that names vLLM's request id (a KeyError on it) must give the same signature on
+    replay, where the id is new (the output_index_map_shared search's reproducer did not replay)."""
+    from harness.search.served_judge import _exception
+    a = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-8fb273866332d9ca-0-85fb76ba' (log /a)")
+    b = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-93ab00ff1234abcd-0-1a2b3c4d' (log /b)")
+    assert a == b == "KeyError: 'cmpl-X'"
+    assert _exception("ran: AssertionError: assert x >= 0 (a.py:71)") != _exception("ran: AssertionError: assert y (a.py:9)")

@@ -114,7 +114,8 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
 def _exception(text: str) -> str:
     """A crash's exception type and message without numbers (the same crash on replay)."""
     m = re.search(r"ran: (.*?)(?: \(log |$)", text)
-    return re.sub(r"\d+", "N", (m.group(1) if m else text))[:120]
+    text = re.sub(r"\b[0-9a-fA-F]*\d[0-9a-fA-F-]{6,}", "X", m.group(1) if m else text)  # request ids, addresses
+    return re.sub(r"\d+", "N", text)[:120]
 
 
 def judge(target, case: ServedCase, version: str | None = None, agent: bool = True) -> Verdict:
