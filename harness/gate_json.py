@@ -29,7 +29,7 @@ def case_status(outcome: str, message: str, reason: str = "") -> tuple[str, str]
     if outcome == "failed":
         msg = message.removeprefix("Failed: ")
         # the served target's own words for a dead or stuck server, raised as its error class
-        m = re.match(r"(?:[\w.]+(?:Error|Exception): )?(CRASH|HANG)\b", msg)
+        m = re.match(r"(?:[\w.]+(?:Error|Exception|Crash|Hang): )?(?:the server is gone: )?(CRASH|HANG)\b", msg)
         if m:
             return m.group(1), msg
         if msg.startswith("not exercised"):

@@ -182,3 +182,29 @@ def test_an_engine_dead_in_native_code_is_named_by_what_it_printed(tmp_path):
     assert str(e.value).endswith("RuntimeError: Engine core initialization failed. See root cause above. "
                                  "(before it: somelib: Warning: cannot parse cpu list `none')"), str(e.value)
     assert "\x1b" not in str(e.value)
+
+
+class KnownStandIn(StandIn):
+    def known_crash(self, overlap, exception):
+        return "stand-in#1" if overlap and "found a placeholder" in exception else ""
+
+
+def test_a_crash_of_a_known_upstream_bug_says_so_and_stays_a_crash(tmp_path):
+    """A target that knows the engine's exception as a known upstream bug names it in the CRASH line
+    ("CRASH (KNOWN UPSTREAM <id>)"); the gate's status of that case, and of later cases that find
+    the server gone, is still CRASH."""
+    from harness.gate_json import CRASH, case_status
+    t = KnownStandIn(crash_on=True, workdir=str(tmp_path), concurrency=4)
+    try:
+        with pytest.raises(TargetCrash) as e:
+            t.run(_reqs(), overlap=True)
+        line = str(e.value)
+        assert line.startswith("CRASH (KNOWN UPSTREAM stand-in#1): stand-in (overlap on) exited with code 7"), line
+        assert "step 3 found a placeholder" in line
+        with pytest.raises(TargetCrash) as later:
+            t.run(_reqs(), overlap=True)
+        for msg in (line, str(later.value)):
+            assert case_status("failed", f"harness.targets.served.TargetCrash: {msg}")[0] == CRASH, msg
+    finally:
+        t.close()
+    assert case_status("failed", "AssertionError: request p3 diverges at token 4")[0] != CRASH

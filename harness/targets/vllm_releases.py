@@ -125,7 +125,7 @@ FACTS: dict[str, Since] = {
                                 "PagedAttention.single_query_cached_kv_attention"),
     # the CPU attention's batch reorder takes a request for a decode once its prompt is computed, so a
     # resumed request's multi-token chunk of its output goes down the decode path (KNOWN_UPSTREAM
-    # cpu-resume-as-decode: no workaround, the gate's CRASH)
+    # cpu-resume-as-decode; the agent moves such a row among the prefills and counts it)
     "cpu_reorder_by_prompt": Since(until="0.11.1", why="the CPU attention sorts a request among the decodes "
                                    "once num_computed_tokens reaches its prompt's length"),
     # both: ipex_decode_kernel and an IPEX of IPEX_VNNI_REJECTS_NO_WINDOW (tests/test_vllm_releases.py)
@@ -237,6 +237,9 @@ class Release:
         if self.has("ipex_vnni_rejects_no_window"):
             out.append("a decode IPEX's VNNI kernel rejects ('Sliding window unsupported') rerun on its "
                        "flash-decoding kernel (IPEX 2.8)")
+        if self.has("cpu_reorder_by_prompt"):
+            out.append("the CPU attention's batch split given a resumed request's multi-token chunk as a prefill "
+                       "(vLLM sends it to the decode kernel, which reads past its block table)")
         return out
 
 
