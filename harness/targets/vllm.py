@@ -332,11 +332,14 @@ class VllmTarget(ServedTarget):
         if e is None:
             return []
         arm = "on" if overlap else "off"
-        key, when = next((k, w) for k, w in (
+        # the latest of the agent's snapshots (by the step it was taken at): a livelock's, a starved
+        # pool's, or the last idle one (an engine blocked in a step took none since)
+        key, when = max(((k, w) for k, w in (
             ("stalled_books", "as the scheduler held requests and a step scheduled none of them (a livelock)"),
             ("starved_books", "as requests waited and none ran (a starved pool)"), ("books", "at its last idle"))
-            if e.get(k))
+            if e.get(k)), key=lambda kw: e[kw[0]].get("step", 0))
         b = {"engine": e[key]}
+        when += f", at step {e[key].get('step', '?')} of {e.get('steps', '?')}"
         out = [bookmod.line(b, arm).replace("books at idle", f"books {when}", 1)]
         return out + [f"  {x.replace(' at idle', '')}" for x in bookmod.leaks(b, arm)
                       if not x.split(": ", 1)[1].split(" ", 1)[1].startswith("requests still waiting")][:4]
