@@ -612,3 +612,78 @@ def test_ipex_vnni_kernel_kills_0_11_0_decode_and_the_workaround_computes_it():
     assert got["own_stock"] == "ok" and got["shared_stock"] == "Sliding window unsupported", got
     assert got["own_agent_err"] < 1e-4 and got["shared_agent_err"] < 1e-4, got
     assert got["counted"] == 1, got
+
+
+def test_a_reproducer_that_hangs_fails():
+    from harness.releases.bisect import FAILS, PASSES, reproducer_outcome
+    off = {"requests": [{"text": [" The"]}], "server_alive": True}
+    assert reproducer_outcome([{"check_hang": True, "off": off, "on": off}]) == PASSES
+    on = {"requests": [{"error": "timed out"}], "server_alive": True,
+          "hang": "HANG: 1 request(s) unanswered after 90 s; ...; the engine kept stepping (40 steps, no token: a livelock)"}
+    assert reproducer_outcome([{"check_hang": True, "off": off, "on": on}]) == FAILS
+
+
+def test_the_discard_livelock_is_its_source_fact_on_both_rows():
+    """vllm#42043 (the 0.20.2 sweep's HANG): both rows' entries are live exactly where the fact read
+    from every wheel holds (0.12.0-0.21.0), each reproduced by its own counter."""
+    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    ks = [k for k in KNOWN_UPSTREAM if k.id == "vllm#42043"]
+    assert sorted((k.row, k.counter) for k in ks) == [("pause_resume", "pause_discards_without_step"),
+                                                      ("prefix_cache_reset", "reset_discards_without_step")]
+    assert "discard_without_step_in_flight" in vr.SOURCE_CHECKS
+    for k in ks:
+        assert Path(k.reproducer).is_file(), k.reproducer
+        for v in vr.versions():
+            assert k.live_in(v) == vr.release(v).has("discard_without_step_in_flight"), (k.row, v)
+    assert any("vllm#42043" in a for a in vr.release("0.20.2").adaptations())
+    assert not any("vllm#42043" in a for a in vr.release("0.22.0").adaptations())
+
+
+class _Req:
+    def __init__(self, rid, placeholders):
+        self.request_id, self.num_output_placeholders, self.discard_latest_async_tokens = rid, placeholders, False
+
+
+class _Sched:
+    """reset_prefix_cache as vLLM 0.12-0.21 has it: every running request preempted and marked."""
+    def __init__(self, reqs, async_on=True, paused=False):
+        import types
+        self.running, self.waiting = list(reqs), []
+        self.scheduler_config = types.SimpleNamespace(async_scheduling=async_on)
+        self.pause_state = types.SimpleNamespace(name="PAUSED_ALL" if paused else "UNPAUSED")
+
+    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
+        while reset_running_requests and self.running:
+            r = self.running.pop()
+            r.num_output_placeholders, r.discard_latest_async_tokens = 0, True
+            self.waiting.append(r)
+        return True
+
+
+def test_reset_keeps_the_discard_mark_only_with_a_step_in_flight(monkeypatch):
+    """vllm#42043: the agent keeps vLLM's mark on a request with a sampling step in flight (its stale
+    token must go) and lifts it from one without (its next real token would go, and it would stall
+    one short of max_tokens); each lifted mark is counted, apart for a pause; "stock" leaves vLLM's."""
+    import types
+
+    from harness.agents import vllm_plugin as vp
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(vp, "_FACTS", {})
+    fix = vp._reset_discards_in_flight(_Sched.reset_prefix_cache)
+    a, b, c = _Req("a", 1), _Req("b", 0), _Req("c", 0)
+    assert fix(_Sched([a, b, c], paused=True), True) is True
+    assert (a.discard_latest_async_tokens, b.discard_latest_async_tokens, c.discard_latest_async_tokens) == \
+        (True, False, False)
+    assert vp._facts("engine").data.get("pause_discards_without_step") == 2
+    d = _Req("d", 0)
+    fix(_Sched([d]), reset_running_requests=True)
+    assert not d.discard_latest_async_tokens and vp._facts("engine").data.get("reset_discards_without_step") == 1
+    e = _Req("e", 0)
+    fix(_Sched([e], async_on=False), True)  # the synchronous scheduler never reads the mark: not counted
+    assert vp._facts("engine").data.get("reset_discards_without_step") == 1
+    fix(_Sched([_Req("f", 0)]), False)  # no running request reset: nothing marked
+    assert vp._facts("engine").data.get("reset_discards_without_step") == 1
+    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["discard_without_step"]}))
+    g = _Req("g", 0)
+    fix(_Sched([g]), True)  # vLLM's own path: the mark stays, and it is counted
+    assert g.discard_latest_async_tokens and vp._facts("engine").data.get("reset_discards_without_step") == 2

@@ -559,6 +559,7 @@ def _scheduled(a, out):
     steps of requests with max_tokens 1 or 2 (a step samples once the request's known tokens
     are all computed)."""
     sched = a[0]
+    _SCHEDULED["tokens"] = int(getattr(out, "total_num_scheduled_tokens", -1))  # the books' livelock check
     counts = {"chunked_prefills": 0, "sampled_max1": 0, "sampled_max2": 0}
     for rid in out.num_scheduled_tokens:
         r = sched.requests.get(rid)
@@ -804,11 +805,38 @@ def _cpu_reorder(orig):
     return reorder_batch
 
 
+# -- an async-scheduling bug of vLLM's scheduler, worked around where the table says it lives --
+def _reset_discards_in_flight(orig):
+    """FACT discard_without_step_in_flight (vllm#42043): reset_prefix_cache(reset_running_requests=
+    True) marks every running request to discard its next sampled token. One with no sampling step
+    in flight (no output placeholder: every running request once /pause?mode=keep has drained the
+    engine, or one left out of the last step) then loses its next real token, keeps a placeholder
+    that never drains and, one token short of max_tokens, is passed over for ever by the guard for a
+    request whose last token is in flight: a livelock. The mark is kept only where a step is in
+    flight (what vllm#42117 does from 0.22.0), unless the plan lists "discard_without_step" under
+    "stock"; each request vLLM marked without a step in flight is counted (async only: the
+    synchronous scheduler never reads the mark), apart for a reset made by a pause."""
+    def reset_prefix_cache(self, reset_running_requests=False, *a, **kw):
+        idle = [r for r in self.running if not r.num_output_placeholders] if reset_running_requests else []
+        paused = getattr(getattr(self, "pause_state", None), "name", "UNPAUSED") != "UNPAUSED"
+        out = orig(self, reset_running_requests, *a, **kw)
+        marked = [r for r in idle if getattr(r, "discard_latest_async_tokens", False)]
+        if marked and self.scheduler_config.async_scheduling:
+            _facts("engine").add("pause_discards_without_step" if paused else "reset_discards_without_step",
+                                 len(marked))
+            if "discard_without_step" not in _PLAN.data.get("stock", ()):
+                for r in marked:
+                    r.discard_latest_async_tokens = False
+        return out
+    return reset_prefix_cache
+
+
 # release fact -> (patch point, the patch): installed only in the releases the fact holds in
 WORKAROUNDS = {"cpu_sampler_ignores_mixed_seeds": ("cpu_sampler", _cpu_sampler),
                "grammar_indices_pinned": ("grammar", _grammar_unpinned),
                "ipex_vnni_rejects_no_window": ("ipex_decode", _ipex_decode),
-               "cpu_reorder_by_prompt": ("cpu_reorder", _cpu_reorder)}
+               "cpu_reorder_by_prompt": ("cpu_reorder", _cpu_reorder),
+               "discard_without_step_in_flight": ("reset_cache", _reset_discards_in_flight)}
 
 
 # -- the engine's own books at idle (issue 23: nothing leaks) ---------------------------------
@@ -901,6 +929,7 @@ def engine_books(sched) -> dict:
         "stale_outputs": sum(getattr(r, "num_stale_output_tokens", 0) for r in reqs),
         "held": [{"rid": r.request_id, "status": r.status.name, "placeholders": r.num_output_placeholders,
                   "stale_outputs": getattr(r, "num_stale_output_tokens", 0),
+                  "outputs": r.num_output_tokens, "max_tokens": getattr(r, "max_tokens", None),
                   "blocks": len(_blocks_of(sched, r.request_id)),
                   "released": list(_RELEASED.get(r.request_id, ())[:2]) or None} for r in reqs[:_BOOKS_SHOWN]],
         "orphans": named,
@@ -918,11 +947,16 @@ def _books_engine_step(orig):
                 f.add("books_seq")
                 f.set(books={**engine_books(sched), "step": f.data.get("steps", 0), "seq": f.data["books_seq"]})
                 f.write(True)
-            elif not sched.running and len(sched.waiting) and time.monotonic() - _STARVED["t"] > 1.0:
+            elif time.monotonic() - _STARVED["t"] > 1.0 and not sched.running and len(sched.waiting):
                 # requests wait and none runs: nothing can be admitted (a starved pool). The books
                 # as they are, at most once a second: what a HANG report says is held, and by whom
                 _STARVED["t"] = time.monotonic()
                 _facts("engine").set(starved_books={**engine_books(sched), "step": _facts("engine").data.get("steps", 0)})
+            elif time.monotonic() - _STARVED["t"] > 1.0 and _SCHEDULED["tokens"] == 0:
+                # the scheduler holds requests and this step scheduled none of them: a livelock's
+                # books (which requests it passes over, and their counts), at most once a second
+                _STARVED["t"] = time.monotonic()
+                _facts("engine").set(stalled_books={**engine_books(sched), "step": _facts("engine").data.get("steps", 0)})
         except Exception as e:
             _facts("engine").set(books_error=f"engine: {e}")
         return out
@@ -930,6 +964,7 @@ def _books_engine_step(orig):
 
 
 _STARVED = {"t": 0.0}
+_SCHEDULED = {"tokens": -1}  # the tokens the engine core's latest schedule() gave (-1: none yet)
 
 
 def worker_books(runner) -> dict:

@@ -60,8 +60,9 @@ def _named(books: dict, key: str) -> str:
                         "waiting", "kv_holding_waiting"):
         h = held[0]
         how = f", {h['released'][0]}{' with a step in flight' if h['released'][1] else ''}" if h.get("released") else ""
+        out = f", {h['outputs']} of {h['max_tokens']} output tokens" if h.get("max_tokens") is not None else ""
         return (f" (request {h['rid']}: {h['status']}{how}, {h['blocks']} block(s), {h['placeholders']} placeholder(s), "
-                f"{h['stale_outputs']} stale)")
+                f"{h['stale_outputs']} stale{out})")
     return ""
 
 

@@ -135,11 +135,11 @@ def reproducer_outcome(results: list[dict]) -> str:
     """A reproducer's run (fixtures/vllm_upstream/reproduce.py's JSON) -> pass / fail: it fails
     where a server died, the two arms' outputs differ, or a counter it names in `fails_when`
     counted (a bug the agent works around), for a reproducer of steps, a request sampled or
-    waited in more steps async on than off, or (`seed_alone`) a seeded request's text in the batch
-    differs from its text sent alone."""
+    waited in more steps async on than off, (`seed_alone`) a seeded request's text in the batch
+    differs from its text sent alone, or a request went unanswered (a hang)."""
     for r in results:
         arms = [r.get("off") or {}, r.get("on") or {}]
-        if any(not arm.get("server_alive", True) for arm in arms):
+        if any(not arm.get("server_alive", True) or arm.get("hang") for arm in arms):
             return FAILS
         texts = [[q.get("text") for q in arm.get("requests", ())] for arm in arms]
         if texts[0] != texts[1]:

@@ -332,12 +332,19 @@ class VllmTarget(ServedTarget):
         """What a hung engine holds, and by whom: its books as the agent last read them (starved:
         requests waited and none ran), with the oracle's findings."""
         from harness.oracles import books as bookmod
-        e = next((f for f in facts if f.get("role") == "engine" and (f.get("starved_books") or f.get("books"))), None)
+        e = next((f for f in facts if f.get("role") == "engine" and (f.get("stalled_books") or f.get("starved_books")
+                                                                    or f.get("books"))), None)
         if e is None:
             return []
         arm = "on" if overlap else "off"
-        b = {"engine": e.get("starved_books") or e["books"]}
-        when = "as requests waited and none ran (a starved pool)" if e.get("starved_books") else "at its last idle"
+        # the latest of the agent's snapshots (by the step it was taken at): a livelock's, a starved
+        # pool's, or the last idle one (an engine blocked in a step took none since)
+        key, when = max(((k, w) for k, w in (
+            ("stalled_books", "as the scheduler held requests and a step scheduled none of them (a livelock)"),
+            ("starved_books", "as requests waited and none ran (a starved pool)"), ("books", "at its last idle"))
+            if e.get(k)), key=lambda kw: e[kw[0]].get("step", 0))
+        b = {"engine": e[key]}
+        when += f", at step {e[key].get('step', '?')} of {e.get('steps', '?')}"
         out = [bookmod.line(b, arm).replace("books at idle", f"books {when}", 1)]
         return out + [f"  {x.replace(' at idle', '')}" for x in bookmod.leaks(b, arm)
                       if not x.split(": ", 1)[1].split(" ", 1)[1].startswith("requests still waiting")][:4]

@@ -308,6 +308,30 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
 ]
 
+# Found by the sweep on 0.20.2 (a HANG of the async-on engine: requests left RUNNING, never
+# scheduled again): reset_prefix_cache(reset_running_requests=True), which /pause?mode=keep runs once
+# the engine has drained, marks every running request to discard its next sampled token, also one
+# with no step in flight; that one loses a token and, one token short of max_tokens, is passed over
+# for ever (vllm_releases FACT discard_without_step_in_flight, read from every wheel: the mark is in
+# 0.12.0-0.21.0; vllm-project/vllm#42117 counts what is in flight from 0.22.0). The agent keeps the
+# mark only where a step is in flight and counts the others; the pause's are deterministic (every
+# running request after the drain), the reset's depend on which requests the last step left out.
+_42043 = dict(
+    what="async scheduling: a reset of running requests (/pause?mode=keep clears the caches once the engine "
+         "drained; /reset_prefix_cache?reset_running_requests=true) marks every one to discard its next sampled "
+         "token, also one with no step in flight: it loses a real token (its stream shifts by one) and keeps a "
+         "placeholder that never drains, so one token short of max_tokens the scheduler passes it over for ever "
+         "(a livelock: the engine steps, no token)",
+    upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
+    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=lambda f: False,
+    introduced=vllm_releases.FACTS["discard_without_step_in_flight"].since,
+    fixed=vllm_releases.FACTS["discard_without_step_in_flight"].until)
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
+    KnownUpstream("vllm#42043", "prefix_cache_reset", **_42043, counter="reset_discards_without_step",
+                  report_gone=False),
+]
+
 # Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the
 # agent's step books): a sampling request preempted while a step of it is in flight (a
 # reset_prefix_cache with running requests, or KV pressure) draws from its generator in that step;

@@ -137,6 +137,20 @@ FACTS: dict[str, Since] = {
     "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
                                     "tensor unconditionally: a batch mixing structured and plain requests kills the "
                                     "engine on a CPU-only machine (vllm-project/vllm#37705)"),
+    # async scheduling, platform-independent (vLLM's scheduler): reset_prefix_cache with
+    # reset_running_requests (/reset_prefix_cache?reset_running_requests=true, and /pause?mode=keep,
+    # which clears the caches once the engine has drained) marks EVERY running request to discard
+    # its next sampled token, also one with no step in flight. That request loses its next real
+    # token (the stream shifts by one: vllm-project/vllm#42043) and keeps a placeholder that never
+    # drains; the max_tokens guard (first in 0.12.0) then takes it for a request whose last token is
+    # in flight once it is one token short of max_tokens, and it is never scheduled again: a livelock
+    # (the 0.20.2 HANG). vllm-project/vllm#42117 discards only what is in flight (0.22.0). The agent
+    # keeps the mark only where a step is in flight (the fix's effect) and counts where vLLM set it
+    # on a request without one (KNOWN_UPSTREAM vllm#42043 on pause_resume / prefix_cache_reset)
+    "discard_without_step_in_flight": Since(since="0.12.0", until="0.22.0", why="reset_prefix_cache(reset_running_"
+                                            "requests=True) marks every running request to discard its next "
+                                            "sampled token, also one with no step in flight: it loses a token and "
+                                            "stalls for ever one short of max_tokens (vllm-project/vllm#42043)"),
 }
 
 # fact -> (file under site-packages/vllm, regex): the fact holds exactly where the file matches
@@ -164,6 +178,7 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                               r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
                            r"PagedAttention\.single_query_cached_kv_attention\("),
+    "discard_without_step_in_flight": ("v1/core/sched/scheduler.py", r"request\.discard_latest_async_tokens = True"),
 }
 
 # A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
@@ -232,6 +247,9 @@ class Release:
         if self.has("cpu_sampler_ignores_mixed_seeds"):
             out.append("the CPU sampler given a generator for every row of a batch mixing seeded and unseeded "
                        "requests (vLLM ignores the seeds there: vllm#51226)")
+        if self.has("discard_without_step_in_flight"):
+            out.append("a reset of running requests marks only those with a step in flight to discard their next "
+                       "token (vLLM marks every one, and one without a step in flight stalls for ever: vllm#42043)")
         if self.has("grammar_indices_pinned"):
             out.append("the grammar mask's row indices passed unpinned on CPU (vLLM pins them and dies: vllm#37705)")
         if self.has("ipex_vnni_rejects_no_window"):
