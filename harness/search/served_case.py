@@ -129,7 +129,10 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
     text = (_words(draw, 2, 12) if kind in ("short", "prefix") else
             _words(draw, 70, 110) if kind == "long" else _words(draw, 300, 420))  # > 64 tokens: chunked
     prompt = vp._ids(tok, text) if kind != "prefix" else vp._ids(tok, vp.PREFIX) + tok.encode(" " + text)
-    max_tokens = draw(st.one_of(st.sampled_from((1, 2, 3)), st.integers(4, 24)))
+    # a huge prompt runs to 16-24 tokens past its prefill: the first of a pressure mix must still hold
+    # its blocks when the third's prefill asks for more (measured: with max_tokens 1-24 and EOS, 38
+    # pressure cases in a 20-minute search never preempted)
+    max_tokens = draw(st.integers(16, 24) if huge else st.one_of(st.sampled_from((1, 2, 3)), st.integers(4, 24)))
     r = Request(rid=rid, prompt_ids=prompt[:vp.MAX_MODEL_LEN - 32], max_new_tokens=max_tokens)
     r.extra, r.n, r.shared_prefix = {}, 1, kind == "prefix"
     r.arrival = draw(st.sampled_from((0, 0, 2, 5, 10, 20)))
@@ -140,7 +143,7 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
         r.seed = draw(st.integers(0, 1 << 20)) if sampling == "seeded" else None
         if sampling == "seeded" and draw(st.booleans()):
             r.n = draw(st.sampled_from((2, 3)))
-    if draw(st.booleans()) and vllm:
+    if (draw(st.booleans()) or huge) and vllm:
         r.ignore_eos = True
     # each option on in one request of four, independently: a set drawn whole (hypothesis's sets lean
     # to the empty one) gave a request penalties 3% of the time (7 of 32 runs of ~8 requests had one),
