@@ -52,6 +52,30 @@ def test_submissions_cover_the_paths_and_fit_the_servers():
         assert set(c.delays) <= set(sc.DELAY_POINTS)
 
 
+def test_a_pressure_mix_fills_the_pool_while_decoding():
+    """Three prompts of 9 blocks fit the path pair's pool once prefilled, and together need more
+    than it holds before the first of them ends: the preemption falls on a decoding request (the
+    pool filled during a prefill preempts that prefill, with no token in flight)."""
+    from harness.targets import vllm_paths as vp
+    mixes = []
+    for c in _draw(120, seed=4):
+        huge = [r for r in c.requests if r.max_new_tokens >= 40]  # only a pressure mix's run past 24
+        assert len(huge) % 3 == 0
+        mixes += [huge[i:i + 3] for i in range(0, len(huge), 3)]
+    assert len(mixes) >= 3
+    blocks = lambda n: -(-n // vp.BLOCK)
+    for mix in mixes:
+        assert sum(blocks(len(r.prompt_ids)) for r in mix) <= vp.KV_BLOCKS
+        assert len({tuple(r.prompt_ids[:vp.BLOCK]) for r in mix}) == 3  # no block shared by prefix caching
+        # every one crosses into its 10th block within 32 tokens, and is still running then
+        assert all(blocks(len(r.prompt_ids)) == 9 and 9 * vp.BLOCK - len(r.prompt_ids) < 32 <= r.max_new_tokens
+                   and r.ignore_eos for r in mix)
+        # nothing ends one early (a stop, a grammar, min_tokens' stop id, a disconnect), all sent at once
+        assert all(r.abort_after is None and not r.stop and r.n == 1 and r.arrival == mix[0].arrival
+                   and not {"stop_token_ids", "structured_outputs", "min_tokens"} & set(r.extra) for r in mix)
+        assert sum(blocks(len(r.prompt_ids) + r.max_new_tokens) for r in mix) > vp.KV_BLOCKS
+
+
 def test_an_openai_pair_gets_no_vllm_fields_nor_agent_delays():
     for c in _draw(20, agent=False, vllm=False):
         assert not c.delays and not c.controls

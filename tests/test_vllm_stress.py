@@ -51,3 +51,16 @@ def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_p
         assert any(list(x.signature) == d["harness"]["verdict"]["signature"] for x in v.new), v.new
     finally:
         targets.make_target("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
+
+
+def test_a_pressure_mix_preempts_a_decoding_request_in_flight(vllm, tok):  # noqa: F811
+    """The search's KV-pressure mix (hypothesis's simplest one: greedy, 257-token prompts, 40 tokens)
+    alone makes stock vLLM preempt with a step in flight, async on; async off preempts too."""
+    from hypothesis import find
+    from harness.search.served_case import ServedCase, requests
+    from harness.search.served_judge import judge
+    mix = [find(requests(tok, f"c0r{j}", huge=True), lambda r: True) for j in range(3)]
+    v = judge(vllm, ServedCase(mix, {}, [], 1), vllm.version)
+    assert not v.new, [f.summary for f in v.new]
+    assert v.counts_on.get("preemptions_in_flight", 0) > 0, v.counts_on
+    assert v.counts_off.get("preemptions_kv", 0) > 0, v.counts_off
