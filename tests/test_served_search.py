@@ -100,6 +100,40 @@ def test_the_shrinker_keeps_only_what_the_failure_needs():
     assert r.max_new_tokens == 1 and len(r.prompt_ids) <= 9 and best.size() < case.size()
 
 
+def test_a_failure_that_misses_gets_a_second_run_per_try():
+    """A fake timing-dependent failure: a case with bad_words fails, but never on its first run. With
+    one run a try every smaller case is dropped for its miss; with two, the shrinker gets to one
+    request."""
+    case = next(c for c in _draw(60, seed=5) if any("bad_words" in r.extra for r in c.requests)
+                and len(c.requests) > 3)
+    seen = []
+
+    def misses_first(c):  # fails only when run again right after a run of the same try
+        again = bool(seen) and seen[-1] is c
+        seen.append(c)
+        return again and any("bad_words" in r.extra for r in c.requests)
+    once, n1 = shrink(case, misses_first, float("inf"))
+    assert once.size() == case.size() and n1 > 0
+    seen.clear()
+    twice, n2 = shrink(case, misses_first, float("inf"), runs=2)
+    assert len(twice.requests) == 1 and "bad_words" in twice.requests[0].extra
+    assert n2 < len(seen) <= 2 * n2  # a try that failed on its first run got no second
+
+
+def test_the_request_a_failure_names_is_tried_alone_first():
+    case = next(c for c in _draw(60, seed=5) if len(c.requests) > 5)
+    rid = case.requests[-2].rid
+    tried = []
+
+    def fails(c):  # a divergence of `rid`, whatever runs beside it
+        tried.append([r.rid for r in c.requests])
+        return any(r.rid == rid for r in c.requests)
+    best, n = shrink(case, fails, float("inf"), focus=["c99r0", rid])
+    assert tried[0] == [rid] and [r.rid for r in best.requests] == [rid]
+    plain, m = shrink(case, fails, float("inf"))
+    assert [r.rid for r in plain.requests] == [rid] and tried[n] != [rid]
+
+
 def test_the_shrinker_stops_at_its_deadline():
     import time
     case = _draw(8)[-1]

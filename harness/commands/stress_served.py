@@ -121,7 +121,8 @@ def cmd_stress_served(a, bad, term) -> int:
                        "features": res.features, "rows": res.rows, "known": res.known,
                        "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
                                      "requests_found": len(x.first.requests), "requests_shrunk": len(x.best.requests),
-                                     "repro": x.repro, "replay_same": x.replay_same} for x in res.found],
+                                     "repro": x.repro, "replay_same": x.replay_same, "replays": x.replays,
+                                     "missed_once": x.flaky} for x in res.found],
                        "interrupted": res.interrupted, "error": res.error}, f, indent=1)
         verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
                    "PASS: no new finding" + (f" ({len(res.known)} known upstream)" if res.known else ""))

@@ -1,10 +1,12 @@
 """Shrinking a served case: delta debugging that keeps every step that still fails the same way.
 
-Each try costs a run on both servers (seconds), so the order is by what buys most per try:
-halves of the requests, then single requests, the controls, the delays, then each request made
+Each try costs a run on both servers (seconds), so the order is by what buys most per try: the
+request the failure names alone (a divergence names one: most bugs need only it), halves of the
+requests, then single requests, the controls, the delays, then each request made
 plainer (no disconnect, arrival 0, one parameter dropped at a time, n 1, greedy, max_tokens and
-prompt halved). A try that does not fail is just dropped: a timing-dependent failure can miss
-once, which costs a simplification, never a wrong reproducer (the caller replays the result).
+prompt halved). A try that does not fail is dropped (after `runs` runs: the caller gives a failure
+it saw miss a second run per try): a timing-dependent failure can miss, which costs a
+simplification, never a wrong reproducer (the caller replays the result).
 """
 from __future__ import annotations
 
@@ -54,9 +56,11 @@ def _request_variants(r):
         yield v(prompt_ids=r.prompt_ids[:keep + n // 2])
 
 
-def shrink(case: ServedCase, still_fails, deadline: float, history: list | None = None) -> tuple[ServedCase, int]:
-    """The smallest case found before `deadline` (time.monotonic()) that `still_fails`; and the tries.
-    `history` (a list) gets every accepted case, oldest first (to fall back on one that replays)."""
+def shrink(case: ServedCase, still_fails, deadline: float, history: list | None = None,
+           runs: int = 1, focus=()) -> tuple[ServedCase, int]:
+    """The smallest case found before `deadline` (time.monotonic()) that `still_fails` in one of
+    `runs` runs; and the tries. `history` (a list) gets every accepted case, oldest first (to fall
+    back on one that replays). `focus`: rids the failure names, each tried alone first."""
     tries = [0]
 
     def attempt(c: ServedCase) -> bool:
@@ -64,6 +68,10 @@ def shrink(case: ServedCase, still_fails, deadline: float, history: list | None 
             raise _Spent()
         tries[0] += 1
         ok = still_fails(c)
+        for _ in range(runs - 1):
+            if ok or time.monotonic() > deadline:
+                break
+            ok = still_fails(c)
         if ok and history is not None:
             history.append(c)
         return ok
@@ -73,6 +81,11 @@ def shrink(case: ServedCase, still_fails, deadline: float, history: list | None 
         c.requests = [clone_request(r) for r in reqs]
         return c
     try:
+        for rid in focus:
+            alone = [r for r in case.requests if r.rid == rid]
+            if alone and len(case.requests) > 1 and attempt(with_requests(alone)):
+                case = with_requests(alone)
+                break
         changed = True
         while changed:
             changed = False
