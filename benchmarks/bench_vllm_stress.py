@@ -10,6 +10,7 @@ puts the ratio in the bench table. Needs `overlap-harness setup vllm`.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +38,7 @@ def rates(minutes: float = 1.5, batch: int = 4, rounds: int = 1, seed: int = 5) 
                 got[side][2] += r.runs
     finally:
         targets.close_served()
+        shutil.rmtree(out, ignore_errors=True)  # nothing is shrunk, so no reproducer is written there
     res = {side: 60 * c / s for side, (c, s, _) in got.items()}
     res["runs"] = {side: n for side, (_, _, n) in got.items()}
     res["ratio"] = res["batched"] / res["single"] if res["single"] else float("nan")
