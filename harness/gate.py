@@ -209,6 +209,11 @@ def _message(report) -> str:
     return line.removeprefix("AssertionError: ")
 
 
+def suite_names() -> list[str]:
+    """Every suite by name (its file's stem), in the order the folders list them."""
+    return [f.stem for sd in SUITE_DIRS for f in sorted((ROOT / sd).glob("test_*.py"))]
+
+
 def suite_paths(names=None) -> list[str]:
     """Suite folders, or single suites by name (e.g. "test_fence_placement")."""
     out = []

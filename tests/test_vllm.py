@@ -133,10 +133,12 @@ def test_overlap_oracle_through_the_gate(vllm):
     targets.make_target("vllm", ())
 
 
-# Representative source patches of vLLM (harness.agents.vllm_patches): one in the engine core, one
-# in the worker; `mutants --target vllm` runs them all. Each restarts only the async-on
-# server, on its patched copy of vLLM (about 30-60 s here); the off run is shared.
-CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
+# Source patches of vLLM (harness.agents.vllm_patches): .ci/run keeps the one in the engine core
+# (its server is shared with tests/test_vllm_stress.py's), the scheduled tier the one in the worker;
+# `mutants --target vllm` runs them all. Each restarts only the async-on server, on its patched
+# copy of vLLM (about 30-60 s here); the off run is shared.
+CI_PATCHES = ["max_tokens_counts_placeholders"]
+SCHEDULED_PATCHES = ["input_ids_fast_path_after_reorder"]
 
 
 @pytest.fixture(scope="session")  # the pair's tests run in their own order (tests/conftest.py)
@@ -146,7 +148,9 @@ def stock_off(vllm_pair, tok):
     return reqs, vllm.run(reqs, overlap=False)
 
 
-@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES])
+@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES]
+                         + [pytest.param(p, marks=[pytest.mark.on_server(p), pytest.mark.scheduled])
+                            for p in SCHEDULED_PATCHES])
 def test_source_patch_is_caught(vllm, tok, stock_off, patch):
     """The quiet half is test_overlap_on_equals_off: the same workload on stock vLLM."""
     from harness import targets
@@ -200,10 +204,11 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
         assert bookmod.line(b, arm).endswith("everything back")
 
 
-@pytest.mark.parametrize("patch,resource", [
-    pytest.param(p, r, marks=pytest.mark.on_server(p)) for p, r in (
-        ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
-        ("preempt_in_flight_drops_block", "KV blocks referenced by no request"))])
+@pytest.mark.parametrize("patch,resource", [  # the second: scheduled (a server restart of its own)
+    pytest.param(p, r, marks=[pytest.mark.on_server(p)] + ([pytest.mark.scheduled] if later else []))
+    for p, r, later in (
+        ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map", False),
+        ("preempt_in_flight_drops_block", "KV blocks referenced by no request", True))])
 def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
     """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
@@ -315,8 +320,11 @@ def test_silently_lost_overlap_fails(tmp_path):
 
 
 @pytest.mark.own_servers
+@pytest.mark.scheduled
 def test_gsm8k_gate_on_vllm(tmp_path):
-    """The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
+    """Scheduled (a server pair of its own, 80 questions, stock and faulted); .ci/run's
+    representatives: the same gate on the ref engine (tests/test_gsm8k.py) and test_fault_is_caught[sampled_ids_no_wait] here.
+    The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
     HF form, about 90% right on GSM8K-format questions): the correct vLLM passes, and ids read
     before their copy landed are a significant silent accuracy loss."""
     if setup_cmd.ready():
@@ -344,8 +352,11 @@ USER_LP = "no_repeat_all=fixtures.vllm_user.logitsprocs:NoRepeatAll"
 
 
 @pytest.mark.own_servers
+@pytest.mark.scheduled
 def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_differ(tmp_path):
-    """Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
+    """Scheduled (two server pairs of its own); .ci/run's representative: the installed processors'
+    rows of test_suites_through_the_gate, and tests/test_vllm_paths.py on the bare pair's rows.
+    Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
     vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
     vllm#52461 on the row where no CLI processor is set, and the GSM8K pair finds the arms differ
     (async off bans repeated digits; async on reads placeholders and does nothing), the async-off

@@ -10,6 +10,9 @@ from harness.targets import vllm_setup as setup_cmd
 from harness.agents import vllm_patches
 from harness.agents.vllm_patches import PATCHES, PatchError, VllmPatch
 
+# the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
+pytestmark = pytest.mark.vllm_source
+
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
 
 

