@@ -30,7 +30,7 @@ def _draw(n=12, seed=3, **kw):
 
 
 def test_delay_points_are_the_agents():
-    from harness.agents.vllm_points import DELAY_POINTS
+    from harness.agents.vllm.points import DELAY_POINTS
     assert sc.DELAY_POINTS == DELAY_POINTS
 
 

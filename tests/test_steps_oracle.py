@@ -1,4 +1,4 @@
-"""The steps oracle without vLLM: the agent's books (harness.agents.vllm_steps) fed the
+"""The steps oracle without vLLM: the agent's books (harness.agents.vllm.steps) fed the
 scheduler's own shapes step by step, and the comparison of the arms (harness.oracles.steps):
 a step past max_tokens and a wait with budget free are caught, the async guard's legitimate
 sit-out after a request's last token is not, and preempted or aborted requests are left out.
@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from equivalence.test_paths import judge_steps
-from harness.agents.vllm_steps import Books, request_key
+from harness.agents.vllm.steps import Books, request_key
 from harness.oracles import steps
 from harness.targets import vllm_paths as vp
 from harness.targets.base import Run

@@ -133,7 +133,7 @@ def test_overlap_oracle_through_the_gate(vllm):
     targets.make_target("vllm", ())
 
 
-# Representative source patches of vLLM (harness.agents.vllm_patches): one in the engine core, one
+# Representative source patches of vLLM (harness.agents.vllm.patches): one in the engine core, one
 # in the worker; `mutants --target vllm` runs them all. Each restarts only the async-on
 # server, on its patched copy of vLLM (about 30-60 s here); the off run is shared.
 CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
@@ -205,7 +205,7 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
         ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
         ("preempt_in_flight_drops_block", "KV blocks referenced by no request"))])
 def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
-    """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
+    """Each leak patch (harness.agents.vllm.patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
     leaked block is never handed out again, so no token needs to change). Where the leak starves
     the pool first, the HANG report's books must say the same."""

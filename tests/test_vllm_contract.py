@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from harness.targets import vllm_setup as setup_cmd
-from harness.agents.vllm_points import POINTS, check_source
+from harness.agents.vllm.points import POINTS, check_source
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
 

@@ -102,8 +102,7 @@ def test_an_aborted_stream_must_be_a_prefix_of_its_twins():
 
 def test_every_row_is_counted_by_the_agent_or_says_why_not():
     """Each counter a row names is one the agent (or our logits processors) writes."""
-    src = (ROOT / "harness/agents/vllm_plugin.py").read_text() + \
-        (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    src = "".join(f.read_text() for f in sorted((ROOT / "harness/agents/vllm").rglob("*.py")))
     for row in vp.PATHS:
         assert row.counters or row.cpu_reason, row.name
         for c in row.counters:
@@ -148,7 +147,7 @@ def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
     from harness.targets import vllm_setup as setup_cmd
     d = setup_cmd.entry_point_shim(tmp_path)
     text = (d / "overlap_harness-0.1.0.dist-info" / "entry_points.txt").read_text()
-    assert "[vllm.logits_processors]" in text and "vllm_logitsprocs:NoRepeatProcessor" in text
+    assert "[vllm.logits_processors]" in text and "vllm.logitsprocs:NoRepeatProcessor" in text
     assert "[vllm.general_plugins]" in text
 
 
@@ -201,7 +200,7 @@ def test_every_server_flag_says_what_it_changes_and_could_hide():
     for tok in _smollm2_tok():  # the served model's tokens (bytes would not fit, and are not served)
         assert all(len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN for r in vp.build(tok, 0))
     # every CLI processor class exists where the flag says
-    src = (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    src = (ROOT / "harness/agents/vllm/logitsprocs.py").read_text()
     assert all(f"class {p.split(':')[1]}(" in src for p in vp.CLI_PROCESSORS)
 
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from harness.agents import vllm_points
+from harness.agents.vllm import points as vllm_points
 from harness.cli import main
 from harness.targets import vllm_releases as vr
 from harness.targets.vllm import row_absent
@@ -205,7 +205,7 @@ def test_cuda_stubs_let_the_async_output_path_run_without_a_driver():
     the agent's stubs and raises outside them; the stubs are gone afterwards."""
     import torch
 
-    from harness.agents.vllm_plugin import _CudaStubs
+    from harness.agents.vllm.cuda_stubs import CudaStubs as _CudaStubs
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the stubs are never installed (vLLM's own calls are real)")
 
@@ -238,7 +238,7 @@ def test_runner_stubs_let_an_async_runner_start_without_a_driver():
     without a driver, and runs inside the agent's runner stubs, which are gone afterwards."""
     import torch
 
-    from harness.agents.vllm_plugin import _CudaStubs
+    from harness.agents.vllm.cuda_stubs import CudaStubs as _CudaStubs
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the stubs are never installed (vLLM's own calls are real)")
 
@@ -292,7 +292,7 @@ def test_placeholder_reads_are_the_bug_live_in_each_release():
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_each_source_patch_applies_exactly_where_the_table_says(version):
     """A patch's edits are in the release's source (each once) from PATCH_SINCE on, and not before."""
-    from harness.agents.vllm_patches import PATCHES
+    from harness.agents.vllm.patches import PATCHES
     assert set(vr.PATCH_SINCE) == set(PATCHES)
     with zipfile.ZipFile(_wheel(version)) as z:
         wrong = []
@@ -329,22 +329,23 @@ def test_mixed_seed_batch_workaround_gives_every_row_a_generator(monkeypatch):
 
     import torch
 
-    from harness.agents import vllm_plugin as vp
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(vp, "_FACTS", {})
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import mixed_seeds
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
     seen = {}
 
     def forward_cpu(self, logits, generators, k, p):
         seen["gens"] = dict(generators)
         return None, None
     seeded = torch.Generator().manual_seed(1)
-    vp._cpu_sampler(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)
+    mixed_seeds.patch(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)
     assert sorted(seen["gens"]) == [0, 1, 2] and seen["gens"][1] is seeded
-    assert vp._facts("worker").data.get("cpu_mixed_seed_batches") == 1
-    vp._cpu_sampler(forward_cpu)(None, torch.zeros(2, 5), {}, None, None)  # no seed: untouched
+    assert state.facts("worker").data.get("cpu_mixed_seed_batches") == 1
+    mixed_seeds.patch(forward_cpu)(None, torch.zeros(2, 5), {}, None, None)  # no seed: untouched
     assert seen["gens"] == {}
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["cpu_mixed_seeds"]}))
-    vp._cpu_sampler(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)  # vLLM's own path
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["cpu_mixed_seeds"]}))
+    mixed_seeds.patch(forward_cpu)(None, torch.zeros(3, 5), {1: seeded}, None, None)  # vLLM's own path
     assert sorted(seen["gens"]) == [1]
 
 
@@ -356,9 +357,10 @@ def test_grammar_workaround_passes_the_row_indices_unpinned(monkeypatch):
 
     import torch
 
-    from harness.agents import vllm_plugin as vp
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(vp, "_FACTS", {})
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import grammar_indices
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
     mod = types.ModuleType("oh_fake_so_utils")
     mod.torch = torch
     code = ("def apply_grammar_bitmask(so, go, batch, logits):\n"
@@ -366,10 +368,10 @@ def test_grammar_workaround_passes_the_row_indices_unpinned(monkeypatch):
             "    return idx.to(logits.device, non_blocking=True)\n")
     exec(compile(code, "oh_fake_so_utils", "exec"), mod.__dict__)
     monkeypatch.setitem(sys.modules, "oh_fake_so_utils", mod)
-    got = vp._grammar_unpinned(mod.apply_grammar_bitmask)(None, None, None, torch.zeros(3, 4))
+    got = grammar_indices.patch(mod.apply_grammar_bitmask)(None, None, None, torch.zeros(3, 4))
     assert got == [0, 2] and isinstance(got, list)
     assert mod.torch is torch
-    assert vp._facts("worker").data.get("cpu_grammar_pinned_indices") == 1
+    assert state.facts("worker").data.get("cpu_grammar_pinned_indices") == 1
 
 
 def test_reproducer_seed_alone_fails_when_a_seed_does_not_hold():
@@ -403,14 +405,14 @@ def test_resume_as_decode_entry_is_the_reorder_condition():
     """cpu-resume-as-decode lives where the CPU attention's reorder reads the prompt length (each
     wheel's cpu_attn.py), has a reproducer that runs vLLM's own reorder, and is counted by the
     agent's workaround, which is installed exactly there (the point's range is the fact's)."""
-    from harness.agents import vllm_plugin as vp
-    from harness.agents.vllm_points import POINTS_BY_NAME
+    from harness.agents.vllm.workarounds import WORKAROUNDS
+    from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.targets.vllm_paths import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
     spec = json.loads(Path(k.reproducer).read_text())
     assert k.counter == "cpu_resume_reorders" and k.counter in spec["counters"]
     assert spec["plan"]["stock"] == ["cpu_resume_as_decode"]
-    assert vp.WORKAROUNDS["cpu_reorder_by_prompt"][0] == "cpu_reorder"
+    assert WORKAROUNDS["cpu_reorder_by_prompt"][0] == "cpu_reorder"
     for v in vr.versions():
         assert k.live_in(v) == vr.release(v).has("cpu_reorder_by_prompt") == POINTS_BY_NAME["cpu_reorder"].exists_in(v), v
     assert any("multi-token chunk" in a for a in vr.release("0.11.0").adaptations())
@@ -453,9 +455,10 @@ def test_cpu_reorder_workaround_moves_a_multi_token_decode_among_the_prefills(mo
     it is counted and left where vLLM put it. A batch without one is left as it was."""
     import types
 
-    from harness.agents import vllm_plugin as vp
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(vp, "_FACTS", {})
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import cpu_reorder
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
 
     def vllm_reorder(self, batch, sched):  # the 0.11.0 rule: decode once the prompt is computed
         pre = [i for i in range(batch.num_reqs) if batch.num_computed_tokens_cpu[i] < batch.num_prompt_tokens[i]]
@@ -465,37 +468,38 @@ def test_cpu_reorder_workaround_moves_a_multi_token_decode_among_the_prefills(mo
                 batch.swap_states(p, d)
         self.num_prompt_req = len(pre)
         return bool(batch.swaps)
-    reorder = vp._cpu_reorder(vllm_reorder)
+    reorder = cpu_reorder.patch(vllm_reorder)
     sched = types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in _REORDER_ROWS})
     for stock, want_pre, want_dec in ((False, ["p1", "r2"], ["d0", "d3"]), (True, ["p1"], ["d0", "r2", "d3"])):
-        monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["cpu_resume_as_decode"]} if stock else {}))
+        monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["cpu_resume_as_decode"]} if stock else {}))
         b, builder = _Batch([r[:3] for r in _REORDER_ROWS]), types.SimpleNamespace(num_prompt_req=0)
         assert reorder(builder, b, sched) is True
         n = builder.num_prompt_req
         assert (b.req_ids[:n], b.req_ids[n:]) == (want_pre, want_dec), stock
-    assert vp._facts("worker").data.get("cpu_resume_reorders") == 2
+    assert state.facts("worker").data.get("cpu_resume_reorders") == 2
     plain = [r for r in _REORDER_ROWS if r[0] != "r2"]
     b, builder = _Batch([r[:3] for r in plain]), types.SimpleNamespace(num_prompt_req=0)
     reorder(builder, b, types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in plain}))
-    assert builder.num_prompt_req == 1 and vp._facts("worker").data.get("cpu_resume_reorders") == 2
+    assert builder.num_prompt_req == 1 and state.facts("worker").data.get("cpu_resume_reorders") == 2
 
 
 _REORDER_PROBE = _BATCH_SRC + """
 import json, sys, types
 _REORDER_ROWS = json.loads(sys.argv[1])
 from vllm.v1.attention.backends.cpu_attn import TorchSDPAMetadataBuilderV1
-from harness.agents import vllm_plugin as vp
+from harness.agents.vllm import state
+from harness.agents.vllm.workarounds import cpu_reorder
 cfg = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=8, chunked_prefill_enabled=True))
 sched = types.SimpleNamespace(num_scheduled_tokens={r[0]: r[3] for r in _REORDER_ROWS})
 out = {}
 for name, plan in (("stock", {"stock": ["cpu_resume_as_decode"]}), ("agent", {})):
-    vp._PLAN = types.SimpleNamespace(data=plan)
+    state.PLAN = types.SimpleNamespace(data=plan)
     builder, batch = TorchSDPAMetadataBuilderV1(None, ["l0"], cfg, "cpu"), _Batch([r[:3] for r in _REORDER_ROWS])
-    vp._cpu_reorder(TorchSDPAMetadataBuilderV1.reorder_batch)(builder, batch, sched)
+    cpu_reorder.patch(TorchSDPAMetadataBuilderV1.reorder_batch)(builder, batch, sched)
     n = builder.num_prompt_req
     out[name] = {"prefills": batch.req_ids[:n], "decodes": batch.req_ids[n:],
                  "decode_tokens": [sched.num_scheduled_tokens[r] for r in batch.req_ids[n:]]}
-out["counted"] = vp._facts("worker").data.get("cpu_resume_reorders", 0)
+out["counted"] = state.facts("worker").data.get("cpu_resume_reorders", 0)
 print(json.dumps(out))
 """
 
@@ -530,40 +534,42 @@ def test_ipex_decode_workaround_reruns_a_rejected_call_on_flash_decoding(monkeyp
     was; vLLM's own path (plan "stock") and any other error still raise."""
     import types
 
-    from harness.agents import vllm_plugin as vp
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(vp, "_FACTS", {})
-    monkeypatch.delenv(vp._IPEX_KERNEL_ENV, raising=False)
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import ipex_decode
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.delenv(ipex_decode._IPEX_KERNEL_ENV, raising=False)
     calls = []
 
     def forward_decode(output, query):  # IPEX 2.8: VNNI unless the switch says flash decoding
-        calls.append(os.environ.get(vp._IPEX_KERNEL_ENV))
-        if query == "beams" and os.environ.get(vp._IPEX_KERNEL_ENV) != "1":
+        calls.append(os.environ.get(ipex_decode._IPEX_KERNEL_ENV))
+        if query == "beams" and os.environ.get(ipex_decode._IPEX_KERNEL_ENV) != "1":
             raise RuntimeError("Sliding window unsupported")
         if query == "bad":
             raise RuntimeError("something else")
         output.append(query)
-    fd = vp._ipex_decode(staticmethod(forward_decode)).__func__
+    fd = ipex_decode.patch(staticmethod(forward_decode)).__func__
     out = []
     fd(out, "rows")
-    assert out == ["rows"] and calls == [None] and "ipex_vnni_decodes" not in vp._facts("worker").data
+    assert out == ["rows"] and calls == [None] and "ipex_vnni_decodes" not in state.facts("worker").data
     fd(out, "beams")
-    assert out == ["rows", "beams"] and calls[1:] == [None, "1"] and vp._IPEX_KERNEL_ENV not in os.environ
-    assert vp._facts("worker").data.get("ipex_vnni_decodes") == 1
+    assert out == ["rows", "beams"] and calls[1:] == [None, "1"] and ipex_decode._IPEX_KERNEL_ENV not in os.environ
+    assert state.facts("worker").data.get("ipex_vnni_decodes") == 1
     with pytest.raises(RuntimeError, match="something else"):
         fd(out, "bad")
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["ipex_vnni_window"]}))
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["ipex_vnni_window"]}))
     with pytest.raises(RuntimeError, match="Sliding window unsupported"):
         fd(out, "beams")
-    assert vp._facts("worker").data.get("ipex_vnni_decodes") == 2
+    assert state.facts("worker").data.get("ipex_vnni_decodes") == 2
 
 
 _IPEX_PROBE = """
 import json, sys, types
 import torch
 from vllm.v1.attention.backends.cpu_attn import _IPEXPagedAttention
-from harness.agents import vllm_plugin as vp
-vp._PLAN = types.SimpleNamespace(data={})
+from harness.agents.vllm import state
+from harness.agents.vllm.workarounds import ipex_decode
+state.PLAN = types.SimpleNamespace(data={})
 torch.manual_seed(0)
 H, KVH, D, B, NB, CTX = 9, 3, 64, 32, 8, 40  # SmolLM2's heads; two blocks of context each
 kc, vc = torch.randn(NB, KVH, B, D), torch.randn(NB, KVH, B, D)
@@ -586,9 +592,9 @@ for name, first in (("own", [0, 1, 2, 3]), ("shared", [0, 0, 0, 0])):  # 4 rows 
     except RuntimeError as e:
         out[name + "_stock"] = str(e).splitlines()[0]
     o = torch.empty_like(q)
-    vp._ipex_decode(_IPEXPagedAttention.__dict__["forward_decode"]).__func__(o, *args)
+    ipex_decode.patch(_IPEXPagedAttention.__dict__["forward_decode"]).__func__(o, *args)
     out[name + "_agent_err"] = float((o - ref).abs().max())
-out["counted"] = vp._facts("worker").data.get("ipex_vnni_decodes", 0)
+out["counted"] = state.facts("worker").data.get("ipex_vnni_decodes", 0)
 print(json.dumps(out))
 """
 
@@ -666,24 +672,25 @@ def test_reset_keeps_the_discard_mark_only_with_a_step_in_flight(monkeypatch):
     one short of max_tokens); each lifted mark is counted, apart for a pause; "stock" leaves vLLM's."""
     import types
 
-    from harness.agents import vllm_plugin as vp
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(vp, "_FACTS", {})
-    fix = vp._reset_discards_in_flight(_Sched.reset_prefix_cache)
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import discard_mark
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    fix = discard_mark.patch(_Sched.reset_prefix_cache)
     a, b, c = _Req("a", 1), _Req("b", 0), _Req("c", 0)
     assert fix(_Sched([a, b, c], paused=True), True) is True
     assert (a.discard_latest_async_tokens, b.discard_latest_async_tokens, c.discard_latest_async_tokens) == \
         (True, False, False)
-    assert vp._facts("engine").data.get("pause_discards_without_step") == 2
+    assert state.facts("engine").data.get("pause_discards_without_step") == 2
     d = _Req("d", 0)
     fix(_Sched([d]), reset_running_requests=True)
-    assert not d.discard_latest_async_tokens and vp._facts("engine").data.get("reset_discards_without_step") == 1
+    assert not d.discard_latest_async_tokens and state.facts("engine").data.get("reset_discards_without_step") == 1
     e = _Req("e", 0)
     fix(_Sched([e], async_on=False), True)  # the synchronous scheduler never reads the mark: not counted
-    assert vp._facts("engine").data.get("reset_discards_without_step") == 1
+    assert state.facts("engine").data.get("reset_discards_without_step") == 1
     fix(_Sched([_Req("f", 0)]), False)  # no running request reset: nothing marked
-    assert vp._facts("engine").data.get("reset_discards_without_step") == 1
-    monkeypatch.setattr(vp, "_PLAN", types.SimpleNamespace(data={"stock": ["discard_without_step"]}))
+    assert state.facts("engine").data.get("reset_discards_without_step") == 1
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["discard_without_step"]}))
     g = _Req("g", 0)
     fix(_Sched([g]), True)  # vLLM's own path: the mark stays, and it is counted
-    assert g.discard_latest_async_tokens and vp._facts("engine").data.get("reset_discards_without_step") == 2
+    assert g.discard_latest_async_tokens and state.facts("engine").data.get("reset_discards_without_step") == 2

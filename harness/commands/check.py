@@ -171,7 +171,7 @@ def cmd_faults(a) -> int:
     for f in fault_catalogue(getattr(a, "target", "ref")).values():
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
-        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
+        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm.patches)
             print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
             if f.device_only:  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")

@@ -14,7 +14,7 @@ the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded sample
 processors (CLI and entry point, per request and batch level: vllm_xargs), prompts short, over the
 step budget (chunked prefill) or on the 93-token shared prefix (prefix hits), max_tokens 1-3 or
 up to 24, arrival times, and a client that disconnects after k tokens. A submission adds the
-agent's delay points (harness.agents.vllm_points.DELAY_POINTS) on the async-on server, and a
+agent's delay points (harness.agents.vllm.points.DELAY_POINTS) on the async-on server, and a
 /pause + /resume or a /reset_prefix_cache (running requests preempted) at a chosen time.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from harness.engine.request import Request
 
-# the agent's delay points (harness.agents.vllm_points.DELAY_POINTS; not imported: that module is
+# the agent's delay points (harness.agents.vllm.points.DELAY_POINTS; not imported: that module is
 # the agent's and its table is checked against it in tests/test_served_search.py)
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 CONTROLS = ("pause", "reset")

@@ -188,7 +188,7 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
         if bookmod.HELD["host_buffers_held"] in f and all(
                 bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
             # the worker writes its books after its step, before the output thread reads that step's
-            # ids and frees the buffer (harness.agents.vllm_plugin.worker_books): after the last step
+            # ids and frees the buffer (harness.agents.vllm.books.worker_books): after the last step
             # of a run nothing rewrites them, so a held buffer alone at idle is not judged (measured:
             # it did not replay)
             continue
@@ -208,7 +208,7 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
 def _sampled_preempted(case, on: dict) -> set:
     """The rids of requests that sample (temperature > 0) and that the async-on arm preempted, by
     the agent's step books (what KNOWN_UPSTREAM async-seeded-preempt-in-flight claims)."""
-    from harness.agents.vllm_steps import request_key
+    from harness.agents.vllm.steps import request_key
     from harness.oracles import steps
     books = steps.summed(on.get("steps") or {}).per_key
     return {r.rid for r in case.requests if r.temperature > 0

