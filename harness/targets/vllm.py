@@ -238,8 +238,8 @@ class VllmTarget(ServedTarget):
             self.servers.pop(True).stop()  # start() clears its facts
 
     def known_crash(self, overlap: bool, exception: str) -> str:
-        """A known upstream bug of this release that kills the async-on engine (vllm_paths.known_crash)."""
-        from harness.targets.vllm_paths import known_crash
+        """A known upstream bug of this release that kills the async-on engine (vllm_upstream.known_crash)."""
+        from harness.targets.vllm_upstream import known_crash
         return known_crash(exception, overlap, self.version)
 
     def start(self, which=(False, True)) -> None:

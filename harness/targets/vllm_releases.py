@@ -110,13 +110,13 @@ FACTS: dict[str, Since] = {
                       "(`nobind` from 0.11.1; here libnuma cannot parse it and the engine dies at start)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
-    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
+    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_upstream): the placeholder repair
     # of the newest output ids runs for custom processors only when one was given on the CLI
     "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
                                          "custom logits processors only when --logits-processors names one"),
     # vLLM's CPU build, both arms (not async-specific, but batch-dependent, so async on and off
     # diverge): the agent works around them on CPU, counts where vLLM reached the path, and the
-    # gate reports KNOWN UPSTREAM (harness.targets.vllm_paths); the reproducer runs vLLM's own path
+    # gate reports KNOWN UPSTREAM (harness.targets.vllm_upstream); the reproducer runs vLLM's own path
     "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
                                              "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
                                              "batch also holds an unseeded request (vllm-project/vllm#51226)"),
