@@ -66,7 +66,7 @@ def bare_run(target, tok, oh_options):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     from harness import targets
     from harness.agents.vllm.patches import PATCHES
-    from harness.targets.served import TargetError, TargetUnavailable
+    from harness.targets.base import TargetError, TargetUnavailable
     try:
         t = targets.make_target("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
         t.start()

@@ -277,7 +277,7 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
     if target == "ref":
         return
     from harness.targets import configure, make_target
-    from harness.targets.served import TargetError, TargetUnavailable
+    from harness.targets.base import TargetError, TargetUnavailable
     print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     try:

@@ -99,7 +99,7 @@ def test_overlap_is_judged_by_host_order(vllm, tok):
     holds two batches, the scheduler and flag unchanged) is LOST."""
     import subprocess
     import sys
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     on = vllm.run(_workload(tok), overlap=True)
     effective, line = vllm.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
     assert effective is True, line
@@ -212,7 +212,7 @@ def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource
     the pool first, the HANG report's books must say the same."""
     from harness import targets
     from harness.oracles import books as bookmod
-    from harness.targets.served import TargetHang
+    from harness.targets.base import TargetHang
     reqs, off, books_off = paths_off
     on = None
     try:
@@ -239,7 +239,8 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     import time
     from harness import targets
     from harness.engine.request import Request
-    from harness.targets.served import TargetHang, hang_bound, progress_of
+    from harness.targets.served import hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     rng = random.Random(23)  # a seed of its own: distinct prompts, so no two share a cached block
     words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
@@ -273,7 +274,8 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     report; the hung server's later runs fail at once. Among the last of the pair's tests: the
     hung server is stopped (and started again by whatever uses it next)."""
     import time
-    from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
+    from harness.targets.served import HANG_CAP_S, hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     # a patch test before this one leaves the async server to restart: a short run on the fresh
     # one measures its token period, so the bound is the watchdog's, not its no-period cap
@@ -304,7 +306,7 @@ def test_silently_lost_overlap_fails(tmp_path):
     why = setup_cmd.ready()
     if why:
         _unavailable(why)
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     from harness.targets.vllm import VllmTarget
     t = VllmTarget(workdir=str(tmp_path))
     t.keep_overlap = False

@@ -154,7 +154,8 @@ def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
 
 
 def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys, monkeypatch):
-    from harness.targets.served import ServedTarget, TargetError
+    from harness.targets.served import ServedTarget
+    from harness.targets.base import TargetError
     monkeypatch.setattr(ServedTarget, "_said", set())  # "said once" is per process: earlier tests said it
     t = ServedTarget(workdir=str(tmp_path), concurrency=32)
     t.name = "served"

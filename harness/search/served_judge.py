@@ -78,7 +78,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     from harness.agents import plan as planmod
     from harness.oracles import steps
     from harness.targets import vllm_paths as vp
-    from harness.targets.served import TargetCrash, TargetHang
+    from harness.targets.base import TargetCrash, TargetHang
     done, got = threading.Event(), []
     ctl = threading.Thread(target=_controls, args=(target, overlap, case.controls, done, got), daemon=True)
     arm = "on" if overlap else "off"
@@ -121,7 +121,7 @@ def _exception(text: str) -> str:
 def judge(target, case: ServedCase, version: str | None = None, agent: bool = True) -> Verdict:
     """Both arms of one case (off first: the reference), every oracle; the servers are started
     again where one was lost."""
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     t0 = time.monotonic()
     v = Verdict()
     arms = {}

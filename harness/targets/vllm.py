@@ -19,7 +19,8 @@ from pathlib import Path
 
 from harness.targets import vllm_releases
 from harness.targets import vllm_setup as setup_cmd
-from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
+from harness.targets.base import TargetError, TargetUnavailable
+from harness.targets.served import ServedTarget
 
 
 def check_fault_names(faults, exc=ValueError) -> None:
