@@ -28,10 +28,10 @@ from harness.oracles import books as bookmod
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
-from harness.releases.installed import release_in_force
 from harness.targets import vllm_paths as vp
 from harness.targets import vllm_upstream
 from harness.targets import vllm_workload
+from harness.targets.vllm_releases import release_in_force
 
 
 @pytest.fixture(scope="module")

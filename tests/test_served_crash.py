@@ -197,7 +197,7 @@ def test_a_crash_of_a_known_upstream_bug_says_so_and_stays_a_crash(tmp_path):
     """A target that knows the engine's exception as a known upstream bug names it in the CRASH line
     ("CRASH (KNOWN UPSTREAM <id>)"); the gate's status of that case, and of later cases that find
     the server gone, is still CRASH."""
-    from harness.gate_json import CRASH, case_status
+    from harness.gate.json_report import CRASH, case_status
     t = KnownStandIn(crash_on=True, workdir=str(tmp_path), concurrency=4)
     try:
         with pytest.raises(TargetCrash) as e:

