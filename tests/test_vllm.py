@@ -99,7 +99,7 @@ def test_overlap_is_judged_by_host_order(vllm, tok):
     holds two batches, the scheduler and flag unchanged) is LOST."""
     import subprocess
     import sys
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     on = vllm.run(_workload(tok), overlap=True)
     effective, line = vllm.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
     assert effective is True, line
@@ -133,7 +133,7 @@ def test_overlap_oracle_through_the_gate(vllm):
     targets.make_target("vllm", ())
 
 
-# Source patches of vLLM (harness.agents.vllm_patches): .ci/run keeps the one in the engine core
+# Source patches of vLLM (harness.agents.vllm.patches): .ci/run keeps the one in the engine core
 # (its server is shared with tests/test_vllm_stress.py's), the scheduled tier the one in the worker;
 # `mutants --target vllm` runs them all. Each restarts only the async-on server, on its patched
 # copy of vLLM (about 30-60 s here); the off run is shared.
@@ -170,9 +170,9 @@ def paths_off(vllm_pair, tok):
     """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
     async off: its outputs and its books at idle, shared by the tests below."""
     vllm = vllm_pair
-    from harness.targets import vllm_paths as vp
-    reqs = vp.build(tok, seed=0)
-    off, _ = vp.run_with_controls(vllm, reqs, False)
+    from harness.targets import vllm_workload
+    reqs = vllm_workload.build(tok, seed=0)
+    off, _ = vllm_workload.run_with_controls(vllm, reqs, False)
     return reqs, off, vllm.idle_books(False)
 
 
@@ -181,9 +181,10 @@ def _paths_on(vllm, reqs):
     import time as _time
     from harness.agents import plan as planmod
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_workload
     vllm.url(True)  # a server on other source patches restarts before its counts are read
     before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
-    on, _ = vp.run_with_controls(vllm, reqs, True)
+    on, _ = vllm_workload.run_with_controls(vllm, reqs, True)
     t = _time.monotonic()
     books = vllm.idle_books(True)
     took = _time.monotonic() - t
@@ -210,13 +211,13 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
         ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map", False),
         ("preempt_in_flight_drops_block", "KV blocks referenced by no request", True))])
 def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
-    """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
+    """Each leak patch (harness.agents.vllm.patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
     leaked block is never handed out again, so no token needs to change). Where the leak starves
     the pool first, the HANG report's books must say the same."""
     from harness import targets
     from harness.oracles import books as bookmod
-    from harness.targets.served import TargetHang
+    from harness.targets.base import TargetHang
     reqs, off, books_off = paths_off
     on = None
     try:
@@ -243,7 +244,8 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     import time
     from harness import targets
     from harness.engine.request import Request
-    from harness.targets.served import TargetHang, hang_bound, progress_of
+    from harness.targets.served import hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     rng = random.Random(23)  # a seed of its own: distinct prompts, so no two share a cached block
     words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
@@ -277,7 +279,8 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     report; the hung server's later runs fail at once. Among the last of the pair's tests: the
     hung server is stopped (and started again by whatever uses it next)."""
     import time
-    from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
+    from harness.targets.served import HANG_CAP_S, hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     # a patch test before this one leaves the async server to restart: a short run on the fresh
     # one measures its token period, so the bound is the watchdog's, not its no-period cap
@@ -308,7 +311,7 @@ def test_silently_lost_overlap_fails(tmp_path):
     why = setup_cmd.ready()
     if why:
         _unavailable(why)
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     from harness.targets.vllm import VllmTarget
     t = VllmTarget(workdir=str(tmp_path))
     t.keep_overlap = False

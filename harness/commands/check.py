@@ -1,5 +1,5 @@
 """`overlap-harness check` (the gate), `mutants` (the kill matrix) and `faults` (the catalogue):
-their flags and what they print; the gate itself is harness/gate.py."""
+their flags and what they print; the gate itself is harness/gate/."""
 from __future__ import annotations
 
 import json
@@ -64,6 +64,17 @@ def check_out_dir(out: str, error) -> None:
         raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
 
 
+def check_writable(path: str, flag: str, error) -> None:
+    """One line and exit 2 for a --json / --junit path that cannot be written."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
+    if not os.path.isdir(d):
+        raise error(f"cannot write {flag} {path}: no directory {d}")
+    if not os.access(d, os.W_OK):
+        raise error(f"cannot write {flag} {path}: {d} is not writable")
+
+
 def check_vllm_version(a, error) -> None:
     """--vllm-version: a release of the table, for the vLLM target only."""
     if a.vllm_version is None:
@@ -93,7 +104,6 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
-    from harness.gate_json import check_writable
     for flag, path in (("--junit", a.junit), ("--json", a.json)):
         if path:
             check_writable(path, flag, UsageError)
@@ -149,10 +159,10 @@ def cmd_check(a) -> int:
 
 
 def _write_json(a, res, verdict: str, hangs) -> None:
-    from harness import gate_json
+    from harness.gate import json_report
     from harness.gate import served_release
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs))
+    json_report.write(a.json, json_report.report(res, a.target, verdict, release, adapted, hangs))
 
 
 def cmd_mutants(a) -> int:
@@ -181,7 +191,7 @@ def cmd_faults(a) -> int:
     for f in fault_catalogue(getattr(a, "target", "ref")).values():
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
-        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
+        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm.patches)
             print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
             if f.device_only:  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")
