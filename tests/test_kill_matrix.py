@@ -17,6 +17,10 @@ from harness.faults import CATALOGUE
 CLI = [sys.executable, "-m", "harness.cli"]
 
 
+def oh(*args, timeout=1200):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.parametrize("fault", sorted(CATALOGUE))
 def test_fault_caught_by_its_suite(fault):
     from harness.gate import run_suites
@@ -30,7 +34,7 @@ def test_fault_caught_by_its_suite(fault):
 @pytest.fixture(scope="module")
 def matrix():
     # every suite against the correct engine and against every fault, one seed
-    r = subprocess.run(CLI + ["mutants", "--json", "--seeds", "1"], capture_output=True, text=True, timeout=3600)
+    r = oh("mutants", "--json", "--seeds", "1", timeout=3600)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return json.loads(r.stdout)
 
