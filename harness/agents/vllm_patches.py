@@ -283,3 +283,7 @@ def diff(patch: VllmPatch, source: str) -> str:
     after = apply(patch, source)
     return "".join(difflib.unified_diff(source.splitlines(True), after.splitlines(True),
                                         f"a/vllm/{patch.file}", f"b/vllm/{patch.file}", n=2))
+
+
+# V2's bug classes join the registry (harness.agents.vllm.v2.patches adds itself to PATCHES)
+import harness.agents.vllm.v2.patches  # noqa: E402,F401

@@ -1058,7 +1058,9 @@ def register() -> None:
     _register_stack_dump()
     try:
         v = _release()
-        here = {p.name for p in points_in(v)}
+        from harness.agents.vllm.v2 import runner as v2runner
+        runner = v2runner.decide(_PLAN.data, v)  # the worker's points are that runner's (V2: harness.agents.vllm.v2)
+        here = {p.name for p in points_in(v, runner)}
         _STUB_CUDA["on"] = _needs_cuda_stubs(v)
         _STUB_CUDA["runner"] = _STUB_CUDA["on"] and _holds(v, "runner_records_default_stream")
         for point, make in PATCHES.items():
@@ -1076,6 +1078,13 @@ def register() -> None:
             if point in here:  # a release without the point keeps no such books (said by the oracle)
                 _patch(point, make)
         vllm_steps.install(_patch, _facts)  # each request's steps, for the steps oracle
+        if runner == "v2":
+            import sys
+            from harness.agents.vllm.v2 import agent as v2agent
+            try:
+                v2agent.install(sys.modules[__name__], _facts, v)
+            except v2agent.V2AgentError as e:
+                raise AgentError(str(e)) from None
         _flusher()
     except AgentError as e:
         f = _facts("error")

