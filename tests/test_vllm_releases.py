@@ -293,7 +293,7 @@ def test_placeholder_reads_are_the_bug_live_in_each_release():
 def test_each_source_patch_applies_exactly_where_the_table_says(version):
     """A patch's edits are in the release's source (each once) from PATCH_SINCE on, and not before."""
     from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
-    from harness.agents.vllm.v2.points import V2_SINCE
+    from harness.agents.vllm.v2 import V2_SINCE
     from harness.agents.vllm_patches import PATCHES
     assert set(vr.PATCH_SINCE) == set(PATCHES)
     with zipfile.ZipFile(_wheel(version)) as z:

@@ -285,5 +285,11 @@ def diff(patch: VllmPatch, source: str) -> str:
                                         f"a/vllm/{patch.file}", f"b/vllm/{patch.file}", n=2))
 
 
-# V2's bug classes join the registry (harness.agents.vllm.v2.patches adds itself to PATCHES)
-import harness.agents.vllm.v2.patches  # noqa: E402,F401
+def _v2_patches() -> None:
+    """V2's bug classes (harness.agents.vllm.v2.patches, data) join the one registry."""
+    from harness.agents.vllm.v2.patches import SPECS
+    for spec in SPECS:
+        PATCHES[spec["name"]] = VllmPatch(**spec)
+
+
+_v2_patches()

@@ -373,6 +373,17 @@ PATCH_SINCE = {
 }
 
 
+def _v2_patch_since() -> None:
+    """V2's source patches (harness.agents.vllm.v2.patches): from the first release whose V2 runner
+    the agent attacks."""
+    from harness.agents.vllm.v2 import V2_SINCE
+    from harness.agents.vllm.v2.patches import SPECS
+    PATCH_SINCE.update({s["name"]: V2_SINCE for s in SPECS})
+
+
+_v2_patch_since()
+
+
 def patch_absent(name: str, version: str) -> str:
     """"n/a in V: why" when source patch `name` does not apply to release V; "" when it does."""
     since = PATCH_SINCE.get(name, "")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import threading
 import time
+import weakref
 
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
 
@@ -128,6 +129,9 @@ def _output_copy(orig):
         dst, done, self._oh_buffer = agent._COPY.start(src)
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
+        # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:
+        # the buffer goes back when the output dies, as pinned memory goes back to its allocator
+        weakref.finalize(self, self._oh_buffer.free.set)
     return __init__
 
 

