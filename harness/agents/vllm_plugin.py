@@ -1081,8 +1081,10 @@ def register() -> None:
         if runner == "v2":
             import sys
             from harness.agents.vllm.v2 import agent as v2agent
+            from harness.agents.vllm.v2 import shared as v2shared
+            v2shared.bind(sys.modules[__name__])  # the plan, facts, copy engine and step clock are this module's
             try:
-                v2agent.install(sys.modules[__name__], _facts, v)
+                v2agent.install(v)
             except v2agent.V2AgentError as e:
                 raise AgentError(str(e)) from None
         _flusher()

@@ -25,17 +25,10 @@ import threading
 import time
 import weakref
 
+from harness.agents.vllm.v2 import shared
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
 
-_CTX: dict = {}  # plan, facts, the V1 agent module (its copy engine, step clock, forwards)
-
-
-def _plan():
-    return _CTX["agent"]._PLAN
-
-
-def _facts(role):
-    return _CTX["facts"](role)
+_plan, _facts = shared.plan, shared.facts
 
 
 class V2AgentError(RuntimeError):
@@ -72,29 +65,27 @@ def _runner_init(orig):
         f = _facts("worker")
         f.set(runner="v2", runner_class=type(self).__name__,
               use_async_scheduling=bool(vllm_config.scheduler_config.async_scheduling), async_outputs=0)
-        _CTX["agent"]._register_stack_dump()
+        shared.register_stack_dump()
         f.write(True)
     return __init__
 
 
 def _worker_execute(orig):
-    agent = _CTX["agent"]
-
     def execute_model(self, scheduler_output, *a, **kw):
         if kw.get("dummy_run"):  # warm-up and profiling: not a step
             return orig(self, scheduler_output, *a, **kw)
         _plan().delay("worker_execute")
         f = _facts("worker")
-        if "forward_inline" not in f.data and agent._ENGINE_THREAD["id"] is not None:
-            f.set(forward_inline=threading.get_ident() == agent._ENGINE_THREAD["id"])
+        if "forward_inline" not in f.data and shared.engine_thread() is not None:
+            f.set(forward_inline=threading.get_ident() == shared.engine_thread())
             f.write(True)
         t, t_ns = time.monotonic(), time.monotonic_ns()
         try:
             return orig(self, scheduler_output, *a, **kw)
         finally:
-            agent._measured(time.monotonic() - t)
-            agent._FORWARDS.append((t_ns, time.monotonic_ns()))
-            f.set(forwards=[list(x) for x in agent._FORWARDS])
+            shared.measured(time.monotonic() - t)
+            shared.forwards().append((t_ns, time.monotonic_ns()))
+            f.set(forwards=[list(x) for x in shared.forwards()])
             try:
                 f.add("books_steps")
                 f.set(books={**worker_books(self), "step": f.data["books_steps"]})
@@ -108,7 +99,7 @@ def worker_books(runner) -> dict:
     """The V2 worker's books: each request keeps a row of the request state from admission to its
     end, so at idle no request, no row naming one, and no row out of the free list."""
     st = runner.req_states
-    copy = _CTX["agent"]._COPY
+    copy = shared.current_copy()
     return {"runner_requests": len(st.req_id_to_index), "batch_rows": len(st.index_to_req_id),
             "batch_slots": st.max_num_reqs - len(st.free_indices), "generators": 0,
             "host_buffers_held": sum(1 for b in (copy.buffers if copy else ()) if not b.free.is_set())}
@@ -116,17 +107,13 @@ def worker_books(runner) -> dict:
 
 # -- the sampled-id copy, asynchronous on CPU --------------------------------------------------
 def _output_copy(orig):
-    agent = _CTX["agent"]
-
     def __init__(self, model_runner_output, sampler_output, *a, **kw):
         orig(self, model_runner_output, sampler_output, *a, **kw)
         _facts("worker").add("async_outputs")
         src = sampler_output.sampled_token_ids
         if src.device.type != "cpu":
             return  # a real device: vLLM's own copy stream and event are the real thing
-        if agent._COPY is None:
-            agent._COPY = agent.CopyEngine()
-        dst, done, self._oh_buffer = agent._COPY.start(src)
+        dst, done, self._oh_buffer = shared.copy_engine().start(src)
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:
@@ -136,13 +123,11 @@ def _output_copy(orig):
 
 
 def _before_wait(orig):
-    agent = _CTX["agent"]
-
     def get_output(self):
-        _plan().delay("before_wait", agent._step_period())
+        _plan().delay("before_wait", shared.step_period())
         ev = self.copy_event
         if _plan().fault("sampled_ids_no_wait"):
-            self.copy_event = agent._NoWait()
+            self.copy_event = shared.no_wait()
         try:
             return orig(self)
         finally:
@@ -257,10 +242,9 @@ PATCHES = {"v2_runner_init": _runner_init, "v2_worker_execute": _worker_execute,
            "v2_output_copy": _output_copy, "v2_before_wait": _before_wait}
 
 
-def install(agent, facts, version: str | None) -> list[str]:
-    """Patch V2's worker points that `version` has; agent: harness.agents.vllm_plugin (its plan,
-    copy engine and step clock are shared), facts(role) -> planmod.Facts. Returns the points."""
-    _CTX.update(agent=agent, facts=facts)
+def install(version: str | None) -> list[str]:
+    """Patch V2's worker points that `version` has (the plan, facts, copy engine and step clock are
+    the vLLM agent's: harness.agents.vllm.v2.shared). Returns the points patched."""
     here = {p.name for p in points_in(version)}
     done = []
     for point, make in PATCHES.items():
