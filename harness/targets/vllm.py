@@ -131,7 +131,9 @@ class VllmTarget(ServedTarget):
                                         f"run `overlap-harness setup vllm --version {self.version} --force`")
         self.python = self.build.python
         try:
-            self.runner, self.runner_why, self.runner_env = vllm_build.choose_runner(self.release, self.build, runner)
+            # a server without our agent (agent_env None: a baseline) needs no agent points on its runner
+            self.runner, self.runner_why, self.runner_env = vllm_build.choose_runner(
+                self.release, self.build, runner, v2_agent=True if self.agent_env is None else None)
         except ValueError as e:
             raise TargetUnavailable(str(e)) from None
         bad_ops = (stamp.get("ops") or {}).get(self.runner)
@@ -265,7 +267,8 @@ class VllmTarget(ServedTarget):
             from harness.agents.vllm_patches import PatchError
             from harness.targets.vllm_copy import server_pythonpath
             try:
-                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home)
+                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home,
+                                                      Path(self.build.package))
             except PatchError as e:
                 raise TargetUnavailable(str(e)) from None
         return env
