@@ -129,18 +129,16 @@ def test_rows_on_v2():
     assert absent == ["seeded_reorder"], absent
 
 
-def test_patched_copy_is_of_the_package_the_server_imports(tmp_path):
-    """A server whose PYTHONPATH puts a release's Python ahead of the venv runs that source: the
-    patched copy is made of it, and the original is never written."""
+def test_patched_copy_is_of_the_package_the_server_runs(tmp_path):
+    """A server running a release's Python laid over the venv runs that source: a V2 patch's copy is
+    made of it, under our cache, and the original is never written."""
     from harness.targets import vllm_copy
-    overlay = _unpack("0.33.0", tmp_path / "overlay", {V2_PATCHES["v2_penalty_counts_twice"].file, "__init__.py"})
-    pp = os.pathsep.join([str(tmp_path / "elsewhere"), str(overlay)])
-    assert vllm_copy.package_on_path(pp) == overlay / "vllm"
-    original = (overlay / "vllm" / V2_PATCHES["v2_penalty_counts_twice"].file).read_text()
-    home = tmp_path / "home"
-    path = vllm_copy.server_pythonpath(pp, ["v2_penalty_counts_twice"], home)
+    f = V2_PATCHES["v2_penalty_counts_twice"].file
+    overlay = _unpack("0.33.0", tmp_path / "overlay", {f, "__init__.py"})
+    original = (overlay / "vllm" / f).read_text()
+    path = vllm_copy.server_pythonpath(str(overlay), ["v2_penalty_counts_twice"], tmp_path / "home", overlay / "vllm")
     copy = Path(path.split(os.pathsep)[0])
-    patched = (copy / "vllm" / V2_PATCHES["v2_penalty_counts_twice"].file).read_text()
+    assert copy.is_relative_to(tmp_path / "home")
+    patched = (copy / "vllm" / f).read_text()
     assert "count + 2" in patched and "count + 2" not in original
-    assert (overlay / "vllm" / V2_PATCHES["v2_penalty_counts_twice"].file).read_text() == original
-    assert vllm_copy.package_on_path(str(tmp_path / "elsewhere")) is None
+    assert (overlay / "vllm" / f).read_text() == original

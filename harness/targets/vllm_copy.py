@@ -74,13 +74,14 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Path:
     """The folder to put first on the async-on server's PYTHONPATH: it holds a `vllm` package
-    with the named patches applied (of `pkg`, default the venv's). PatchError (one line) when a
-    patch does not apply."""
+    with the named patches applied. PatchError (one line) when a patch does not apply. `pkg`: the
+    vllm package to copy (an overlay's, a user's: never written into), else the setup venv's;
+    the copy lives under `home` (our cache) either way."""
     names = sorted(set(names))
     if not names:
         raise ValueError("ensure_copy needs at least one patch")
     home = home or setup_cmd.vllm_home()
-    pkg = pkg or installed_package(home)
+    pkg = Path(pkg) if pkg else installed_package(home)
     sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
     root = home / "patched" / "+".join(names)
     want = _fingerprint(names, pkg)
@@ -111,19 +112,9 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
     return root
 
 
-def server_pythonpath(pythonpath: str | None, names, home: Path | None = None) -> str:
+def server_pythonpath(pythonpath: str | None, names, home: Path | None = None, pkg: Path | None = None) -> str:
     """A server's PYTHONPATH with the patched copy first: its `vllm` shadows the installed one
     (site-packages comes after every PYTHONPATH entry); the copy holds nothing else, so the agent
     is still imported from our checkout further along."""
-    copy = str(ensure_copy(names, home, package_on_path(pythonpath)))
+    copy = str(ensure_copy(names, home, pkg))
     return copy + (os.pathsep + pythonpath if pythonpath else "")
-
-
-def package_on_path(pythonpath: str | None) -> Path | None:
-    """The `vllm` package a server would import from its PYTHONPATH ahead of the venv (a release's
-    Python laid over the venv's compiled parts, harness.agents.vllm.v2 / docs/vllm-v2.md), if any:
-    the patches are of the source that runs."""
-    for entry in (pythonpath or "").split(os.pathsep):
-        if entry and (Path(entry) / "vllm" / "__init__.py").is_file():
-            return Path(entry) / "vllm"
-    return None
