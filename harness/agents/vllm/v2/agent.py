@@ -235,11 +235,27 @@ def _add_request(a, kw, out):
     return {"v2_row_reuses": int(reused), "v2_resumed_rows": int(len(all_ids) > prompt_len)}
 
 
+# -- Triton's interpreter on a CPU ---------------------------------------------------------------
+def _topk_topp(orig):
+    """See the point v2_topk_topp: vLLM's PyTorch top-k/top-p masking (the path vLLM takes without
+    Triton) where the interpreter cannot run the Triton kernel. Both servers of a pair run it."""
+    import os
+
+    def apply_top_k_top_p(logits, k, p, *a, **kw):
+        if (k is None and p is None) or logits.device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
+            return orig(logits, k, p, *a, **kw)
+        from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+        _facts("worker").add("v2_topk_topp_pytorch")
+        return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
+    return apply_top_k_top_p
+
+
 COUNTERS = {"v2_penalties": _penalties, "v2_bad_words": _bad_words, "v2_logit_bias": _logit_bias,
             "v2_sampler": _sampler, "v2_grammar": _grammar, "v2_postprocess": _postprocess,
             "v2_combine": _combine, "v2_add_request": _add_request}
 PATCHES = {"v2_runner_init": _runner_init, "v2_worker_execute": _worker_execute,
-           "v2_output_copy": _output_copy, "v2_before_wait": _before_wait}
+           "v2_output_copy": _output_copy, "v2_before_wait": _before_wait,
+           "v2_topk_topp": _topk_topp, "v2_topk_topp_states": _topk_topp}
 
 
 def install(version: str | None) -> list[str]:

@@ -66,6 +66,16 @@ POINTS = [
        "counts steps with a logits processor that is not vLLM's own (entry point or CLI)"),
     _p("v2_grammar", "vllm.v1.worker.gpu.structured_outputs", "StructuredOutputsWorker.apply_grammar_bitmask",
        "the worker's structured-output mask: counts steps that apply it"),
+    # V2 on a CPU runs its Triton kernels in Triton's interpreter, where the top-k/top-p kernel
+    # (vllm/v1/sample/ops/topk_topp_triton.py) fails: `tl.range` yields Python ints there and
+    # `row_id.to(tl.int64)` raises, killing the engine on the first request with top_k or top_p,
+    # async on and off. The agent masks with vLLM's own PyTorch implementation (what vLLM uses
+    # without Triton) on CPU logits under the interpreter, and counts it (v2_topk_topp_pytorch)
+    _p("v2_topk_topp", f"{SAMPLE}.sampler", "apply_top_k_top_p",
+       "(imported by name) top-k / top-p masking before the Gumbel sample: on CPU logits under Triton's "
+       "interpreter, vLLM's PyTorch masking instead of the Triton kernel the interpreter cannot run"),
+    _p("v2_topk_topp_states", f"{SAMPLE}.states", "apply_top_k_top_p",
+       "(imported by name) the same masking where processed logprobs are asked for"),
     # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
     _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
        "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
