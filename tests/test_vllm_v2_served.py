@@ -2,22 +2,53 @@
 runs V2, its sampled-id copy is asynchronous (the agent's copy thread) and overlap is effective;
 each V2 source patch is caught by the suite it names, which stock V2 passes.
 
-Runs where the servers run V2 (`VLLM_USE_V2_MODEL_RUNNER=1`, or a release with only V2); skipped,
-with the reason, where they run V1."""
+A pair of its own (own_servers): the release OVERLAP_HARNESS_V2_VERSION (default 0.33.0, set up
+by `setup vllm --version 0.33.0`), whose servers run V2; skipped with the reason where it is not set
+up (failed under OVERLAP_HARNESS_REQUIRE_VLLM=1)."""
+import os
+
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.own_servers]
 
 from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
 
 V2_PATCHES = sorted(V2_RUNNER)
 
 
+@pytest.fixture(scope="module")
+def v2_pair():
+    from harness import targets
+    from harness.targets.served import TargetUnavailable
+    from tests.served_pair import vllm_unavailable
+    version = os.environ.get("OVERLAP_HARNESS_V2_VERSION", "0.33.0")
+    targets.close_served()
+    targets.configure("vllm", version=version)
+    try:
+        t = targets.make_target("vllm")
+    except TargetUnavailable as e:
+        targets.configure("vllm")
+        vllm_unavailable(str(e))
+    try:
+        if t.runner != "v2":
+            pytest.skip(f"vLLM {version} runs the {t.runner.upper()} runner here ({t.runner_why})")
+        yield t
+    finally:
+        targets.close_served()
+        targets.configure("vllm")
+
+
 @pytest.fixture
-def v2(vllm):
-    if getattr(vllm, "runner", "v1") != "v2":
-        pytest.skip("the servers run vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=1 runs V2; docs/vllm-v2.md)")
-    return vllm
+def v2(v2_pair):
+    from harness import targets
+    yield v2_pair
+    if v2_pair.faults:
+        targets.make_target("vllm", ())
+
+
+@pytest.fixture(scope="module")
+def tok(v2_pair):
+    return v2_pair.tokenizer()
 
 
 def test_v2_worker_copies_asynchronously_and_overlaps(v2, tok):
