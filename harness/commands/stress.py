@@ -76,8 +76,8 @@ def cmd_stress(a) -> int:
         from harness.commands.stress_served import cmd_stress_served
         with sigterm_as_interrupt() as term:
             return cmd_stress_served(a, _usage, term)
-    for flag in ("vllm_version", "url", "url_off", "served_model", "tokenizer"):
-        if getattr(a, flag) is not None:
+    for flag in ("vllm_version", "vllm_python", "url", "url_off", "served_model", "tokenizer"):
+        if getattr(a, flag, None) is not None:
             raise _usage(f"--{flag.replace('_', '-')} applies to a served target (--target vllm or openai)")
     from harness.engine.build import ModelUnavailable, load_model
     from harness.faults import CATALOGUE, check_names
@@ -225,6 +225,8 @@ def add_commands(sub) -> None:
     r.add_argument("--target", default="ref", choices=("ref", "vllm", "openai"),
                    help="the target the reproducer was found on (default ref; vllm/openai: a served reproducer)")
     r.add_argument("--vllm-version", metavar="V", help="vllm: the release (default: the reproducer's)")
+    from harness.commands.check import vllm_env_flags
+    vllm_env_flags(r)
     r.add_argument("--out", default=None, metavar="DIR", help="vllm: where a CRASH's log or a HANG's report is kept")
     r.add_argument("--url", help="openai: the endpoint with overlap on")
     r.add_argument("--url-off", help="openai: the endpoint with overlap off")

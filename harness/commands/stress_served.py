@@ -8,6 +8,9 @@ import sys
 import time
 
 EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+# `replay FILE --vllm-python PATH` under `git bisect run`: a commit of that checkout whose vLLM the
+# agent cannot attack, or whose servers do not start, can be neither good nor bad
+EXIT_CANNOT_TEST = 125
 
 
 def _printer(stream=sys.stderr):
@@ -34,7 +37,7 @@ def check_flags(a, bad) -> None:
             raise bad("--fault applies to --target ref or vllm (for openai, start the servers with it)")
     elif a.url or a.url_off:
         raise bad("--url / --url-off apply to --target openai only")
-    if a.vllm_version is not None:
+    if a.target == "vllm" or a.vllm_version is not None or getattr(a, "vllm_python", None):
         from harness.commands.check import check_vllm_version
         check_vllm_version(a, bad)
     if a.target == "vllm":
@@ -56,8 +59,8 @@ def make_served(a, bad):
     from harness.targets.base import TargetError, TargetUnavailable
     try:
         if a.target == "vllm":
-            kw = {"version": a.vllm_version} if a.vllm_version else {}
-            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **kw)
+            from harness.commands.check import vllm_kw
+            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **vllm_kw(a))
             t.start()
             return t, t.tokenizer(), t.version
         from harness.targets.openai_pair import OpenAIPair
@@ -148,7 +151,9 @@ def cmd_replay_served(a, bad) -> int:
     if h.get("target") != a.target:
         raise bad(f"bad reproducer: {a.file} was found on --target {h.get('target')}, not {a.target}")
     a.fault = list(h.get("patches") or [])
-    a.vllm_version = a.vllm_version or h.get("vllm_version")
+    bisecting = bool(getattr(a, "vllm_python", None))  # the vLLM is the checkout's, at whatever commit
+    if not bisecting:
+        a.vllm_version = a.vllm_version or h.get("vllm_version")
     a.out = a.out or "stress-out"
     a.url, a.url_off = getattr(a, "url", None), getattr(a, "url_off", None)
     a.served_model, a.tokenizer = getattr(a, "served_model", None), getattr(a, "tokenizer", None)
@@ -161,7 +166,13 @@ def cmd_replay_served(a, bad) -> int:
         raise bad("--tries must be at least 1")
     sig = list(rec.get("signature", []))
     try:
-        t, _, version = make_served(a, bad)
+        try:
+            t, _, version = make_served(a, bad)
+        except Exception as e:
+            if bisecting and isinstance(e, type(bad(""))):
+                print(f"cannot test this vLLM: {e}")
+                return EXIT_CANNOT_TEST
+            raise
         for k in range(1, tries + 1):  # until it fails as recorded: async timing decides some failures
             v = judge(t, case, version, a.target == "vllm")
             if v.refused or any(list(f.signature) == sig for f in v.new):
@@ -175,7 +186,7 @@ def cmd_replay_served(a, bad) -> int:
         print(f"KNOWN UPSTREAM {kid}: {what[:200]}")
     if v.refused:
         print(f"not judged: {v.refused}")
-        return EXIT_BAD_INPUT
+        return EXIT_CANNOT_TEST if bisecting else EXIT_BAD_INPUT
     if not v.failed:
         claimed = [kid for kid, what in v.known if not what.startswith("vLLM reached it")]
         if claimed:  # it fails as recorded, and a known-upstream entry (live in this release) claims it
@@ -198,6 +209,8 @@ def add_flags(s) -> None:
                    help="ref: the embedded engine (default); vllm: two vLLM servers, async scheduling on/off, "
                         "our agent inside; openai: any two OpenAI-compatible endpoints (--url, --url-off)")
     s.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack (`setup vllm --version V`)")
+    from harness.commands.check import vllm_env_flags
+    vllm_env_flags(s)
     s.add_argument("--url", help="openai: the endpoint with overlap on")
     s.add_argument("--url-off", help="openai: the endpoint with overlap off")
     s.add_argument("--served-model", help="openai: the model name (default: the first of GET /v1/models)")

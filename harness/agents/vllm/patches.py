@@ -283,3 +283,13 @@ def diff(patch: VllmPatch, source: str) -> str:
     after = apply(patch, source)
     return "".join(difflib.unified_diff(source.splitlines(True), after.splitlines(True),
                                         f"a/vllm/{patch.file}", f"b/vllm/{patch.file}", n=2))
+
+
+def _v2_patches() -> None:
+    """V2's bug classes (harness.agents.vllm.v2.patches, data) join the one registry."""
+    from harness.agents.vllm.v2.patches import SPECS
+    for spec in SPECS:
+        PATCHES[spec["name"]] = VllmPatch(**spec)
+
+
+_v2_patches()

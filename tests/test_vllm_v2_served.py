@@ -1,0 +1,92 @@
+"""The agent on vLLM's V2 model runner with the live server pair (docs/vllm-v2.md): the worker says it
+runs V2, its sampled-id copy is asynchronous (the agent's copy thread) and overlap is effective;
+each V2 source patch is caught by the suite it names, which stock V2 passes.
+
+A pair of its own (own_servers): the release OVERLAP_HARNESS_V2_VERSION (default 0.33.0, set up
+by `setup vllm --version 0.33.0`), whose servers run V2; skipped with the reason where it is not set
+up (failed under OVERLAP_HARNESS_REQUIRE_VLLM=1)."""
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.own_servers]
+
+from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
+
+V2_PATCHES = sorted(V2_RUNNER)
+
+
+@pytest.fixture(scope="module")
+def v2_pair():
+    from harness import targets
+    from harness.targets.served import TargetUnavailable
+    from tests.served_pair import vllm_unavailable
+    version = os.environ.get("OVERLAP_HARNESS_V2_VERSION", "0.33.0")
+    targets.close_served()
+    targets.configure("vllm", version=version)
+    try:
+        t = targets.make_target("vllm")
+    except TargetUnavailable as e:
+        targets.configure("vllm")
+        vllm_unavailable(str(e))
+    try:
+        if t.runner != "v2":
+            pytest.skip(f"vLLM {version} runs the {t.runner.upper()} runner here ({t.runner_why})")
+        yield t
+    finally:
+        targets.close_served()
+        targets.configure("vllm")
+
+
+@pytest.fixture
+def v2(v2_pair):
+    from harness import targets
+    yield v2_pair
+    if v2_pair.faults:
+        targets.make_target("vllm", ())
+
+
+@pytest.fixture(scope="module")
+def tok(v2_pair):
+    return v2_pair.tokenizer()
+
+
+def test_v2_worker_copies_asynchronously_and_overlaps(v2, tok):
+    from harness.agents import plan as planmod
+    from harness.workloads import presets as workloads
+    reqs = workloads.mixed(tok, 10, seed=0)
+    for r in reqs:
+        r.max_new_tokens = max(r.max_new_tokens, 16)
+    v2.run(reqs, overlap=True)
+    facts = planmod.read_facts(str(v2.facts_dir(True)))
+    w = [f for f in facts if f.get("role") == "worker"][-1]
+    assert w.get("runner") == "v2", w.get("runner")
+    assert w.get("async_outputs", 0) > 0  # every step's ids went through the agent's copy thread
+    assert w.get("books", {}).get("batch_slots") is not None
+    effective, line = v2.overlap_verdict(facts, None)
+    print(line)
+    assert effective is True, line
+
+
+def test_v2_suites_quiet_on_stock(v2):
+    from harness.agents.vllm.patches import PATCHES
+    from harness.gate import run_suites
+    suites = sorted({PATCHES[p].suite for p in V2_PATCHES})
+    res = run_suites("vllm", (), 1, suites=suites)
+    for s in suites:
+        assert res.suites[s].failed == 0, (s, res.suites[s].first_failure)
+
+
+@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in V2_PATCHES])
+def test_v2_patch_is_caught(v2, patch):
+    from harness import targets
+    from harness.agents.vllm.patches import PATCHES
+    from harness.gate import run_suites
+    suite = PATCHES[patch].suite
+    try:
+        res = run_suites("vllm", (patch,), 1, suites=[suite])
+    finally:
+        targets.make_target("vllm", ())
+    s = res.suites[suite]
+    print(f"{patch}: {suite}: {s.failed} failed: {s.first_failure}")
+    assert s.failed >= 1, f"{patch}: {suite} passed on the patched V2 runner"
