@@ -189,6 +189,14 @@ class SglangAgent:
         def result_copy(orig):
             def _copy_result_to_cpu(self, batch_result, batch, *a, **kw):
                 ms = agent.delay_ms("result_copy")
+                copier = getattr(ops, "copier", None)
+                if copier is not None:  # the CPU backend: the copy lands later, on the agent's copy thread
+                    out = orig(self, batch_result, batch, *a, **kw)
+                    copier.start(batch_result, ms / 1000.0)
+                    facts.add("copies_async")
+                    if ms:
+                        facts.add("copy_delays")
+                    return out
                 if ms:  # behind the forward, ahead of the copy SGLang queues next
                     self.copy_stream.wait_stream(self.forward_stream)
                     ops.spin(ms, self.copy_stream)
@@ -334,7 +342,12 @@ def register() -> None:
         return
     facts = plan_mod.Facts(plan.data.get("facts_dir"), "sglang-scheduler")
     try:
-        _AGENT = SglangAgent(plan, facts, CudaOps()).install()
+        ops = CudaOps()
+        if plan.data.get("device") == "cpu":
+            from harness.agents.sglang_cpu_ops import CpuOps
+            ops = CpuOps()
+        facts.set(device=plan.data.get("device", "cuda"))
+        _AGENT = SglangAgent(plan, facts, ops).install()
         progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report
         progress.start_flusher(lambda: (facts,))
     except AgentError as e:

@@ -1,12 +1,16 @@
 """SGLang as a target: `python -m sglang.launch_server` twice on 127.0.0.1, overlap on (SGLang's
 default: `event_loop_overlap`) and off (`--disable-overlap-schedule`), the same model and seed.
 
-SGLang runs only on a CUDA GPU (its kernels are CUDA builds; its scheduler does not import on
-a CPU torch), so this target is for GPU runners. The agent (harness.agents.sglang_agent) is
+Where: on a CUDA GPU as SGLang ships, or on the CPU (no GPU visible): SGLang's CPU backend
+(`--device cpu`, SGLANG_USE_CPU_ENGINE=1, the `torch_native` attention backend, float32), in the
+venv `overlap-harness setup sglang` makes (harness/targets/sglang_setup.py), with
+harness/targets/sglang_cpu_path first on the servers' PYTHONPATH (the CPU kernel operations
+SGLang imports, in plain PyTorch: see its README). The agent (harness.agents.sglang_agent) is
 loaded by SGLang itself in each scheduler subprocess through the `sglang.srt.plugins` entry
-point; it spins the GPU on the forward and copy streams by a seeded policy (on by default on
-the overlap-on server, so the black-box suites provoke rather than wait for a race), injects the
-SGLang faults, and reports the effective overlap, which is checked before and after every run:
+point; it holds back the forward and the result copy by a seeded policy (the GPU spun on its
+stream; on the CPU the step's own thread, and the result copy moved to a copy thread of the
+agent so that it completes after the host moved on, as a GPU's does), injects the SGLang faults,
+and reports the effective overlap, which is checked before and after every run:
 a server that silently ran the normal loop, or whose scheduler thread blocked in the WAR
 barrier, fails; it never passes. Overlap itself is judged by the host's order of events, as on
 vLLM (harness.agents.host_order): a scheduler that waits on step N's result before it launches
@@ -22,6 +26,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from harness.agents.sglang_points import BARRIER_BLOCK_MS
 from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, TargetUnavailable
@@ -29,16 +34,16 @@ from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, Targ
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)
 DEFAULT_DELAYS = {"forward": {"p": 0.5, "ms": 3.0}, "result_copy": {"p": 0.5, "ms": 2.0}}
-INSTALL_HINT = ("install SGLang 0.5.23 and this harness into one python on a CUDA machine: "
-                "`pip install sglang==0.5.23 && pip install -e .` (the agent is found through its entry point)")
+INSTALL_HINT = "run `overlap-harness setup sglang` (SGLang 0.5.23 in its own venv, on the CPU or a CUDA GPU)"
+CPU_MAX_TOTAL_TOKENS = 8192  # the KV pool on the CPU: the machine's RAM is shared with the other server
 
 
-def sglang_unavailable_reason(python: str) -> str | None:
-    """None when `python` has SGLang and a CUDA device, else a one-line reason."""
+def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
+    """None when `python` has SGLang (and a CUDA device, for device "cuda"), else a one-line reason."""
     code = ("import importlib.util, sys\n"
             "if importlib.util.find_spec('sglang') is None: sys.exit(3)\n"
             "import torch\n"
-            "if not torch.cuda.is_available(): sys.exit(4)\n"
+            f"if {device == 'cuda'} and not torch.cuda.is_available(): sys.exit(4)\n"
             "from importlib.metadata import entry_points\n"
             "ok = any(e.name == 'overlap_harness' for e in entry_points(group='sglang.srt.plugins'))\n"
             "sys.exit(0 if ok else 5)\n")
@@ -60,12 +65,27 @@ class SglangTarget(ServedTarget):
 
     def __init__(self, model: str | None = None, faults=frozenset(), python: str | None = None,
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
-                 deterministic: bool = False, check_env: bool = True, **kw):
-        super().__init__(**kw)
+                 deterministic: bool = False, check_env: bool = True, device: str | None = None,
+                 home=None, pair: str = "main", **kw):
         from harness.agents.sglang_points import check_names
+        from harness.targets import sglang_setup
+        from harness.targets.vllm_setup import _has_cuda, venv_python
         check_names(faults, ValueError)
-        if not model:
-            raise TargetUnavailable("the sglang target needs a model (a local path or a Hugging Face id)")
+        if device not in (None, "cpu", "cuda"):
+            raise ValueError(f"unknown SGLang device {device!r}: expected cpu or cuda")
+        self.device = device or ("cuda" if _has_cuda() else "cpu")
+        self.home = home or sglang_setup.sglang_home()
+        if python is None and check_env:  # the venv `setup sglang` made, when there is one
+            why = sglang_setup.ready(self.home)
+            if why and self.device == "cpu":
+                raise TargetUnavailable(why)
+            python = None if why else str(venv_python(self.home))
+        if not model or model == "smollm2":
+            model = str(sglang_setup.model_dir(self.home))
+            if check_env and not Path(model, "config.json").is_file():
+                raise TargetUnavailable(f"no model directory in {model}: run `overlap-harness setup sglang`")
+        super().__init__(**kw)
+        self.pair = pair
         self.model, self.faults = model, frozenset(faults)
         self.python = python or sys.executable
         self.extra_args = list(extra_args)
@@ -73,7 +93,7 @@ class SglangTarget(ServedTarget):
         self.mem_fraction, self.deterministic = mem_fraction, deterministic
         self.batch_invariant = deterministic  # SGLang's deterministic mode uses batch-invariant kernels
         if check_env:
-            why = sglang_unavailable_reason(self.python)
+            why = sglang_unavailable_reason(self.python, self.device)
             if why:
                 raise TargetUnavailable(why)
 
@@ -87,6 +107,9 @@ class SglangTarget(ServedTarget):
             self._tok = HFTokenizer.from_dir(self.model)
         return self._tok
 
+    def plan_extra(self) -> dict:
+        return {"engine": "sglang", "device": self.device}
+
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's faults and default delays stay in force on the overlap-on server
         if overlap and not delays:
@@ -96,7 +119,13 @@ class SglangTarget(ServedTarget):
     def server_command(self, overlap: bool, port: int) -> list[str]:
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
                "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(self.seed)]
-        if not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
+        if self.device == "cpu":
+            # the CPU backend without AMX: SGLang's plain PyTorch attention, float32 (as the vLLM
+            # target), and a KV pool sized in tokens (a RAM fraction would take half the machine)
+            cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+            if not any(a.startswith("--max-total-tokens") for a in self.extra_args):
+                cmd += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+        elif not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
             cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
         if self.deterministic:
             cmd.append("--enable-deterministic-inference")
@@ -105,10 +134,22 @@ class SglangTarget(ServedTarget):
         return cmd + self.extra_args
 
     def server_env(self, overlap: bool) -> dict:
+        from harness.targets import sglang_setup
+        from harness.targets import vllm_setup as setup_cmd
         env = dict(os.environ)
         allowed = env.get("SGLANG_PLUGINS")
         if allowed and "overlap_harness" not in allowed.split(","):
             env["SGLANG_PLUGINS"] = f"{allowed},overlap_harness"  # a user allow-list must not drop the agent
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        # the agent's code is this checkout's, whichever checkout installed the entry point
+        env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
+        shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
+        env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
+        if self.device == "cpu":
+            env = sglang_setup.cpu_env(env)
+            # two servers share the machine's cores: no binding; one OpenMP thread each
+            env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "all")
+            env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
