@@ -29,6 +29,7 @@ GENERATE_OUT = {  # one /generate result in SGLang's shape: (logprob, token_id, 
 
 
 def target(tmp_path, **kw):
+    kw.setdefault("device", "cuda")
     return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), **kw)
 
 
@@ -52,6 +53,14 @@ def test_server_commands_differ_only_in_overlap(tmp_path):
     assert set(ours) <= known, set(ours) - known
     mine = target(tmp_path, extra_args=["--mem-fraction-static", "0.2"]).server_command(True, 1)
     assert mine.count("--mem-fraction-static") == 1
+    # on the CPU: SGLang's CPU backend, plain PyTorch attention, float32, a KV pool in tokens
+    cpu = target(tmp_path, device="cpu").server_command(True, 1)
+    ours = [a for a in cpu if a.startswith("--")]
+    assert set(ours) <= known, set(ours) - known
+    assert cpu[cpu.index("--device") + 1] == "cpu" and cpu[cpu.index("--attention-backend") + 1] == "torch_native"
+    assert cpu[cpu.index("--dtype") + 1] == "float32" and "--mem-fraction-static" not in cpu
+    env = target(tmp_path, device="cpu").server_env(True)
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sglang_cpu_path" in env["PYTHONPATH"].split(os.pathsep)[0]
 
 
 def test_payload_is_native_generate_with_ids(tmp_path):
@@ -101,8 +110,10 @@ def test_without_sglang_the_target_refuses_in_one_line(tmp_path):
         SglangTarget(model="m", python=sys.executable, workdir=str(tmp_path))
     msg = str(e.value)
     assert "\n" not in msg and ("sglang is not installed" in msg or "CUDA" in msg or "not registered" in msg)
-    with pytest.raises(TargetUnavailable, match="needs a model"):
-        SglangTarget(model=None, check_env=False, workdir=str(tmp_path))
+    # on the CPU, without `setup sglang`: one line naming the command
+    with pytest.raises(TargetUnavailable, match="run `overlap-harness setup sglang`") as e:
+        SglangTarget(model=None, device="cpu", home=tmp_path / "no-setup", workdir=str(tmp_path))
+    assert "\n" not in str(e.value)
 
 
 class StandIn(SglangTarget):

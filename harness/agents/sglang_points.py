@@ -106,6 +106,11 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "disable_overlap_schedule"),
     ("sglang.srt.arg_groups.fields.schedule", "mem_fraction_static"),
     ("sglang.srt.arg_groups.fields.exec_", "enable_deterministic_inference"),
+    # the CPU backend's (harness.targets.sglang: device "cpu")
+    ("sglang.srt.arg_groups.fields.device", "device"),
+    ("sglang.srt.arg_groups.fields.exec_", "attention_backend"),
+    ("sglang.srt.arg_groups.fields.model", "dtype"),
+    ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
 ]
 
 
