@@ -67,10 +67,9 @@ class SglangTarget(ServedTarget):
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
                  deterministic: bool = False, check_env: bool = True, device: str | None = None,
                  home=None, pair: str = "main", **kw):
-        from harness.agents.sglang_points import check_names
         from harness.targets import sglang_setup
         from harness.targets.vllm_setup import _has_cuda, venv_python
-        check_names(faults, ValueError)
+        check_fault_names(faults, ValueError)
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"unknown SGLang device {device!r}: expected cpu or cuda")
         self.device = device or ("cuda" if _has_cuda() else "cpu")
@@ -107,6 +106,34 @@ class SglangTarget(ServedTarget):
             self._tok = HFTokenizer.from_dir(self.model)
         return self._tok
 
+    def patches(self) -> list[str]:
+        """The faults that are source patches of SGLang (harness.agents.sglang_patches)."""
+        from harness.agents.sglang_patches import PATCHES
+        return sorted(f for f in self.faults if f in PATCHES)
+
+    def refresh_faults(self, old) -> None:
+        """Agent faults go to the plan; another set of source patches restarts the overlap-on
+        server on its own copy of SGLang when it is next used (the off server keeps running)."""
+        self.set_plan(True)
+
+    def _drop_stale_on(self) -> None:
+        s = self.servers.get(True)
+        if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
+            self.servers.pop(True).stop()  # start() clears its facts
+
+    def start(self, which=(False, True)) -> None:
+        if True in which:
+            self._drop_stale_on()
+        fresh = True in which and True not in self.servers
+        super().start(which)
+        if fresh and True in self.servers:
+            self.servers[True].patches = frozenset(self.patches())
+
+    def url(self, overlap: bool) -> str:
+        if overlap:
+            self._drop_stale_on()
+        return super().url(overlap)
+
     def plan_extra(self) -> dict:
         return {"engine": "sglang", "device": self.device}
 
@@ -114,7 +141,9 @@ class SglangTarget(ServedTarget):
         # the target's faults and default delays stay in force on the overlap-on server
         if overlap and not delays:
             delays = self.delays
-        super().set_plan(overlap, delays, set(faults) | (self.faults if overlap else set()), seed)
+        from harness.agents.sglang_points import CATALOGUE
+        agent_faults = {f for f in set(faults) | (self.faults if overlap else set()) if f in CATALOGUE}
+        super().set_plan(overlap, delays, agent_faults, seed)
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
@@ -148,8 +177,15 @@ class SglangTarget(ServedTarget):
         if self.device == "cpu":
             env = sglang_setup.cpu_env(env)
             # two servers share the machine's cores: no binding; one OpenMP thread each
-            env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "all")
             env.setdefault("OMP_NUM_THREADS", "1")
+        patches = self.patches() if overlap else []
+        if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
+            from harness.agents.sglang_patches import PatchError
+            from harness.targets.sglang_copy import ensure_copy
+            try:
+                env["PYTHONPATH"] = str(ensure_copy(patches, self.home)) + os.pathsep + env["PYTHONPATH"]
+            except PatchError as e:
+                raise TargetUnavailable(str(e)) from None
         return env
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
@@ -265,6 +301,15 @@ def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[
             return "error", (f"sglang: the scheduler thread blocked in the WAR barrier on {blocked} of {barriers} "
                              f"steps (>{BARRIER_BLOCK_MS} ms): the CPU waits for the GPU, overlap LOST")
     return None
+
+
+def check_fault_names(names, exc=ValueError) -> None:
+    """The agent's faults (sglang_points.CATALOGUE) and the source patches (sglang_patches.PATCHES)."""
+    from harness.agents.sglang_patches import PATCHES
+    from harness.agents.sglang_points import CATALOGUE
+    unknown = sorted(set(names) - set(CATALOGUE) - set(PATCHES))
+    if unknown:
+        raise exc(f"unknown SGLang fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
 
 
 def make(faults=frozenset(), **kw) -> SglangTarget:
