@@ -2,7 +2,10 @@
 process that calls `load_plugins()`; it acts only inside scheduler subprocesses and only when
 the target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
 
-Delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
+On SGLang's CPU backend (the plan's device "cpu") the device operations are
+harness.agents.sglang_cpu_ops.CpuOps: a delay holds the scheduler thread back, and the result
+copy lands later on a copy thread of the agent (the GPU's asynchrony given back). On a GPU,
+delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
 must hold back: on the forward stream before the step's attention metadata reads
 `req_to_token` (point `forward`), and on the copy stream, behind the forward, before the
 result copy (point `result_copy`). A delay there widens exactly the window a missing or

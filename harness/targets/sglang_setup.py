@@ -128,7 +128,7 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         print(f"      done in {seconds:.0f} s", file=sys.stderr)
         stamp = {**want, "venv_ok": True, "install_s": round(seconds)}
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
-    ensure_agent(home, force, label=f"[3/{n}]")
+    ensure_agent(home, force, label=f"[3/{n}]", engine="SGLang")
     stamp = _read_stamp(home)
     md = model_dir(home)
     if force or not _model_ok(md):

@@ -1,0 +1,99 @@
+"""SGLang 0.5.23 itself, overlap on and off, on this machine (its CPU backend: `torch_native`
+attention, float32, SmolLM2-135M) or a GPU: the overlap loop really runs and overlaps (judged by
+the host's order of events), the arms give the same tokens, and each SGLang source patch is
+caught while stock SGLang stays quiet.
+
+Needs `overlap-harness setup sglang`; elsewhere these tests skip with the reason, and with
+OVERLAP_HARNESS_REQUIRE_SGLANG=1 a missing setup fails them."""
+import os
+
+import pytest
+
+from harness.oracles.divergence import record_problems, run_logprobs
+from harness.oracles.reference import divergences
+from harness.workloads import presets as workloads
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_SGLANG") == "1"
+
+
+def _unavailable(why: str):
+    if REQUIRED:
+        pytest.fail(f"SGLang is required here (OVERLAP_HARNESS_REQUIRE_SGLANG=1) but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    from harness import targets
+    from harness.targets import sglang_setup
+    from harness.targets.served import TargetUnavailable
+    why = sglang_setup.ready()
+    if why:
+        _unavailable(why)
+    try:
+        t = targets.make_target("sglang")
+        t.start()
+    except TargetUnavailable as e:
+        _unavailable(str(e))
+    yield t
+    targets.close_served()
+
+
+@pytest.fixture(scope="module")
+def tok(sglang):
+    return sglang.tokenizer()
+
+
+def _workload(tok, seed=0):
+    reqs = workloads.mixed(tok, 8, seed=seed)
+    for r in reqs:
+        r.max_new_tokens = max(r.max_new_tokens, 12)
+        r.temperature, r.seed = 0.0, None  # greedy: the arms must agree token for token
+    return reqs
+
+
+def _clear(off, on):
+    return [d for _, _, divs in divergences(off, on) for d in divs if not d.near_tie]
+
+
+def _sched(run):
+    return [f for f in run.summary["facts"] if f.get("role") == "sglang-scheduler"][-1]
+
+
+def test_the_overlap_loop_runs_and_overlaps(sglang, tok):
+    on = sglang.run(_workload(tok), overlap=True)  # run() checks the setting and the host order itself
+    f = _sched(on)
+    assert f["enable_overlap"] is True and f["war_barrier_calls"] > 0, f
+    effective, line = sglang.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
+    assert effective is True, line
+    if sglang.device == "cpu":  # the result copies landed on the agent's copy thread, after the host moved on
+        assert f.get("copies_async", 0) > 0, f
+    off = sglang.run(_workload(tok), overlap=False)
+    g = _sched(off)
+    assert g["enable_overlap"] is False and g.get("war_barrier_calls", 0) == 0, g
+
+
+def test_overlap_on_equals_off(sglang, tok):
+    reqs = _workload(tok)
+    off, on = sglang.run(reqs, overlap=False), sglang.run(reqs, overlap=True)
+    assert not record_problems(on.outputs, run_logprobs(on))
+    bad = _clear(off, on)
+    assert not bad, bad[0].describe(tok.decode)
+    assert sum(len(ids) for _, ids, _ in on.outputs) > 0
+
+
+@pytest.mark.parametrize("patch", ["sglang_decode_reads_before_copy", "sglang_relay_entry_padded_row"])
+def test_each_source_patch_is_caught(sglang, tok, patch):
+    from harness import targets
+    from harness.targets.served import TargetError
+    reqs = _workload(tok)
+    off = sglang.run(reqs, overlap=False)
+    t = targets.make_target("sglang", {patch})
+    try:
+        on = t.run(reqs, overlap=True)
+    except TargetError as e:  # a crash of the patched engine is caught too
+        return print(f"{patch}: {e}")
+    finally:
+        targets.make_target("sglang", ())
+    assert _clear(off, on) or record_problems(on.outputs, run_logprobs(on)), f"{patch} went unnoticed"
