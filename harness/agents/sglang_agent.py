@@ -102,6 +102,7 @@ class SglangAgent:
         self.originals: dict[str, tuple[object, str, object]] = {}
         self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
         self.tokens = progress.TokenClock()
+        self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -145,6 +146,35 @@ class SglangAgent:
         if self.host is not None:
             self.facts.set(host_order=self.host.facts(last=96))
         self.facts.write()  # throttled; the flusher writes the rest within 0.1 s
+
+    # -- the paths, counted on both arms -------------------------------------------------------------
+    def count_paths(self, sched, batch) -> None:
+        """What a launched step exercises (facts `path_*`): a prefill chunk of a longer prompt, a
+        first extend that starts from a cached prefix, a decode step whose input ids come from the
+        relay (FutureMap), penalties and grammar that read the newest token."""
+        reqs = list(getattr(batch, "reqs", None) or ())
+        mode = getattr(batch, "forward_mode", None)
+        extend = bool(getattr(mode, "is_extend", lambda: False)())
+        facts = self.facts
+        if extend:
+            chunked = getattr(sched, "chunked_req", None)
+            if chunked is not None and any(r is chunked for r in reqs):
+                facts.add("path_chunked_prefill")
+            for r in reqs:
+                rid = getattr(r, "rid", None)
+                if rid in self.extended:
+                    continue
+                self.extended.add(rid)
+                if getattr(r, "prefix_len", 0) > 0:
+                    facts.add("path_prefix_hit")
+        elif getattr(mode, "is_decode", lambda: False)() and reqs:
+            facts.add("path_relay_decode")  # step N+1's input ids gathered from step N's relay entries
+        info = getattr(batch, "sampling_info", None)
+        orch = getattr(info, "penalizer_orchestrator", None)
+        if orch is not None and getattr(orch, "is_required", False):
+            facts.add("path_penalties")
+        if any(getattr(r, "grammar", None) is not None for r in reqs):
+            facts.add("path_grammar")
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
@@ -211,6 +241,7 @@ class SglangAgent:
             def run_batch(self, batch, *a, **kw):
                 step = agent.launched(self, batch, time.monotonic_ns())
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
+                agent.count_paths(self, batch)
                 facts.add("run_batch")
                 facts.add("steps")
                 facts.write()
@@ -294,9 +325,38 @@ class SglangAgent:
                 return out
             return stash
 
+        def retract(orig):
+            def retract_decode(self, *a, **kw):
+                out = orig(self, *a, **kw)
+                n = len(out[0]) if isinstance(out, tuple) and out and isinstance(out[0], list) else 0
+                if n:
+                    facts.add("path_retraction", n)
+                return out
+            return retract_decode
+
+        def finish_in_flight(orig):
+            def _reqs_finishing_inflight(self, batch, *a, **kw):
+                out = orig(self, batch, *a, **kw)
+                if out:
+                    facts.add("path_finish_in_flight", len(out))
+                return out
+            return _reqs_finishing_inflight
+
+        def abort(orig):
+            def abort_request(self, recv_req, *a, **kw):
+                rid = getattr(recv_req, "rid", None)
+                queued = getattr(self, "result_queue", None) or ()
+                in_flight = [b for b, _ in queued] + [getattr(self, "running_batch", None)]
+                if rid and any(str(getattr(r, "rid", "")).startswith(rid) for b in in_flight if b is not None
+                               for r in (getattr(b, "reqs", None) or ())):
+                    facts.add("path_abort_in_flight")
+                return orig(self, recv_req, *a, **kw)
+            return abort_request
+
         for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
-                           ("relay_stash", relay_stash)):
+                           ("relay_stash", relay_stash), ("retract", retract),
+                           ("finish_in_flight", finish_in_flight), ("abort", abort)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched

@@ -90,12 +90,30 @@ POINTS = [
           "step N+1 gathers its input ids from the relay: must follow the stash"),
     Point("plugins", "sglang.srt.plugins", "load_plugins", (), ("GENERAL_PLUGINS_GROUP",),
           "loads every entry point of the plugin group"),
+    # -- the paths the overlap loop has, counted on both arms (SglangAgent.count_paths) ----------
+    Point("retract", "sglang.srt.managers.schedule_batch", "ScheduleBatch.retract_decode", ("self",),
+          ("reqs",), "retraction: the KV pool cannot hold the next decode step; it returns the retracted "
+          "requests first"),
+    Point("finish_in_flight", "sglang.srt.managers.scheduler", "Scheduler._reqs_finishing_inflight",
+          ("self", "batch"), ("result_queue", "next_output_finishes_by_length"),
+          "the finish check one step late: requests whose queued (in-flight) result finishes them by "
+          "length are left out of the next step"),
+    Point("abort", "sglang.srt.managers.scheduler", "Scheduler.abort_request", ("self", "recv_req"),
+          ("chunked_req", "waiting_queue", "to_finish"),
+          "an abort; one that names a request of the step in flight is the abort-with-a-step-in-flight path"),
+    Point("req_prefix", "sglang.srt.managers.schedule_batch", "Req.__init__", ("self",),
+          ("prefix_len", "grammar", "sampling_params"),
+          "a request's cached prefix length at its extend (a prefix-cache hit when its first extend "
+          "starts past 0), its grammar, its sampling parameters (penalties)"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("forward", "result_copy")
 
 # module-level constants the agent relies on: (module, name, value)
-CONSTANTS = [("sglang.srt.plugins", "GENERAL_PLUGINS_GROUP", PLUGIN_GROUP)]
+CONSTANTS = [("sglang.srt.plugins", "GENERAL_PLUGINS_GROUP", PLUGIN_GROUP),
+             # SGLang refuses a request with more stop strings (400): the target sends at most this many
+             ("sglang.srt.sampling.sampling_params", "MAX_STOP_COUNT", 32)]
+MAX_STOP_COUNT = 32
 
 # server flags the target passes (`--model-path` ...): fields of SGLang's argument groups
 SERVER_FIELDS = [

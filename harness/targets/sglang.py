@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.agents.sglang_points import BARRIER_BLOCK_MS
+from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
 from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, TargetUnavailable
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
@@ -224,8 +224,8 @@ class SglangTarget(ServedTarget):
               "skip_special_tokens": False}
         if r.seed is not None:
             sp["sampling_seed"] = int(r.seed)
-        if r.stop:
-            sp["stop"] = list(r.stop)
+        if r.stop:  # SGLang refuses more than MAX_STOP_COUNT; both arms get the same first ones
+            sp["stop"] = list(r.stop)[:MAX_STOP_COUNT]
         if r.repetition_penalty != 1.0:
             sp["repetition_penalty"] = r.repetition_penalty
         if getattr(r, "ignore_eos", False):

@@ -36,10 +36,10 @@ LIGHT_REQUIREMENTS = (
     "aiohttp", "blobfile", "compressed-tensors", "distro", "einops", "fastapi", "gguf", "interegular", "IPython",
     "llguidance", "msgspec", "numpy", "openai", "openai-harmony", "orjson", "packaging", "partial_json_parser",
     "pillow", "prometheus-client", "psutil", "pybase64", "pydantic", "python-dateutil", "python-multipart",
-    "pyzmq", "regex", "requests", "scipy", "sentencepiece", "setproctitle", "tiktoken", "tokenizers", "tqdm",
+    "pyzmq", "regex", "requests", "scipy", "sentencepiece", "setproctitle", "soundfile", "tiktoken", "tokenizers", "tqdm",
     "transformers", "uvicorn", "uvloop", "watchfiles", "xgrammar", "xxhash", "zstandard")
 # imported by SGLang but not in its requirements (they come with `datasets`, which is not needed)
-EXTRA_REQUIREMENTS = ("dill", "huggingface_hub", "safetensors")
+EXTRA_REQUIREMENTS = ("dill", "huggingface_hub", "jsonschema", "safetensors")
 STAMP = "setup.json"
 FORMAT = 1
 MODEL = "smollm2-135m-instruct"
@@ -76,7 +76,7 @@ def cpu_env(env: dict) -> dict:
     return env
 
 
-IMPORT_CHECK = ("import torch, sglang.srt.managers.scheduler, sglang.launch_server, "
+IMPORT_CHECK = ("import torch, sglang.srt.managers.scheduler, sglang.srt.entrypoints.http_server, "
                 "sglang.srt.layers.attention.torch_native_backend; print(torch.__version__)")
 
 
