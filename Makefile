@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 OH := .venv/bin/overlap-harness
 
-.PHONY: check test run bench bench-long venv vllm
+.PHONY: check test run bench bench-long venv vllm sglang
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -13,6 +13,11 @@ venv:
 vllm: venv
 	@$(OH) setup vllm
 	@$(OH) setup vllm --wheels
+
+# SGLang's own venv (CPU torch, sglang 0.5.23 without its CUDA pins) and model: about 5 minutes cold
+# on 2 busy cores, a second when done (harness/targets/sglang_setup.py)
+sglang: venv
+	@$(OH) setup sglang
 
 check: venv
 	$(OH) check
@@ -24,7 +29,7 @@ run: venv
 # the vLLM tests with servers of their own (scripts/test.sh); serial, the suite took 51 minutes
 # on a 2-core CI machine
 TEST_WORKERS ?= 2
-test: venv vllm
+test: venv vllm sglang
 	@TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
 
 # `make bench`: the quick benchmarks, then every ratio against its anchor side by side

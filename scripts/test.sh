@@ -20,6 +20,10 @@ echo "test: the vLLM tests run beside the others; their output is in $log (print
   echo "== the vLLM tests with servers of their own (-m own_servers)"
   "$PY" -m pytest -q -p no:cacheprovider -m "vllm and own_servers" --durations=5 "$@"
   echo "own=$?"
+  # one real-engine pair at a time on two cores: SGLang's pair after vLLM's
+  echo "== the SGLang pair's tests (-m sglang)"
+  "$PY" -m pytest -q -p no:cacheprovider -m "sglang" --durations=5 "$@"
+  echo "sgl=$?"
 } >"$log" 2>&1 &
 vllm_pid=$!
 stop() {  # the chain first (so it starts nothing more), then the pytest it is running
@@ -29,15 +33,15 @@ stop() {  # the chain first (so it starts nothing more), then the pytest it is r
   cat "$log"; exit 130
 }
 trap stop INT TERM
-"$PY" -m pytest -q -p no:cacheprovider -m "not vllm" -n "${TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"
+"$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not sglang" -n "${TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"
 rest=$?
 wait "$vllm_pid"
 trap - INT TERM
 echo "== the vLLM tests (-m vllm, $log)"
 cat "$log"
-pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
-echo "test: exit $rest (the other tests), ${pair:-?} (the vLLM pair's), ${own:-?} (the vLLM tests with servers of their own)"
-for rc in "$rest" "${pair:-1}" "${own:-1}"; do  # 5: that selection had no test (a path given as an argument)
+pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log"); sgl=$(sed -n 's/^sgl=//p' "$log")
+echo "test: exit $rest (the other tests), ${pair:-?} (the vLLM pair's), ${own:-?} (the vLLM tests with servers of their own), ${sgl:-?} (the SGLang pair's)"
+for rc in "$rest" "${pair:-1}" "${own:-1}" "${sgl:-1}"; do  # 5: that selection had no test (a path given as an argument)
   [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && exit "$rc"
 done
 exit 0
