@@ -120,8 +120,17 @@ def stand_ins(log):
         def retract_decode(self):
             return [], 0.0, []
 
+    class SchedulerInvariantChecker:
+        def _check_req_pool(self):
+            pass
+
+        def _report_leak(self, pool_name, token_msg):
+            pass
+
     mods = {"sglang.srt.managers.scheduler": types.SimpleNamespace(Scheduler=Scheduler),
             "sglang.srt.managers.schedule_batch": types.SimpleNamespace(ScheduleBatch=ScheduleBatch),
+            "sglang.srt.managers.scheduler_components.invariant_checker":
+                types.SimpleNamespace(SchedulerInvariantChecker=SchedulerInvariantChecker),
             "sglang.srt.managers.tp_worker": types.SimpleNamespace(TpModelWorker=TpModelWorker),
             "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap)}
     return mods, Scheduler, TpModelWorker, FutureMap

@@ -81,6 +81,10 @@ def test_overlap_on_equals_off(sglang, tok):
     bad = _clear(off, on)
     assert not bad, bad[0].describe(tok.decode)
     assert sum(len(ids) for _, ids, _ in on.outputs) > 0
+    for overlap in (True, False):  # SGLang's own idle check: every row and pool slot back, on both arms
+        books = sglang.idle_books(overlap)
+        assert books["engine"] is not None, books
+        assert books["engine"]["req_rows_held"] == 0 and books["engine"]["pool_leaks"] == 0, books
 
 
 @pytest.mark.parametrize("patch", ["sglang_decode_reads_before_copy", "sglang_relay_entry_padded_row"])

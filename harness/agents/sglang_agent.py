@@ -353,10 +353,33 @@ class SglangAgent:
                 return orig(self, recv_req, *a, **kw)
             return abort_request
 
+        def books_idle(orig):
+            def _check_req_pool(self, *a, **kw):
+                # SGLang's own check at full idle: the rows back, and every leak its checks reported
+                pool = self.req_to_token_pool
+                total = int(getattr(pool, "size", 0)) + int(getattr(pool, "pre_alloc_size", 0) or 0)
+                facts.add("books_idle_checks")
+                facts.set(books={"req_rows_total": total, "req_rows_free": len(pool.free_slots),
+                                 "pool_leaks": facts.data.get("pool_leaks", 0),
+                                 "first_leak": facts.data.get("first_leak", "")})
+                facts.write()
+                return orig(self, *a, **kw)
+            return _check_req_pool
+
+        def books_leak(orig):
+            def _report_leak(self, pool_name, token_msg, *a, **kw):
+                facts.add("pool_leaks")
+                if not facts.data.get("first_leak"):
+                    facts.set(first_leak=f"{pool_name}: {str(token_msg)[:300]}")
+                facts.write(True)
+                return orig(self, pool_name, token_msg, *a, **kw)
+            return _report_leak
+
         for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
                            ("relay_stash", relay_stash), ("retract", retract),
-                           ("finish_in_flight", finish_in_flight), ("abort", abort)):
+                           ("finish_in_flight", finish_in_flight), ("abort", abort),
+                           ("books_idle", books_idle), ("books_leak", books_leak)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched

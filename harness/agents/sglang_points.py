@@ -101,6 +101,13 @@ POINTS = [
     Point("abort", "sglang.srt.managers.scheduler", "Scheduler.abort_request", ("self", "recv_req"),
           ("chunked_req", "waiting_queue", "to_finish"),
           "an abort; one that names a request of the step in flight is the abort-with-a-step-in-flight path"),
+    Point("books_idle", "sglang.srt.managers.scheduler_components.invariant_checker",
+          "SchedulerInvariantChecker._check_req_pool", ("self",), ("req_to_token_pool", "free_slots"),
+          "SGLang's own books at idle: the req_to_token rows, checked each time the scheduler is fully "
+          "idle (on_idle), after its KV pool check"),
+    Point("books_leak", "sglang.srt.managers.scheduler_components.invariant_checker",
+          "SchedulerInvariantChecker._report_leak", ("self", "pool_name", "token_msg"), ("raise_error_or_warn",),
+          "where SGLang's idle check reports a pool that is not back (a warning, or an error in strict mode)"),
     Point("req_prefix", "sglang.srt.managers.schedule_batch", "Req.__init__", ("self",),
           ("prefix_len", "grammar", "sampling_params"),
           "a request's cached prefix length at its extend (a prefix-cache hit when its first extend "

@@ -218,6 +218,46 @@ class SglangTarget(ServedTarget):
                     + "; the device's own step times are not recorded, so its idle gap is not judged")
         return effective, host_order.line(effective, why, evidence)
 
+    # -- books at idle: SGLang's own pool checks -------------------------------------------------
+    def idle_books(self, overlap: bool, wait_s: float = 20.0) -> dict:
+        """One server's books once its scheduler is fully idle again: SGLang checks its KV pool and
+        its req_to_token rows itself whenever it is (on_idle); the agent keeps what that check saw
+        (rows free of total, every leak it reported). {"engine": counts} or {"engine": None,
+        "engine_error": why}; kept in self.books for the gate."""
+        import time
+        from harness.agents import plan as planmod
+
+        def sched():
+            fs = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if f.get("role") == "sglang-scheduler"]
+            return max(fs, key=lambda f: f.get("steps", 0)) if fs else {}
+        start = sched().get("books_idle_checks", 0)
+        deadline = time.monotonic() + wait_s
+        f = sched()
+        while f.get("books_idle_checks", 0) <= start and time.monotonic() < deadline:
+            time.sleep(0.2)
+            f = sched()
+        b = f.get("books")
+        if f.get("books_idle_checks", 0) <= start or not b:
+            now = {"engine": None, "engine_error": f"the scheduler did not go fully idle within {wait_s:.0f} s"}
+        else:
+            now = {"engine": {"req_rows_held": b["req_rows_total"] - b["req_rows_free"],
+                              "req_rows_total": b["req_rows_total"], "pool_leaks": f.get("pool_leaks", 0)},
+                   "first_leak": f.get("first_leak", "")}
+        if not hasattr(self, "books"):
+            self.books = {}
+        self.books[overlap] = now
+        return now
+
+    def books_line(self, books: dict, arm: str) -> str:
+        e = books.get("engine")
+        if e is None:
+            return f"books at idle (overlap {arm}): not read ({books.get('engine_error')})"
+        held = e["req_rows_held"] or e["pool_leaks"]
+        return (f"books at idle (overlap {arm}, SGLang's own idle check): req_to_token rows "
+                f"{e['req_rows_total'] - e['req_rows_held']} free of {e['req_rows_total']}, "
+                f"{e['pool_leaks']} pool leak(s) reported; "
+                + ("everything back" if not held else f"NOT BACK: {books.get('first_leak') or ''}".strip()))
+
     # -- requests through /generate ------------------------------------------------------------
     def payload(self, r, overlap: bool) -> dict:
         sp = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
