@@ -139,6 +139,10 @@ SERVER_FIELDS = [
 ]
 
 
+GPU_ONLY = ("rewires SGLang's streams and events, which are no-ops on its CPU backend: a CUDA GPU shows it "
+            "(the CPU's faults are source patches, harness/agents/sglang_patches.py)")
+
+
 @dataclass(frozen=True)
 class SglangFault:
     name: str
@@ -146,6 +150,13 @@ class SglangFault:
     point: str  # a POINTS name
     suite: str  # the black-box suite that must catch it
     upstream: tuple[str, ...] = ()
+
+    @property
+    def device_only(self) -> str:
+        """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
+        acts on the GPU's streams; "" where a CUDA device is visible."""
+        from harness.targets.vllm_setup import _has_cuda
+        return "" if _has_cuda() else GPU_ONLY
 
 
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [

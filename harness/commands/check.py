@@ -172,8 +172,9 @@ def cmd_faults(a) -> int:
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
         if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
-            print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
-            if f.device_only:  # `mutants` lists it and does not run it on vLLM's CPU build
+            engine = "sglang" if getattr(a, "target", "") == "sglang" else "vllm"
+            print(f"{'':22} patch of {engine}/{f.file}" + (f", on the {f.path} path" if getattr(f, "path", "") else ""))
+            if getattr(f, "device_only", ""):  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")
         if f.upstream:  # real bugs of the same class
             print(f"{'':22} upstream: {', '.join(f.upstream)}")
