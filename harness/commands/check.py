@@ -182,8 +182,8 @@ def cmd_faults(a) -> int:
 
 
 def _served_flags(p) -> None:
-    p.add_argument("--served-model", metavar="NAME", help="a served target's model (sglang: required; "
-                   "vllm: default SmolLM2-135M from `setup vllm`)")
+    p.add_argument("--served-model", metavar="NAME", help="a served target's model (default SmolLM2-135M "
+                   "from `setup vllm` / `setup sglang`)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
     p.add_argument("--logits-processor", action="append", default=[], metavar="NAME=MODULE:CLASS",
