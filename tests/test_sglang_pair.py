@@ -96,7 +96,9 @@ def test_each_source_patch_is_caught(sglang, tok, patch):
     t = targets.make_target("sglang", {patch})
     try:
         on = t.run(reqs, overlap=True)
-    except TargetError as e:  # a crash of the patched engine is caught too
+    except TargetError as e:  # a crash of the patched engine counts only with its own traceback
+        if "no traceback" in str(e):  # killed from outside (the OOM killer on a crowded machine)
+            raise
         return print(f"{patch}: {e}")
     finally:
         targets.make_target("sglang", ())

@@ -96,8 +96,9 @@ class CudaOps:
 
 
 class SglangAgent:
-    def __init__(self, plan, facts, ops, resolve=importlib.import_module):
+    def __init__(self, plan, facts, ops, resolve=importlib.import_module, steps=None):
         self.plan, self.facts, self.ops, self.resolve = plan, facts, ops, resolve
+        self.steps = steps  # harness.agents.sglang_steps.StepBooks, or None (not counted)
         self.rngs: dict[str, random.Random] = {}
         self.originals: dict[str, tuple[object, str, object]] = {}
         self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
@@ -242,6 +243,8 @@ class SglangAgent:
                 step = agent.launched(self, batch, time.monotonic_ns())
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
                 agent.count_paths(self, batch)
+                if agent.steps is not None:
+                    agent.steps.launched(self, batch)
                 facts.add("run_batch")
                 facts.add("steps")
                 facts.write()
@@ -277,6 +280,8 @@ class SglangAgent:
                         if isinstance(getattr(result, "copy_done", None), _TimedDone):
                             result.copy_done = done
                     agent.taken(reqs, before)
+                    if agent.steps is not None:
+                        agent.steps.processed(reqs)
             return process_batch_result
 
         def war_barrier(orig):
@@ -331,6 +336,8 @@ class SglangAgent:
                 n = len(out[0]) if isinstance(out, tuple) and out and isinstance(out[0], list) else 0
                 if n:
                     facts.add("path_retraction", n)
+                    if agent.steps is not None:
+                        agent.steps.retracted(out[0])
                 return out
             return retract_decode
 
@@ -433,9 +440,11 @@ def register() -> None:
             from harness.agents.sglang_cpu_ops import CpuOps
             ops = CpuOps()
         facts.set(device=plan.data.get("device", "cuda"))
-        _AGENT = SglangAgent(plan, facts, ops).install()
+        from harness.agents.sglang_steps import StepBooks
+        steps_facts = plan_mod.Facts(plan.data.get("facts_dir"), "steps")
+        _AGENT = SglangAgent(plan, facts, ops, steps=StepBooks(steps_facts)).install()
         progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report
-        progress.start_flusher(lambda: (facts,))
+        progress.start_flusher(lambda: (facts, steps_facts))
     except AgentError as e:
         facts.set(error=str(e))
         facts.write(True)

@@ -43,6 +43,7 @@ class SglangPatch:
 
 
 EQUIV = "test_overlap_equivalence"
+STEPS = "test_steps"  # tests/test_sglang_pair.py: the steps oracle (harness.oracles.steps) over both arms
 
 PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
     SglangPatch(
@@ -84,6 +85,18 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         "            )\n",
         # the same class in SGLang's JAX port: padded rows' entries overwrite live ones
         ("sgl-project/sglang-jax#1487", "sgl-project/sglang-jax#1504")),
+    SglangPatch(
+        "sglang_finish_check_late",
+        "the finish check one step late: a request whose in-flight result finishes it by length is no "
+        "longer left out of the next step, so the overlap loop runs a step past max_new_tokens for it "
+        "(its sample thrown away: no token differs, a step is wasted)",
+        STEPS, SCHED,
+        "        if not self.enable_skip_finishing_decode or not self.result_queue:\n"
+        "            return []\n",
+        "        if True:\n"
+        "            return []\n",
+        # the class: overlap schedulers that decode a finished request once more
+        ("sgl-project/sglang#25361", "sgl-project/mini-sglang#111")),
 ]}
 
 

@@ -136,6 +136,8 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.exec_", "attention_backend"),
     ("sglang.srt.arg_groups.fields.model", "dtype"),
     ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
+    ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
+    ("sglang.srt.arg_groups.fields.model", "context_length"),
 ]
 
 

@@ -35,7 +35,10 @@ from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, Targ
 # and half the result copies are held back behind the forward (seeded per point)
 DEFAULT_DELAYS = {"forward": {"p": 0.5, "ms": 3.0}, "result_copy": {"p": 0.5, "ms": 2.0}}
 INSTALL_HINT = "run `overlap-harness setup sglang` (SGLang 0.5.23 in its own venv, on the CPU or a CUDA GPU)"
-CPU_MAX_TOTAL_TOKENS = 8192  # the KV pool on the CPU: the machine's RAM is shared with the other server
+# the CPU's memory is shared with the other server (and, here, other engineers' servers): a KV pool
+# of 4096 tokens, 64 requests at once and 2048 positions a request keep one scheduler near 1 GB
+# (SGLang's CPU defaults, 2048 requests of 8192 positions, took 1.5 GB, and the OOM killer)
+CPU_LIMITS = {"--max-total-tokens": "4096", "--max-running-requests": "64", "--context-length": "2048"}
 
 
 def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
@@ -152,8 +155,9 @@ class SglangTarget(ServedTarget):
             # the CPU backend without AMX: SGLang's plain PyTorch attention, float32 (as the vLLM
             # target), and a KV pool sized in tokens (a RAM fraction would take half the machine)
             cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
-            if not any(a.startswith("--max-total-tokens") for a in self.extra_args):
-                cmd += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+            for flag, value in CPU_LIMITS.items():
+                if not any(a.startswith(flag) for a in self.extra_args):
+                    cmd += [flag, value]
         elif not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
             cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
         if self.deterministic:
