@@ -24,7 +24,7 @@ def _unavailable(why: str):
 
 
 @pytest.fixture(scope="module")
-def sglang():
+def sglang_pair():
     from harness import targets
     from harness.targets import sglang_setup
     from harness.targets.served import TargetUnavailable
@@ -40,9 +40,21 @@ def sglang():
     targets.close_served()
 
 
+@pytest.fixture
+def sglang(sglang_pair):
+    """The pair, handed back stock, and a server that died under a test started again when next
+    used (one test's crash fails that test only)."""
+    from harness import targets
+    from harness.search.served_judge import restart_lost
+    yield sglang_pair
+    if sglang_pair.faults:
+        targets.make_target("sglang", ())
+    restart_lost(sglang_pair)
+
+
 @pytest.fixture(scope="module")
-def tok(sglang):
-    return sglang.tokenizer()
+def tok(sglang_pair):
+    return sglang_pair.tokenizer()
 
 
 def _workload(tok, seed=0):
@@ -57,8 +69,9 @@ def _clear(off, on):
     return [d for _, _, divs in divergences(off, on) for d in divs if not d.near_tie]
 
 
-def _sched(run):
-    return [f for f in run.summary["facts"] if f.get("role") == "sglang-scheduler"][-1]
+def _sched(run, before=False):
+    facts = run.summary["facts_before" if before else "facts"]
+    return ([f for f in facts if f.get("role") == "sglang-scheduler"] or [{}])[-1]
 
 
 def test_the_overlap_loop_runs_and_overlaps(sglang, tok):
@@ -103,3 +116,40 @@ def test_each_source_patch_is_caught(sglang, tok, patch):
     finally:
         targets.make_target("sglang", ())
     assert _clear(off, on) or record_problems(on.outputs, run_logprobs(on)), f"{patch} went unnoticed"
+
+
+def _steps(run):
+    from harness.oracles import steps
+    before, after = steps.books_of(run.summary["facts_before"]), steps.books_of(run.summary["facts"])
+    return steps.summed(steps.new_since(before, after))
+
+
+def _capped(tok, seed):
+    """Requests that end by max_new_tokens only (no stop, no abort): every one is compared."""
+    reqs = workloads.mixed(tok, 6, seed=seed)
+    for r in reqs:
+        r.stop, r.abort_after, r.temperature, r.seed = (), None, 0.0, None
+        r.max_new_tokens, r.ignore_eos = 6, True
+    return reqs
+
+
+@pytest.mark.parametrize("patch", [None, "sglang_finish_check_late"])
+def test_steps_overlap_never_adds_one(sglang, tok, patch):
+    """Overlap may save steps, never add them: stock SGLang leaves a request its in-flight result
+    finishes out of the next step (counted: path_finish_in_flight); the patch decodes it once more."""
+    from harness import targets
+    from harness.oracles import steps
+    reqs = _capped(tok, seed=3)
+    off = sglang.run(reqs, overlap=False)
+    t = targets.make_target("sglang", {patch} if patch else ())
+    try:
+        on = t.run(reqs, overlap=True)
+    finally:
+        targets.make_target("sglang", ())
+    v = steps.compare(reqs, _steps(off), _steps(on))
+    assert v.compared == len(reqs), steps.summary_line(v)
+    if patch is None:
+        assert not v.findings, v.findings
+        assert _sched(on).get("path_finish_in_flight", 0) > _sched(on, before=True).get("path_finish_in_flight", 0)
+    else:
+        assert any("past max_tokens" in f for f in v.findings), (patch, steps.summary_line(v))
