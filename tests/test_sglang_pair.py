@@ -100,15 +100,29 @@ def test_overlap_on_equals_off(sglang, tok):
         assert books["engine"]["req_rows_held"] == 0 and books["engine"]["pool_leaks"] == 0, books
 
 
-@pytest.mark.parametrize("patch", ["sglang_decode_reads_before_copy", "sglang_relay_entry_padded_row"])
-def test_each_source_patch_is_caught(sglang, tok, patch):
+# the result copy held back longer than a CPU step: it lands after the host launched the next step,
+# as a slow copy does on a GPU; the correct engine waits for it (the quiet half below)
+SLOW_COPY = {"result_copy": {"p": 1.0, "ms": 400.0}}
+
+
+def test_a_slow_result_copy_keeps_tokens(sglang, tok):
+    """The quiet half of the read-before-copy patch: the same slow copy on stock SGLang."""
+    reqs = _workload(tok)
+    off, on = sglang.run(reqs, overlap=False), sglang.run(reqs, overlap=True, delays=SLOW_COPY)
+    assert not _clear(off, on) and not record_problems(on.outputs, run_logprobs(on))
+    assert _sched(on).get("copy_delays", 0) > _sched(on, before=True).get("copy_delays", 0)
+
+
+@pytest.mark.parametrize("patch,delays", [("sglang_decode_reads_before_copy", SLOW_COPY),
+                                          ("sglang_relay_entry_padded_row", None)])
+def test_each_source_patch_is_caught(sglang, tok, patch, delays):
     from harness import targets
     from harness.targets.served import TargetError
     reqs = _workload(tok)
     off = sglang.run(reqs, overlap=False)
     t = targets.make_target("sglang", {patch})
     try:
-        on = t.run(reqs, overlap=True)
+        on = t.run(reqs, overlap=True, delays=delays)
     except TargetError as e:  # a crash of the patched engine counts only with its own traceback
         if "no traceback" in str(e):  # killed from outside (the OOM killer on a crowded machine)
             raise
