@@ -168,3 +168,43 @@ def test_steps_overlap_never_adds_one(sglang, tok, patch):
         assert _sched(on).get("path_finish_in_flight", 0) > _sched(on, before=True).get("path_finish_in_flight", 0)
     else:
         assert any("past max_tokens" in f for f in v.findings), (patch, steps.summary_line(v))
+
+
+# a pair of its own for the paths: a KV pool that cannot hold every request (retraction), prompt
+# chunks of 32 tokens (chunked prefill); with penalties, a shared prefix and aborts in the workload
+PATHS_ARGS = ["--max-total-tokens", "512", "--chunked-prefill-size", "32", "--max-running-requests", "16"]
+COUNTED = ("path_chunked_prefill", "path_prefix_hit", "path_relay_decode", "path_penalties", "path_retraction",
+           "path_abort_in_flight")
+
+
+def _paths_workload(tok):
+    from harness.engine.request import Request
+    system = tok.encode(workloads.SYSTEM * 3)  # a prompt of several chunks, shared (prefix hits)
+    reqs = []
+    for i in range(12):
+        r = Request(rid=f"p{i}", prompt_ids=system + tok.encode(f" Question {i}: what comes next?"),
+                    max_new_tokens=64, arrival=i // 4)
+        r.temperature, r.ignore_eos = 0.0, True
+        if i % 3 == 1:
+            r.repetition_penalty = 1.3
+        if i % 6 == 5:
+            r.abort_after = 4
+        reqs.append(r)
+    return reqs
+
+
+@pytest.mark.sglang_patch  # a second pair: minutes to start; weekly
+def test_every_counted_path_runs_on_both_arms(sglang_pair):
+    from harness import targets
+    t = targets.make_target("sglang", pair="paths", extra_args=PATHS_ARGS)
+    tok = t.tokenizer()
+    reqs = _paths_workload(tok)
+    runs = {ov: t.run(reqs, overlap=ov) for ov in (False, True)}
+    for ov, run in runs.items():
+        got, was = _sched(run), _sched(run, before=True)
+        missing = [k for k in COUNTED if got.get(k, 0) <= was.get(k, 0)]
+        assert not missing, f"overlap {ov}: not exercised: {missing} ({got})"
+    on = _sched(runs[True])
+    assert on.get("path_finish_in_flight", 0) > 0, on
+    bad = _clear(runs[False], runs[True])
+    assert not bad, bad[0].describe(tok.decode)
