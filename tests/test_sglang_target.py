@@ -255,3 +255,15 @@ def test_real_sglang_pair_gives_the_same_tokens(tmp_path):
         assert any(f.get("forward_delays") for f in facts), json.dumps(facts)
     finally:
         t.close()
+
+
+def test_a_stream_fault_on_the_cpu_is_refused_in_one_line(tmp_path):
+    """The agent's faults rewire GPU streams: on SGLang's CPU backend they would change nothing,
+    so a run with one is refused, not passed (its source patches are the CPU's faults)."""
+    t = target(tmp_path, device="cpu", faults={"sglang_no_war_barrier"})
+    with pytest.raises(TargetUnavailable, match="CUDA GPU") as e:
+        t.set_plan(True)
+    assert "\n" not in str(e.value)
+    t2 = target(tmp_path, device="cpu", faults={"sglang_relay_entry_padded_row"})
+    t2.set_plan(True)  # a source patch: nothing for the agent's plan
+    assert t2.plans[True]["faults"] == [] and t2.patches() == ["sglang_relay_entry_padded_row"]

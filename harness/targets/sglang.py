@@ -144,8 +144,10 @@ class SglangTarget(ServedTarget):
         # the target's faults and default delays stay in force on the overlap-on server
         if overlap and not delays:
             delays = self.delays
-        from harness.agents.sglang_points import CATALOGUE
+        from harness.agents.sglang_points import CATALOGUE, GPU_ONLY
         agent_faults = {f for f in set(faults) | (self.faults if overlap else set()) if f in CATALOGUE}
+        if agent_faults and self.device == "cpu":
+            raise TargetUnavailable(f"sglang fault {', '.join(sorted(agent_faults))} {GPU_ONLY}")
         super().set_plan(overlap, delays, agent_faults, seed)
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
