@@ -128,9 +128,30 @@ class SglangTarget(ServedTarget):
         if True in which:
             self._drop_stale_on()
         fresh = True in which and True not in self.servers
+        new = [o for o in which if o not in self.servers]
         super().start(which)
         if fresh and True in self.servers:
             self.servers[True].patches = frozenset(self.patches())
+        for overlap in new:
+            self.warm_up(overlap)
+
+    def warm_up(self, overlap: bool) -> None:
+        """One request with a repetition penalty before any run: SGLang compiles its penalty kernel
+        (torch.compile, a C++ build on the CPU) on first use, which took over 27 s here on a busy
+        machine: that first use would otherwise be judged a HANG of whichever run met it first."""
+        import httpx
+        s = self.servers.get(overlap)
+        if s is None:
+            return
+        body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0,
+                                                               "repetition_penalty": 1.1}}
+        try:
+            r = httpx.post(f"http://127.0.0.1:{s.port}/generate", json=body, timeout=600.0)
+        except httpx.HTTPError as e:
+            raise TargetError(f"sglang (overlap {'on' if overlap else 'off'}): the warm-up request failed: {e}") from None
+        if r.status_code != 200:
+            raise TargetError(f"sglang (overlap {'on' if overlap else 'off'}): the warm-up request was refused "
+                              f"({r.status_code}): {r.text[:200]}")
 
     def url(self, overlap: bool) -> str:
         if overlap:
