@@ -179,7 +179,7 @@ def test_host_order_judges_the_overlapped_loop_effective(tmp_path):
         assert line.startswith("overlap: effective (") and "launch/wait order" in line
         assert t.overlap_summary().startswith("overlap: effective (")
         sched = next(f for f in on.summary["facts"] if f.get("role") == "sglang-scheduler")
-        assert sched["tokens_out"] == 6 * 12 and sched["host_order"]["early"] == 0, sched
+        assert sched["tokens_out"] == 6 * 12 + 2 and sched["host_order"]["early"] == 0, sched  # and the warm-up request's 2 (SglangTarget.warm_up)
         assert sched["host_order"]["wait_ns"] > 0  # the copy-done waits were timed
         off = t.run(decode_heavy(), overlap=False)
         assert off.outputs == on.outputs
