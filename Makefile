@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 OH := .venv/bin/overlap-harness
 
-.PHONY: check test test-scheduled run bench bench-long venv vllm
+.PHONY: check test test-scheduled run bench bench-long venv vllm sglang
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -13,6 +13,11 @@ venv:
 vllm: venv
 	@$(OH) setup vllm
 	@$(OH) setup vllm --wheels
+
+# SGLang's own venv (CPU torch, sglang 0.5.23 without its CUDA pins) and model: about 5 minutes cold
+# on 2 busy cores, a second when done (harness/targets/sglang_setup.py)
+sglang: venv
+	@$(OH) setup sglang
 
 check: venv
 	$(OH) check

@@ -2,11 +2,14 @@
 # `make test` (= .ci/run): the harness's own tests in two chains side by side, on a 2-core machine.
 #   the vLLM chain: `setup vllm` (a no-op once done), then the tests on the one shared server pair in
 #     one pytest process (tests/conftest.py orders them), then those with servers of their own;
-#   the other chain: every test that needs no vLLM on TEST_WORKERS xdist workers (a module to a
-#     worker: a module's fixtures are built once), then, once the setup and the release wheels are
-#     there, the tests that read vLLM's source without a server (-m vllm_source).
-# *Why the setup runs inside the vLLM chain*: cold, it is minutes of pip work that the other chain's
-# tests do not need; started first, beside them, it costs CI no wall time of its own.
+#   the other chain: every test that needs no real engine on TEST_WORKERS xdist workers (a module to
+#     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
+#     there, the tests that read vLLM's source without a server (-m vllm_source), then the SGLang
+#     pair's tests once `setup sglang` (started at once, beside everything) is done (-m sglang; its
+#     source patches, minutes of restarts each, are the weekly sglang-cpu workflow's).
+# *Why the setups run beside the tests*: cold, they are minutes of pip work that the first tests do
+# not need; started first, beside them, they cost CI no wall time of their own. One real-engine
+# pair of each kind at a time: vLLM's in its chain, SGLang's at the end of the other.
 # `SELECT` picks the tier: "not scheduled" (default, .ci/run) or "scheduled" (make test-scheduled:
 # the broad and slow runs whose fast representatives .ci/run keeps).
 # Processes rather than xdist groups: under pytest 9.2 xdist's group suffix no longer reaches the
@@ -19,7 +22,7 @@ SELECT=${SELECT:-not scheduled}
 log=${TEST_VLLM_LOG:-}
 if [ -z "$log" ]; then  # a temporary log, printed whole at the end and then removed
   log=$(mktemp -t oh-test-vllm.XXXXXX)
-  trap 'rm -f "$log" "$log.wheels"' EXIT
+  trap 'rm -f "$log" "$log.wheels" "$log.sglang"' EXIT
 fi
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -27,6 +30,8 @@ echo "test: tier '$SELECT'; the vLLM chain (setup, then its tests) runs beside t
 # the release wheels (the vllm_source tests' sources): a download of its own, beside everything
 { "$OH" setup vllm --wheels; echo "wheels=$?"; } >"$log.wheels" 2>&1 &
 wheels_pid=$!
+{ "$OH" setup sglang; echo "sglang_setup=$?"; } >"$log.sglang" 2>&1 &
+sglang_pid=$!
 {
   "$OH" setup vllm
   echo "setup=$?"
@@ -40,13 +45,14 @@ wheels_pid=$!
 } >"$log" 2>&1 &
 vllm_pid=$!
 stop() {  # the chains first (so they start nothing more), then what they are running
-  local kids; kids="$(pgrep -P "$vllm_pid") $(pgrep -P "$wheels_pid")"
-  kill -TERM "$vllm_pid" "$wheels_pid" $kids 2>/dev/null; wait "$vllm_pid" "$wheels_pid" 2>/dev/null
+  local kids; kids="$(pgrep -P "$vllm_pid") $(pgrep -P "$wheels_pid") $(pgrep -P "$sglang_pid")"
+  kill -TERM "$vllm_pid" "$wheels_pid" "$sglang_pid" $kids 2>/dev/null
+  wait "$vllm_pid" "$wheels_pid" "$sglang_pid" 2>/dev/null
   for k in $kids; do while kill -0 "$k" 2>/dev/null; do sleep 0.5; done; done
   cat "$log"; exit 130
 }
 trap stop INT TERM
-"$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" \
+"$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not vllm_source and not sglang and ($SELECT)" -n "${TEST_WORKERS:-2}" \
   --dist loadscope --durations=15 "$@"
 rest=$?
 echo "== the tests that read vLLM's source (-m vllm_source), once the setup and the wheels are there ($(since))"
@@ -56,15 +62,20 @@ while ! grep -q '^setup=' "$log" && kill -0 "$vllm_pid" 2>/dev/null; do sleep 2;
 grep '^setup=' "$log" || true
 "$PY" -m pytest -q -p no:cacheprovider -m "vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" --durations=5 "$@"
 src=$?
+echo "== the SGLang pair's tests (-m 'sglang and not sglang_patch'), once setup sglang is done ($(since))"
+wait "$sglang_pid"
+cat "$log.sglang"
+"$PY" -m pytest -q -p no:cacheprovider -m "sglang and not sglang_patch and ($SELECT)" --durations=5 "$@"
+sgl=$?
 echo "== the other chain ended at $(since)"
 wait "$vllm_pid"
 trap - INT TERM
 echo "== the vLLM chain ($log)"
 cat "$log"
-wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
+sgl_setup=$(sed -n 's/^sglang_setup=//p' "$log.sglang"); wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
 echo "test: exit $rest (the other tests), $src (vLLM's source), ${setup:-?} (setup vllm), ${pair:-?} (the vLLM pair's)," \
-  "${own:-?} (the vLLM tests with servers of their own), in $(since)"
-for rc in "${wheels:-1}" "${setup:-1}" "$rest" "$src" "${pair:-1}" "${own:-1}"; do  # 5: that selection had no test
+  "${own:-?} (the vLLM tests with servers of their own), ${sgl_setup:-?} (setup sglang), $sgl (the SGLang pair's), in $(since)"
+for rc in "${wheels:-1}" "${setup:-1}" "$rest" "$src" "${pair:-1}" "${own:-1}" "${sgl_setup:-1}" "$sgl"; do  # 5: that selection had no test
   [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && exit "$rc"
 done
 exit 0

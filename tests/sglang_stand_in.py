@@ -120,6 +120,19 @@ class FutureMap:
         pass
 
 
+class SchedulerInvariantChecker:  # SGLang's idle checks: nothing to check here
+    def _check_req_pool(self):
+        pass
+
+    def _report_leak(self, pool_name, token_msg):
+        pass
+
+
+class ScheduleBatch:
+    def retract_decode(self):  # never called here: nothing runs out of KV
+        return [], 0.0, []
+
+
 class Scheduler:
     def __init__(self, overlap):
         self.enable_overlap = overlap
@@ -155,6 +168,12 @@ class Scheduler:
         return result
 
     def _copy_result_to_cpu(self, batch_result, batch):
+        pass
+
+    def _reqs_finishing_inflight(self, batch):
+        return []
+
+    def abort_request(self, recv_req):
         pass
 
     def _apply_war_barrier(self):
@@ -212,12 +231,17 @@ class Scheduler:
 def install_modules():
     """SGLang's module names, with the stand-in's classes at the agent's points."""
     names = ["sglang", "sglang.srt", "sglang.srt.managers", "sglang.srt.managers.scheduler",
-             "sglang.srt.managers.tp_worker", "sglang.srt.managers.overlap_utils"]
+             "sglang.srt.managers.tp_worker", "sglang.srt.managers.overlap_utils",
+             "sglang.srt.managers.schedule_batch", "sglang.srt.managers.scheduler_components",
+             "sglang.srt.managers.scheduler_components.invariant_checker"]
     for n in names:
         sys.modules[n] = types.ModuleType(n)
     sys.modules["sglang.srt.managers.scheduler"].Scheduler = Scheduler
     sys.modules["sglang.srt.managers.tp_worker"].TpModelWorker = TpModelWorker
     sys.modules["sglang.srt.managers.overlap_utils"].FutureMap = FutureMap
+    sys.modules["sglang.srt.managers.schedule_batch"].ScheduleBatch = ScheduleBatch
+    sys.modules["sglang.srt.managers.scheduler_components.invariant_checker"].SchedulerInvariantChecker = \
+        SchedulerInvariantChecker
 
 
 def run_scheduler_process(overlap):

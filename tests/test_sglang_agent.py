@@ -94,6 +94,12 @@ def stand_ins(log):
         def _copy_result_to_cpu(self, batch_result, batch):
             log.append(("orig_copy", batch_result))
 
+        def _reqs_finishing_inflight(self, batch):
+            return []
+
+        def abort_request(self, recv_req):
+            log.append(("orig_abort", recv_req))
+
         def process_batch_result(self, batch, result):
             log.append(("orig_process", result))
             if getattr(result, "copy_done", None) is not None:
@@ -110,7 +116,21 @@ def stand_ins(log):
         def stash(self, future_indices, payload):
             log.append(("orig_stash", future_indices))
 
+    class ScheduleBatch:
+        def retract_decode(self):
+            return [], 0.0, []
+
+    class SchedulerInvariantChecker:
+        def _check_req_pool(self):
+            pass
+
+        def _report_leak(self, pool_name, token_msg):
+            pass
+
     mods = {"sglang.srt.managers.scheduler": types.SimpleNamespace(Scheduler=Scheduler),
+            "sglang.srt.managers.schedule_batch": types.SimpleNamespace(ScheduleBatch=ScheduleBatch),
+            "sglang.srt.managers.scheduler_components.invariant_checker":
+                types.SimpleNamespace(SchedulerInvariantChecker=SchedulerInvariantChecker),
             "sglang.srt.managers.tp_worker": types.SimpleNamespace(TpModelWorker=TpModelWorker),
             "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap)}
     return mods, Scheduler, TpModelWorker, FutureMap

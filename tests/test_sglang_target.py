@@ -29,6 +29,7 @@ GENERATE_OUT = {  # one /generate result in SGLang's shape: (logprob, token_id, 
 
 
 def target(tmp_path, **kw):
+    kw.setdefault("device", "cuda")
     return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), **kw)
 
 
@@ -52,6 +53,14 @@ def test_server_commands_differ_only_in_overlap(tmp_path):
     assert set(ours) <= known, set(ours) - known
     mine = target(tmp_path, extra_args=["--mem-fraction-static", "0.2"]).server_command(True, 1)
     assert mine.count("--mem-fraction-static") == 1
+    # on the CPU: SGLang's CPU backend, plain PyTorch attention, float32, a KV pool in tokens
+    cpu = target(tmp_path, device="cpu").server_command(True, 1)
+    ours = [a for a in cpu if a.startswith("--")]
+    assert set(ours) <= known, set(ours) - known
+    assert cpu[cpu.index("--device") + 1] == "cpu" and cpu[cpu.index("--attention-backend") + 1] == "torch_native"
+    assert cpu[cpu.index("--dtype") + 1] == "float32" and "--mem-fraction-static" not in cpu
+    env = target(tmp_path, device="cpu").server_env(True)
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sglang_cpu_path" in env["PYTHONPATH"].split(os.pathsep)[0]
 
 
 def test_payload_is_native_generate_with_ids(tmp_path):
@@ -101,8 +110,10 @@ def test_without_sglang_the_target_refuses_in_one_line(tmp_path):
         SglangTarget(model="m", python=sys.executable, workdir=str(tmp_path))
     msg = str(e.value)
     assert "\n" not in msg and ("sglang is not installed" in msg or "CUDA" in msg or "not registered" in msg)
-    with pytest.raises(TargetUnavailable, match="needs a model"):
-        SglangTarget(model=None, check_env=False, workdir=str(tmp_path))
+    # on the CPU, without `setup sglang`: one line naming the command
+    with pytest.raises(TargetUnavailable, match="run `overlap-harness setup sglang`") as e:
+        SglangTarget(model=None, device="cpu", home=tmp_path / "no-setup", workdir=str(tmp_path))
+    assert "\n" not in str(e.value)
 
 
 class StandIn(SglangTarget):
@@ -168,7 +179,7 @@ def test_host_order_judges_the_overlapped_loop_effective(tmp_path):
         assert line.startswith("overlap: effective (") and "launch/wait order" in line
         assert t.overlap_summary().startswith("overlap: effective (")
         sched = next(f for f in on.summary["facts"] if f.get("role") == "sglang-scheduler")
-        assert sched["tokens_out"] == 6 * 12 and sched["host_order"]["early"] == 0, sched
+        assert sched["tokens_out"] == 6 * 12 + 2 and sched["host_order"]["early"] == 0, sched  # and the warm-up request's 2 (SglangTarget.warm_up)
         assert sched["host_order"]["wait_ns"] > 0  # the copy-done waits were timed
         off = t.run(decode_heavy(), overlap=False)
         assert off.outputs == on.outputs
@@ -244,3 +255,15 @@ def test_real_sglang_pair_gives_the_same_tokens(tmp_path):
         assert any(f.get("forward_delays") for f in facts), json.dumps(facts)
     finally:
         t.close()
+
+
+def test_a_stream_fault_on_the_cpu_is_refused_in_one_line(tmp_path):
+    """The agent's faults rewire GPU streams: on SGLang's CPU backend they would change nothing,
+    so a run with one is refused, not passed (its source patches are the CPU's faults)."""
+    t = target(tmp_path, device="cpu", faults={"sglang_no_war_barrier"})
+    with pytest.raises(TargetUnavailable, match="CUDA GPU") as e:
+        t.set_plan(True)
+    assert "\n" not in str(e.value)
+    t2 = target(tmp_path, device="cpu", faults={"sglang_relay_entry_padded_row"})
+    t2.set_plan(True)  # a source patch: nothing for the agent's plan
+    assert t2.plans[True]["faults"] == [] and t2.patches() == ["sglang_relay_entry_padded_row"]

@@ -19,7 +19,7 @@ V2_PATCHES = sorted(V2_RUNNER)
 @pytest.fixture(scope="module")
 def v2_pair():
     from harness import targets
-    from harness.targets.served import TargetUnavailable
+    from harness.targets.base import TargetUnavailable
     from tests.served_pair import vllm_unavailable
     version = os.environ.get("OVERLAP_HARNESS_V2_VERSION", "0.33.0")
     targets.close_served()

@@ -2,7 +2,10 @@
 process that calls `load_plugins()`; it acts only inside scheduler subprocesses and only when
 the target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
 
-Delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
+On SGLang's CPU backend (the plan's device "cpu") the device operations are
+harness.agents.sglang_cpu_ops.CpuOps: a delay holds the scheduler thread back, and the result
+copy lands later on a copy thread of the agent (the GPU's asynchrony given back). On a GPU,
+delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
 must hold back: on the forward stream before the step's attention metadata reads
 `req_to_token` (point `forward`), and on the copy stream, behind the forward, before the
 result copy (point `result_copy`). A delay there widens exactly the window a missing or
@@ -93,12 +96,14 @@ class CudaOps:
 
 
 class SglangAgent:
-    def __init__(self, plan, facts, ops, resolve=importlib.import_module):
+    def __init__(self, plan, facts, ops, resolve=importlib.import_module, steps=None):
         self.plan, self.facts, self.ops, self.resolve = plan, facts, ops, resolve
+        self.steps = steps  # harness.agents.sglang_steps.StepBooks, or None (not counted)
         self.rngs: dict[str, random.Random] = {}
         self.originals: dict[str, tuple[object, str, object]] = {}
         self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
         self.tokens = progress.TokenClock()
+        self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -142,6 +147,35 @@ class SglangAgent:
         if self.host is not None:
             self.facts.set(host_order=self.host.facts(last=96))
         self.facts.write()  # throttled; the flusher writes the rest within 0.1 s
+
+    # -- the paths, counted on both arms -------------------------------------------------------------
+    def count_paths(self, sched, batch) -> None:
+        """What a launched step exercises (facts `path_*`): a prefill chunk of a longer prompt, a
+        first extend that starts from a cached prefix, a decode step whose input ids come from the
+        relay (FutureMap), penalties and grammar that read the newest token."""
+        reqs = list(getattr(batch, "reqs", None) or ())
+        mode = getattr(batch, "forward_mode", None)
+        extend = bool(getattr(mode, "is_extend", lambda: False)())
+        facts = self.facts
+        if extend:
+            chunked = getattr(sched, "chunked_req", None)
+            if chunked is not None and any(r is chunked for r in reqs):
+                facts.add("path_chunked_prefill")
+            for r in reqs:
+                rid = getattr(r, "rid", None)
+                if rid in self.extended:
+                    continue
+                self.extended.add(rid)
+                if getattr(r, "prefix_len", 0) > 0:
+                    facts.add("path_prefix_hit")
+        elif getattr(mode, "is_decode", lambda: False)() and reqs:
+            facts.add("path_relay_decode")  # step N+1's input ids gathered from step N's relay entries
+        info = getattr(batch, "sampling_info", None)
+        orch = getattr(info, "penalizer_orchestrator", None)
+        if orch is not None and getattr(orch, "is_required", False):
+            facts.add("path_penalties")
+        if any(getattr(r, "grammar", None) is not None for r in reqs):
+            facts.add("path_grammar")
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
@@ -189,6 +223,14 @@ class SglangAgent:
         def result_copy(orig):
             def _copy_result_to_cpu(self, batch_result, batch, *a, **kw):
                 ms = agent.delay_ms("result_copy")
+                copier = getattr(ops, "copier", None)
+                if copier is not None:  # the CPU backend: the copy lands later, on the agent's copy thread
+                    out = orig(self, batch_result, batch, *a, **kw)
+                    copier.start(batch_result, ms / 1000.0)
+                    facts.add("copies_async")
+                    if ms:
+                        facts.add("copy_delays")
+                    return out
                 if ms:  # behind the forward, ahead of the copy SGLang queues next
                     self.copy_stream.wait_stream(self.forward_stream)
                     ops.spin(ms, self.copy_stream)
@@ -200,6 +242,9 @@ class SglangAgent:
             def run_batch(self, batch, *a, **kw):
                 step = agent.launched(self, batch, time.monotonic_ns())
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
+                agent.count_paths(self, batch)
+                if agent.steps is not None:
+                    agent.steps.launched(self, batch)
                 facts.add("run_batch")
                 facts.add("steps")
                 facts.write()
@@ -235,6 +280,8 @@ class SglangAgent:
                         if isinstance(getattr(result, "copy_done", None), _TimedDone):
                             result.copy_done = done
                     agent.taken(reqs, before)
+                    if agent.steps is not None:
+                        agent.steps.processed(reqs)
             return process_batch_result
 
         def war_barrier(orig):
@@ -283,9 +330,63 @@ class SglangAgent:
                 return out
             return stash
 
+        def retract(orig):
+            def retract_decode(self, *a, **kw):
+                out = orig(self, *a, **kw)
+                n = len(out[0]) if isinstance(out, tuple) and out and isinstance(out[0], list) else 0
+                if n:
+                    facts.add("path_retraction", n)
+                    if agent.steps is not None:
+                        agent.steps.retracted(out[0])
+                return out
+            return retract_decode
+
+        def finish_in_flight(orig):
+            def _reqs_finishing_inflight(self, batch, *a, **kw):
+                out = orig(self, batch, *a, **kw)
+                if out:
+                    facts.add("path_finish_in_flight", len(out))
+                return out
+            return _reqs_finishing_inflight
+
+        def abort(orig):
+            def abort_request(self, recv_req, *a, **kw):
+                rid = getattr(recv_req, "rid", None)
+                queued = getattr(self, "result_queue", None) or ()
+                in_flight = [b for b, _ in queued] + [getattr(self, "running_batch", None)]
+                if rid and any(str(getattr(r, "rid", "")).startswith(rid) for b in in_flight if b is not None
+                               for r in (getattr(b, "reqs", None) or ())):
+                    facts.add("path_abort_in_flight")
+                return orig(self, recv_req, *a, **kw)
+            return abort_request
+
+        def books_idle(orig):
+            def _check_req_pool(self, *a, **kw):
+                # SGLang's own check at full idle: the rows back, and every leak its checks reported
+                pool = self.req_to_token_pool
+                total = int(getattr(pool, "size", 0)) + int(getattr(pool, "pre_alloc_size", 0) or 0)
+                facts.add("books_idle_checks")
+                facts.set(books={"req_rows_total": total, "req_rows_free": len(pool.free_slots),
+                                 "pool_leaks": facts.data.get("pool_leaks", 0),
+                                 "first_leak": facts.data.get("first_leak", "")})
+                facts.write()
+                return orig(self, *a, **kw)
+            return _check_req_pool
+
+        def books_leak(orig):
+            def _report_leak(self, pool_name, token_msg, *a, **kw):
+                facts.add("pool_leaks")
+                if not facts.data.get("first_leak"):
+                    facts.set(first_leak=f"{pool_name}: {str(token_msg)[:300]}")
+                facts.write(True)
+                return orig(self, pool_name, token_msg, *a, **kw)
+            return _report_leak
+
         for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
-                           ("relay_stash", relay_stash)):
+                           ("relay_stash", relay_stash), ("retract", retract),
+                           ("finish_in_flight", finish_in_flight), ("abort", abort),
+                           ("books_idle", books_idle), ("books_leak", books_leak)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
@@ -334,9 +435,16 @@ def register() -> None:
         return
     facts = plan_mod.Facts(plan.data.get("facts_dir"), "sglang-scheduler")
     try:
-        _AGENT = SglangAgent(plan, facts, CudaOps()).install()
+        ops = CudaOps()
+        if plan.data.get("device") == "cpu":
+            from harness.agents.sglang_cpu_ops import CpuOps
+            ops = CpuOps()
+        facts.set(device=plan.data.get("device", "cuda"))
+        from harness.agents.sglang_steps import StepBooks
+        steps_facts = plan_mod.Facts(plan.data.get("facts_dir"), "steps")
+        _AGENT = SglangAgent(plan, facts, ops, steps=StepBooks(steps_facts)).install()
         progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report
-        progress.start_flusher(lambda: (facts,))
+        progress.start_flusher(lambda: (facts, steps_facts))
     except AgentError as e:
         facts.set(error=str(e))
         facts.write(True)

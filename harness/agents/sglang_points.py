@@ -90,12 +90,37 @@ POINTS = [
           "step N+1 gathers its input ids from the relay: must follow the stash"),
     Point("plugins", "sglang.srt.plugins", "load_plugins", (), ("GENERAL_PLUGINS_GROUP",),
           "loads every entry point of the plugin group"),
+    # -- the paths the overlap loop has, counted on both arms (SglangAgent.count_paths) ----------
+    Point("retract", "sglang.srt.managers.schedule_batch", "ScheduleBatch.retract_decode", ("self",),
+          ("reqs",), "retraction: the KV pool cannot hold the next decode step; it returns the retracted "
+          "requests first"),
+    Point("finish_in_flight", "sglang.srt.managers.scheduler", "Scheduler._reqs_finishing_inflight",
+          ("self", "batch"), ("result_queue", "next_output_finishes_by_length"),
+          "the finish check one step late: requests whose queued (in-flight) result finishes them by "
+          "length are left out of the next step"),
+    Point("abort", "sglang.srt.managers.scheduler", "Scheduler.abort_request", ("self", "recv_req"),
+          ("chunked_req", "waiting_queue", "to_finish"),
+          "an abort; one that names a request of the step in flight is the abort-with-a-step-in-flight path"),
+    Point("books_idle", "sglang.srt.managers.scheduler_components.invariant_checker",
+          "SchedulerInvariantChecker._check_req_pool", ("self",), ("req_to_token_pool", "free_slots"),
+          "SGLang's own books at idle: the req_to_token rows, checked each time the scheduler is fully "
+          "idle (on_idle), after its KV pool check"),
+    Point("books_leak", "sglang.srt.managers.scheduler_components.invariant_checker",
+          "SchedulerInvariantChecker._report_leak", ("self", "pool_name", "token_msg"), ("raise_error_or_warn",),
+          "where SGLang's idle check reports a pool that is not back (a warning, or an error in strict mode)"),
+    Point("req_prefix", "sglang.srt.managers.schedule_batch", "Req.__init__", ("self",),
+          ("prefix_len", "grammar", "sampling_params"),
+          "a request's cached prefix length at its extend (a prefix-cache hit when its first extend "
+          "starts past 0), its grammar, its sampling parameters (penalties)"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("forward", "result_copy")
 
 # module-level constants the agent relies on: (module, name, value)
-CONSTANTS = [("sglang.srt.plugins", "GENERAL_PLUGINS_GROUP", PLUGIN_GROUP)]
+CONSTANTS = [("sglang.srt.plugins", "GENERAL_PLUGINS_GROUP", PLUGIN_GROUP),
+             # SGLang refuses a request with more stop strings (400): the target sends at most this many
+             ("sglang.srt.sampling.sampling_params", "MAX_STOP_COUNT", 32)]
+MAX_STOP_COUNT = 32
 
 # server flags the target passes (`--model-path` ...): fields of SGLang's argument groups
 SERVER_FIELDS = [
@@ -106,7 +131,18 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "disable_overlap_schedule"),
     ("sglang.srt.arg_groups.fields.schedule", "mem_fraction_static"),
     ("sglang.srt.arg_groups.fields.exec_", "enable_deterministic_inference"),
+    # the CPU backend's (harness.targets.sglang: device "cpu")
+    ("sglang.srt.arg_groups.fields.device", "device"),
+    ("sglang.srt.arg_groups.fields.exec_", "attention_backend"),
+    ("sglang.srt.arg_groups.fields.model", "dtype"),
+    ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
+    ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
+    ("sglang.srt.arg_groups.fields.model", "context_length"),
 ]
+
+
+GPU_ONLY = ("rewires SGLang's streams and events, which are no-ops on its CPU backend: a CUDA GPU shows it "
+            "(the CPU's faults are source patches, harness/agents/sglang_patches.py)")
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,13 @@ class SglangFault:
     point: str  # a POINTS name
     suite: str  # the black-box suite that must catch it
     upstream: tuple[str, ...] = ()
+
+    @property
+    def device_only(self) -> str:
+        """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
+        acts on the GPU's streams; "" where a CUDA device is visible."""
+        from harness.targets.vllm_setup import _has_cuda
+        return "" if _has_cuda() else GPU_ONLY
 
 
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [

@@ -244,8 +244,9 @@ def cmd_faults(a) -> int:
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
         if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm.patches)
-            print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
-            if f.device_only:  # `mutants` lists it and does not run it on vLLM's CPU build
+            engine = "sglang" if getattr(a, "target", "") == "sglang" else "vllm"
+            print(f"{'':22} patch of {engine}/{f.file}" + (f", on the {f.path} path" if getattr(f, "path", "") else ""))
+            if getattr(f, "device_only", ""):  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")
         if f.upstream:  # real bugs of the same class
             print(f"{'':22} upstream: {', '.join(f.upstream)}")
@@ -253,8 +254,8 @@ def cmd_faults(a) -> int:
 
 
 def _served_flags(p) -> None:
-    p.add_argument("--served-model", metavar="NAME", help="a served target's model (sglang: required; "
-                   "vllm: default SmolLM2-135M from `setup vllm`)")
+    p.add_argument("--served-model", metavar="NAME", help="a served target's model (default SmolLM2-135M "
+                   "from `setup vllm` / `setup sglang`)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
     p.add_argument("--logits-processor", action="append", default=[], metavar="NAME=MODULE:CLASS",

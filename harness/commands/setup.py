@@ -1,5 +1,6 @@
 """`overlap-harness setup vllm`: install what the vLLM target needs (harness/targets/vllm_setup.py);
-`--version V` another release beside the pinned one, `--list` what is installed, `--remove V`."""
+`--version V` another release beside the pinned one, `--list` what is installed, `--remove V`.
+`overlap-harness setup sglang`: SGLang's venv, on the CPU or a CUDA GPU (harness/targets/sglang_setup.py)."""
 from __future__ import annotations
 
 import json
@@ -57,9 +58,26 @@ def cmd_wheels(a) -> int:
     return 0
 
 
+def cmd_setup_sglang(a) -> int:
+    from harness.flags import UsageError
+    from harness.targets.sglang_setup import setup_sglang, sglang_home
+    for flag in ("list", "wheels", "remove", "version"):
+        if getattr(a, flag):
+            raise UsageError(f"setup sglang: --{flag} applies to vllm only")
+    home = sglang_home(_root(a))
+    try:
+        stamp = setup_sglang(home, force=a.force)
+    except SetupError as e:
+        raise UsageError(f"setup sglang: {e}") from None
+    print(f"sglang ready: venv {home / 'venv'} ({stamp['package']}, {stamp['device']}), model {stamp['model_dir']}")
+    return 0
+
+
 def cmd_setup(a) -> int:
     from harness.flags import UsageError
     from harness.targets import vllm_releases as vr
+    if a.what == "sglang":
+        return cmd_setup_sglang(a)
     root = _root(a)
     if a.list:
         return cmd_list(a)
@@ -92,7 +110,7 @@ def cmd_setup(a) -> int:
 
 def add_commands(sub) -> None:
     s = sub.add_parser("setup", help="install what a real-engine target needs (idempotent)")
-    s.add_argument("what", choices=("vllm",), help="the target to set up")
+    s.add_argument("what", choices=("vllm", "sglang"), help="the target to set up")
     s.add_argument("--cache", metavar="DIR", help="cache folder (default: $OVERLAP_HARNESS_CACHE or "
                    "~/.cache/overlap-harness)")
     s.add_argument("--force", action="store_true", help="reinstall from scratch")

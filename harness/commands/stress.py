@@ -222,7 +222,7 @@ def add_commands(sub) -> None:
     r = sub.add_parser("replay", help="run a stress reproducer again and say whether it still fails")
     r.add_argument("file", help="a repro.json written by `overlap-harness stress`")
     r.add_argument("--timeline", metavar="DIR", help="also write the trace and PNG of the replay into DIR")
-    r.add_argument("--target", default="ref", choices=("ref", "vllm", "openai"),
+    r.add_argument("--target", default="ref", choices=("ref", "vllm", "sglang", "openai"),
                    help="the target the reproducer was found on (default ref; vllm/openai: a served reproducer)")
     r.add_argument("--vllm-version", metavar="V", help="vllm: the release (default: the reproducer's)")
     from harness.commands.check import vllm_env_flags

@@ -40,9 +40,11 @@ def check_flags(a, bad) -> None:
     if a.target == "vllm" or a.vllm_version is not None or getattr(a, "vllm_python", None):
         from harness.commands.check import check_vllm_version
         check_vllm_version(a, bad)
-    if a.target == "vllm":
+    if a.target in ("vllm", "sglang"):
         from harness.targets import check_fault_names
-        check_fault_names("vllm", a.fault, bad)
+        check_fault_names(a.target, a.fault, bad)
+    if a.target == "sglang" and a.vllm_version is not None:
+        raise bad("--vllm-version applies to --target vllm only")
     if not 0 < a.minutes < float("inf"):
         raise bad(f"--minutes must be a positive number, got {a.minutes:g}")
     if not 0 <= a.shrink_minutes < float("inf"):
@@ -63,6 +65,11 @@ def make_served(a, bad):
             t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **vllm_kw(a))
             t.start()
             return t, t.tokenizer(), t.version
+        if a.target == "sglang":  # SGLang 0.5.23 (CPU backend here): judged black-box, as an OpenAI pair
+            from harness.agents.sglang_points import WRITTEN_AGAINST
+            t = targets.make_target("sglang", frozenset(a.fault), out_dir=a.out)
+            t.start()
+            return t, t.tokenizer(), WRITTEN_AGAINST
         from harness.targets.openai_pair import OpenAIPair
         t = OpenAIPair(a.url, a.url_off, a.served_model)
         t.start()
@@ -205,7 +212,7 @@ def cmd_replay_served(a, bad) -> int:
 
 
 def add_flags(s) -> None:
-    s.add_argument("--target", default="ref", choices=("ref", "vllm", "openai"),
+    s.add_argument("--target", default="ref", choices=("ref", "vllm", "sglang", "openai"),
                    help="ref: the embedded engine (default); vllm: two vLLM servers, async scheduling on/off, "
                         "our agent inside; openai: any two OpenAI-compatible endpoints (--url, --url-off)")
     s.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack (`setup vllm --version V`)")

@@ -388,7 +388,8 @@ def served_books_lines(target: str) -> list[str]:
         if overlap in pair.hung:
             out.append(f"books at idle (async {arm}): not read (the server hung)")
         elif overlap in pair.servers:
-            out.append(books.line(read(overlap), arm))
+            own = getattr(pair, "books_line", None)  # an engine whose books are its own (SGLang's checks)
+            out.append(own(read(overlap), arm) if own else books.line(read(overlap), arm))
     return out
 
 

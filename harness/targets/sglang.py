@@ -1,12 +1,16 @@
 """SGLang as a target: `python -m sglang.launch_server` twice on 127.0.0.1, overlap on (SGLang's
 default: `event_loop_overlap`) and off (`--disable-overlap-schedule`), the same model and seed.
 
-SGLang runs only on a CUDA GPU (its kernels are CUDA builds; its scheduler does not import on
-a CPU torch), so this target is for GPU runners. The agent (harness.agents.sglang_agent) is
+Where: on a CUDA GPU as SGLang ships, or on the CPU (no GPU visible): SGLang's CPU backend
+(`--device cpu`, SGLANG_USE_CPU_ENGINE=1, the `torch_native` attention backend, float32), in the
+venv `overlap-harness setup sglang` makes (harness/targets/sglang_setup.py), with
+harness/targets/sglang_cpu_path first on the servers' PYTHONPATH (the CPU kernel operations
+SGLang imports, in plain PyTorch: see its README). The agent (harness.agents.sglang_agent) is
 loaded by SGLang itself in each scheduler subprocess through the `sglang.srt.plugins` entry
-point; it spins the GPU on the forward and copy streams by a seeded policy (on by default on
-the overlap-on server, so the black-box suites provoke rather than wait for a race), injects the
-SGLang faults, and reports the effective overlap, which is checked before and after every run:
+point; it holds back the forward and the result copy by a seeded policy (the GPU spun on its
+stream; on the CPU the step's own thread, and the result copy moved to a copy thread of the
+agent so that it completes after the host moved on, as a GPU's does), injects the SGLang faults,
+and reports the effective overlap, which is checked before and after every run:
 a server that silently ran the normal loop, or whose scheduler thread blocked in the WAR
 barrier, fails; it never passes. Overlap itself is judged by the host's order of events, as on
 vLLM (harness.agents.host_order): a scheduler that waits on step N's result before it launches
@@ -22,24 +26,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from harness.agents.sglang_points import BARRIER_BLOCK_MS
+from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served import TOP_LOGPROBS, ServedTarget
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)
 DEFAULT_DELAYS = {"forward": {"p": 0.5, "ms": 3.0}, "result_copy": {"p": 0.5, "ms": 2.0}}
-INSTALL_HINT = ("install SGLang 0.5.23 and this harness into one python on a CUDA machine: "
-                "`pip install sglang==0.5.23 && pip install -e .` (the agent is found through its entry point)")
+INSTALL_HINT = "run `overlap-harness setup sglang` (SGLang 0.5.23 in its own venv, on the CPU or a CUDA GPU)"
+# the CPU's memory is shared with the other server (and, here, other engineers' servers): a KV pool
+# of 4096 tokens, 64 requests at once and 2048 positions a request keep one scheduler near 1 GB
+# (SGLang's CPU defaults, 2048 requests of 8192 positions, took 1.5 GB, and the OOM killer)
+CPU_LIMITS = {"--max-total-tokens": "4096", "--max-running-requests": "64", "--context-length": "2048"}
 
 
-def sglang_unavailable_reason(python: str) -> str | None:
-    """None when `python` has SGLang and a CUDA device, else a one-line reason."""
+def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
+    """None when `python` has SGLang (and a CUDA device, for device "cuda"), else a one-line reason."""
     code = ("import importlib.util, sys\n"
             "if importlib.util.find_spec('sglang') is None: sys.exit(3)\n"
             "import torch\n"
-            "if not torch.cuda.is_available(): sys.exit(4)\n"
+            f"if {device == 'cuda'} and not torch.cuda.is_available(): sys.exit(4)\n"
             "from importlib.metadata import entry_points\n"
             "ok = any(e.name == 'overlap_harness' for e in entry_points(group='sglang.srt.plugins'))\n"
             "sys.exit(0 if ok else 5)\n")
@@ -61,12 +69,26 @@ class SglangTarget(ServedTarget):
 
     def __init__(self, model: str | None = None, faults=frozenset(), python: str | None = None,
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
-                 deterministic: bool = False, check_env: bool = True, **kw):
+                 deterministic: bool = False, check_env: bool = True, device: str | None = None,
+                 home=None, pair: str = "main", **kw):
+        from harness.targets import sglang_setup
+        from harness.targets.vllm_setup import _has_cuda, venv_python
+        check_fault_names(faults, ValueError)
+        if device not in (None, "cpu", "cuda"):
+            raise ValueError(f"unknown SGLang device {device!r}: expected cpu or cuda")
+        self.device = device or ("cuda" if _has_cuda() else "cpu")
+        self.home = home or sglang_setup.sglang_home()
+        if python is None and check_env:  # the venv `setup sglang` made, when there is one
+            why = sglang_setup.ready(self.home)
+            if why and self.device == "cpu":
+                raise TargetUnavailable(why)
+            python = None if why else str(venv_python(self.home))
+        if not model or model == "smollm2":
+            model = str(sglang_setup.model_dir(self.home))
+            if check_env and not Path(model, "config.json").is_file():
+                raise TargetUnavailable(f"no model directory in {model}: run `overlap-harness setup sglang`")
         super().__init__(**kw)
-        from harness.agents.sglang_points import check_names
-        check_names(faults, ValueError)
-        if not model:
-            raise TargetUnavailable("the sglang target needs a model (a local path or a Hugging Face id)")
+        self.pair = pair
         self.model, self.faults = model, frozenset(faults)
         self.python = python or sys.executable
         self.extra_args = list(extra_args)
@@ -74,7 +96,7 @@ class SglangTarget(ServedTarget):
         self.mem_fraction, self.deterministic = mem_fraction, deterministic
         self.batch_invariant = deterministic  # SGLang's deterministic mode uses batch-invariant kernels
         if check_env:
-            why = sglang_unavailable_reason(self.python)
+            why = sglang_unavailable_reason(self.python, self.device)
             if why:
                 raise TargetUnavailable(why)
 
@@ -88,16 +110,79 @@ class SglangTarget(ServedTarget):
             self._tok = HFTokenizer.from_dir(self.model)
         return self._tok
 
+    def patches(self) -> list[str]:
+        """The faults that are source patches of SGLang (harness.agents.sglang_patches)."""
+        from harness.agents.sglang_patches import PATCHES
+        return sorted(f for f in self.faults if f in PATCHES)
+
+    def refresh_faults(self, old) -> None:
+        """Agent faults go to the plan; another set of source patches restarts the overlap-on
+        server on its own copy of SGLang when it is next used (the off server keeps running)."""
+        self.set_plan(True)
+
+    def _drop_stale_on(self) -> None:
+        s = self.servers.get(True)
+        if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
+            self.servers.pop(True).stop()  # start() clears its facts
+
+    def start(self, which=(False, True)) -> None:
+        if True in which:
+            self._drop_stale_on()
+        fresh = True in which and True not in self.servers
+        new = [o for o in which if o not in self.servers]
+        super().start(which)
+        if fresh and True in self.servers:
+            self.servers[True].patches = frozenset(self.patches())
+        for overlap in new:
+            self.warm_up(overlap)
+
+    def warm_up(self, overlap: bool) -> None:
+        """One request with a repetition penalty before any run: SGLang compiles its penalty kernel
+        (torch.compile, a C++ build on the CPU) on first use, which took over 27 s here on a busy
+        machine: that first use would otherwise be judged a HANG of whichever run met it first."""
+        import httpx
+        s = self.servers.get(overlap)
+        if s is None:
+            return
+        body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0,
+                                                               "repetition_penalty": 1.1}}
+        try:
+            r = httpx.post(f"http://127.0.0.1:{s.port}/generate", json=body, timeout=600.0)
+        except httpx.HTTPError as e:
+            raise TargetError(f"sglang (overlap {'on' if overlap else 'off'}): the warm-up request failed: {e}") from None
+        if r.status_code != 200:
+            raise TargetError(f"sglang (overlap {'on' if overlap else 'off'}): the warm-up request was refused "
+                              f"({r.status_code}): {r.text[:200]}")
+
+    def url(self, overlap: bool) -> str:
+        if overlap:
+            self._drop_stale_on()
+        return super().url(overlap)
+
+    def plan_extra(self) -> dict:
+        return {"engine": "sglang", "device": self.device}
+
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's faults and default delays stay in force on the overlap-on server
         if overlap and not delays:
             delays = self.delays
-        super().set_plan(overlap, delays, set(faults) | (self.faults if overlap else set()), seed)
+        from harness.agents.sglang_points import CATALOGUE, GPU_ONLY
+        agent_faults = {f for f in set(faults) | (self.faults if overlap else set()) if f in CATALOGUE}
+        if agent_faults and self.device == "cpu":
+            raise TargetUnavailable(f"sglang fault {', '.join(sorted(agent_faults))} {GPU_ONLY}")
+        super().set_plan(overlap, delays, agent_faults, seed)
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
                "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(self.seed)]
-        if not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
+        if self.device == "cpu":
+            # the CPU backend without AMX: SGLang's plain PyTorch attention, float32 (as the vLLM
+            # target), and a KV pool sized in tokens (a RAM fraction would take half the machine)
+            cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+            for flag, value in CPU_LIMITS.items():
+                if not any(a.startswith(flag) for a in self.extra_args):
+                    cmd += [flag, value]
+        elif not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
             cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
         if self.deterministic:
             cmd.append("--enable-deterministic-inference")
@@ -106,10 +191,29 @@ class SglangTarget(ServedTarget):
         return cmd + self.extra_args
 
     def server_env(self, overlap: bool) -> dict:
+        from harness.targets import sglang_setup
+        from harness.targets import vllm_setup as setup_cmd
         env = dict(os.environ)
         allowed = env.get("SGLANG_PLUGINS")
         if allowed and "overlap_harness" not in allowed.split(","):
             env["SGLANG_PLUGINS"] = f"{allowed},overlap_harness"  # a user allow-list must not drop the agent
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        # the agent's code is this checkout's, whichever checkout installed the entry point
+        env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
+        shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
+        env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
+        if self.device == "cpu":
+            env = sglang_setup.cpu_env(env)
+            # two servers share the machine's cores: no binding; one OpenMP thread each
+            env.setdefault("OMP_NUM_THREADS", "1")
+        patches = self.patches() if overlap else []
+        if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
+            from harness.agents.sglang_patches import PatchError
+            from harness.targets.sglang_copy import ensure_copy
+            try:
+                env["PYTHONPATH"] = str(ensure_copy(patches, self.home)) + os.pathsep + env["PYTHONPATH"]
+            except PatchError as e:
+                raise TargetUnavailable(str(e)) from None
         return env
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
@@ -142,14 +246,54 @@ class SglangTarget(ServedTarget):
                     + "; the device's own step times are not recorded, so its idle gap is not judged")
         return effective, host_order.line(effective, why, evidence)
 
+    # -- books at idle: SGLang's own pool checks -------------------------------------------------
+    def idle_books(self, overlap: bool, wait_s: float = 20.0) -> dict:
+        """One server's books once its scheduler is fully idle again: SGLang checks its KV pool and
+        its req_to_token rows itself whenever it is (on_idle); the agent keeps what that check saw
+        (rows free of total, every leak it reported). {"engine": counts} or {"engine": None,
+        "engine_error": why}; kept in self.books for the gate."""
+        import time
+        from harness.agents import plan as planmod
+
+        def sched():
+            fs = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if f.get("role") == "sglang-scheduler"]
+            return max(fs, key=lambda f: f.get("steps", 0)) if fs else {}
+        start = sched().get("books_idle_checks", 0)
+        deadline = time.monotonic() + wait_s
+        f = sched()
+        while f.get("books_idle_checks", 0) <= start and time.monotonic() < deadline:
+            time.sleep(0.2)
+            f = sched()
+        b = f.get("books")
+        if f.get("books_idle_checks", 0) <= start or not b:
+            now = {"engine": None, "engine_error": f"the scheduler did not go fully idle within {wait_s:.0f} s"}
+        else:
+            now = {"engine": {"req_rows_held": b["req_rows_total"] - b["req_rows_free"],
+                              "req_rows_total": b["req_rows_total"], "pool_leaks": f.get("pool_leaks", 0)},
+                   "first_leak": f.get("first_leak", "")}
+        if not hasattr(self, "books"):
+            self.books = {}
+        self.books[overlap] = now
+        return now
+
+    def books_line(self, books: dict, arm: str) -> str:
+        e = books.get("engine")
+        if e is None:
+            return f"books at idle (overlap {arm}): not read ({books.get('engine_error')})"
+        held = e["req_rows_held"] or e["pool_leaks"]
+        return (f"books at idle (overlap {arm}, SGLang's own idle check): req_to_token rows "
+                f"{e['req_rows_total'] - e['req_rows_held']} free of {e['req_rows_total']}, "
+                f"{e['pool_leaks']} pool leak(s) reported; "
+                + ("everything back" if not held else f"NOT BACK: {books.get('first_leak') or ''}".strip()))
+
     # -- requests through /generate ------------------------------------------------------------
     def payload(self, r, overlap: bool) -> dict:
         sp = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
               "skip_special_tokens": False}
         if r.seed is not None:
             sp["sampling_seed"] = int(r.seed)
-        if r.stop:
-            sp["stop"] = list(r.stop)
+        if r.stop:  # SGLang refuses more than MAX_STOP_COUNT; both arms get the same first ones
+            sp["stop"] = list(r.stop)[:MAX_STOP_COUNT]
         if r.repetition_penalty != 1.0:
             sp["repetition_penalty"] = r.repetition_penalty
         if getattr(r, "ignore_eos", False):
@@ -225,6 +369,15 @@ def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[
             return "error", (f"sglang: the scheduler thread blocked in the WAR barrier on {blocked} of {barriers} "
                              f"steps (>{BARRIER_BLOCK_MS} ms): the CPU waits for the GPU, overlap LOST")
     return None
+
+
+def check_fault_names(names, exc=ValueError) -> None:
+    """The agent's faults (sglang_points.CATALOGUE) and the source patches (sglang_patches.PATCHES)."""
+    from harness.agents.sglang_patches import PATCHES
+    from harness.agents.sglang_points import CATALOGUE
+    unknown = sorted(set(names) - set(CATALOGUE) - set(PATCHES))
+    if unknown:
+        raise exc(f"unknown SGLang fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
 
 
 def make(faults=frozenset(), **kw) -> SglangTarget:

@@ -356,7 +356,7 @@ def set_tokenizer_class(d: Path, want: str) -> None:
         f.write_text(json.dumps(cfg, indent=1))
 
 
-def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
+def ensure_agent(home: Path, force: bool = False, label: str = "", engine: str = "vLLM") -> None:
     """Our package in the vLLM venv without dependencies, for its entry point only: the servers
     run with this checkout first on PYTHONPATH (agent_pythonpath), so the agent code is always
     the checkout's own and several checkouts (CI's clone, a worktree) share one install.
@@ -367,7 +367,7 @@ def ensure_agent(home: Path, force: bool = False, label: str = "") -> None:
         if label:
             print(f"{label} agent installed (from {ROOT})", file=sys.stderr)
         return
-    print(f"{label} installing this project's agent into the vLLM venv (from {ROOT})".strip(), file=sys.stderr)
+    print(f"{label} installing this project's agent into the {engine} venv (from {ROOT})".strip(), file=sys.stderr)
     _run([str(venv_python(home)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
           "--no-build-isolation", "-e", str(ROOT)], "installing the agent")
     stamp["project_root"], stamp["agent_id"] = str(ROOT), agent_id

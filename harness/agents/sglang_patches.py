@@ -1,0 +1,116 @@
+"""SGLang overlap bugs re-created as source patches of the installed SGLang (as vllm/patches.py
+does for vLLM): exact search/replace edits of sglang 0.5.23's own text, applied in a private
+linked copy of the package (harness.targets.sglang_copy) that only the overlap-on server of a
+pair imports; the off server stays stock. Each names the class of the article it belongs to and
+the upstream entries of the same kind, and the suite that must catch it.
+
+A search text the installed SGLang no longer has is one clear error (PatchError);
+tests/test_sglang_patches.py applies and compiles every patch against the real source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.agents.sglang_points import WRITTEN_AGAINST
+
+RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
+RELAY = "srt/managers/overlap_utils.py"
+SCHED = "srt/managers/scheduler.py"
+
+
+class PatchError(RuntimeError):
+    """A patch does not apply to the installed SGLang (one line)."""
+
+
+@dataclass(frozen=True)
+class SglangPatch:
+    name: str
+    description: str
+    suite: str  # the suite that must catch it
+    file: str  # relative to the sglang package
+    search: str  # exact source text, found exactly once in `file`
+    replace: str
+    upstream: tuple[str, ...] = ()
+    also: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def edits(self) -> tuple[tuple[str, str], ...]:
+        return ((self.search, self.replace),) + self.also
+
+    @property
+    def point(self) -> str:
+        return self.file.rsplit("/", 1)[-1]
+
+
+EQUIV = "test_overlap_equivalence"
+STEPS = "test_steps"  # tests/test_sglang_pair.py: the steps oracle (harness.oracles.steps) over both arms
+
+PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
+    SglangPatch(
+        "sglang_decode_reads_before_copy",
+        "a result read before its copy: the decode result processor no longer waits on the step's "
+        "copy-done event before it appends the sampled ids to each request (on a GPU it reads "
+        "pinned memory the copy has not filled yet; on the CPU the agent's copy thread lands later)",
+        EQUIV, RESULTS,
+        "    def process_batch_result_decode(\n"
+        "        self,\n"
+        "        batch: ScheduleBatch,\n"
+        "        result: GenerationBatchResult,\n"
+        "    ):\n"
+        "        if result.copy_done is not None:\n"
+        "            result.copy_done.synchronize()\n",
+        "    def process_batch_result_decode(\n"
+        "        self,\n"
+        "        batch: ScheduleBatch,\n"
+        "        result: GenerationBatchResult,\n"
+        "    ):\n",
+        # the class: a host read of step N's output ids ahead of their copy's event
+        ("sgl-project/sglang#8056",)),
+    SglangPatch(
+        "sglang_relay_entry_padded_row",
+        "a relay entry written for a padded row: the last row of every relayed batch is written to "
+        "FutureMap's entry 0 (the padding row's) instead of its own request's entry, so that request's "
+        "next step gathers a stale token as its input",
+        EQUIV, RELAY,
+        "        else:\n"
+        "            self.output_tokens_buf[indices] = payload.bonus_tokens.to(\n"
+        "                self.output_tokens_buf.dtype\n"
+        "            )\n",
+        "        else:\n"
+        "            if indices.shape[0] > 1:\n"
+        "                indices = indices.clone()\n"
+        "                indices[-1] = 0\n"
+        "            self.output_tokens_buf[indices] = payload.bonus_tokens.to(\n"
+        "                self.output_tokens_buf.dtype\n"
+        "            )\n",
+        # the same class in SGLang's JAX port: padded rows' entries overwrite live ones
+        ("sgl-project/sglang-jax#1487", "sgl-project/sglang-jax#1504")),
+    SglangPatch(
+        "sglang_finish_check_late",
+        "the finish check one step late: a request whose in-flight result finishes it by length is no "
+        "longer left out of the next step, so the overlap loop runs a step past max_new_tokens for it "
+        "(its sample thrown away: no token differs, a step is wasted)",
+        STEPS, SCHED,
+        "        if not self.enable_skip_finishing_decode or not self.result_queue:\n"
+        "            return []\n",
+        "        if True:\n"
+        "            return []\n",
+        # the class: overlap schedulers that decode a finished request once more
+        ("sgl-project/sglang#25361", "sgl-project/mini-sglang#111")),
+]}
+
+
+def apply(p: SglangPatch, text: str) -> str:
+    for search, replace in p.edits:
+        n = text.count(search)
+        if n != 1:
+            raise PatchError(f"SGLang patch {p.name}: its search text occurs {n} times in sglang/{p.file} "
+                             f"(written against SGLang {WRITTEN_AGAINST})")
+        text = text.replace(search, replace)
+    return text
+
+
+def check_names(names, exc=ValueError) -> None:
+    unknown = sorted(set(names) - set(PATCHES))
+    if unknown:
+        raise exc(f"unknown SGLang patch {', '.join(unknown)}; known: {', '.join(PATCHES)}")
