@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import stopping
+
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIRS = ("races", "equivalence", "evals")
 
@@ -45,6 +47,8 @@ class GateResult:
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
     cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate_json)
+    collected: int = 0  # cases collected: those past the recorded ones never ran (an interrupted run)
+    interrupted: bool = False  # SIGTERM or Ctrl-C ended the session (harness/stopping.py)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +117,7 @@ class _Collector:
             if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
                 res.hangs.append(msg)
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
+        res.collected = len(self.order)
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
                 "installed": res.installed, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
@@ -258,6 +263,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
         save_durations(col.durations)
     res = col.res
     res.exit_code = int(code)
+    res.interrupted = code == pytest.ExitCode.INTERRUPTED or stopping.requested()
     res.seconds = time.perf_counter() - t
     if code not in (0, 1) and quiet:  # a collection or usage error: show what pytest said
         sys.stderr.write(sink.getvalue()[-2000:])
@@ -440,6 +446,8 @@ def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_o
             progress(label)
         only = [catalogue[label].suite] if intended_only and label != "correct" else None
         res = run_suites(target, fs, seeds, suites=only)
+        if res.interrupted:  # SIGTERM or Ctrl-C: the matrix ends here, not with the next fault
+            raise KeyboardInterrupt
         row = {s.suite: {"caught": s.failed > 0, "failed": s.failed, "cases": s.cases,
                          "first_step": s.first_step, "finding": s.first_failure}
                for s in res.suites.values() if s.skipped < s.cases}  # a suite that cannot attack it: no column

@@ -3,7 +3,7 @@ echoes the prompt's first ids back (logprobs in vLLM's "token_id:N" shape). With
 STAND_IN_CRASH=1 the first completion kills the process the way an engine core's exception
 does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine the process
 lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
-completion and to /health.
+completion and to /health. STAND_IN_DELAY_S=X makes every completion take X seconds.
 
     python crashing_server.py --port P
 """
@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -56,6 +57,7 @@ class Handler(BaseHTTPRequestHandler):
                     traceback.print_exc()
                     sys.stderr.flush()
                     os._exit(7)
+        time.sleep(float(os.environ.get("STAND_IN_DELAY_S", "0")))  # a slow engine: a case stays in flight
         ids = list(body["prompt"])[:body["max_tokens"]]
         out = {"choices": [{"index": 0, "finish_reason": "length", "logprobs": {
             "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.1] * len(ids),

@@ -100,6 +100,8 @@ def cmd_check(a) -> int:
     res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
                      workers=workers)
     print(file=sys.stderr)
+    if res.interrupted:
+        return _stopped(a, res)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
@@ -136,6 +138,32 @@ def cmd_check(a) -> int:
           f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
           + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
     return 0 if res.ok and not hangs and not crashes else 1
+
+
+def _stopped(a, res) -> int:
+    """SIGTERM or Ctrl-C ended the suites (harness/stopping.py): what ran and what was found
+    before it, printed and written as on a full run; no verdict on the rows that never ran, and
+    no run-wide judgement (overlap, invariance) of a run cut short."""
+    from harness import stopping
+    hangs, crashes = served_hangs(a.target), served_crashes(a.target)
+    print(format_table(res))
+    for h in hangs:
+        print(h["line"])
+        print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+    for line in res.hangs[:3]:
+        print(line)
+    for c in crashes:
+        print(c["line"])
+        print(f"  the engine's traceback (log {c['log']})")
+    word = stopping.stopped_word().upper()
+    ran = sum(s.cases for s in res.suites.values())
+    if a.json:
+        _write_json(a, res, word, hangs)
+    print(f"\n{word} by {stopping.signal_name()}: {sum(s.passed for s in res.suites.values())} passed, "
+          f"{sum(s.failed for s in res.suites.values())} failed, {max(res.collected - ran, 0)} not run, "
+          f"in {res.seconds:.0f} s" + (f"; JUnit XML: {a.junit}" if a.junit else "")
+          + (f"; JSON: {a.json}" if a.json else ""))
+    return stopping.exit_code()
 
 
 def _write_json(a, res, verdict: str, hangs) -> None:

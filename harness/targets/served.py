@@ -25,6 +25,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target
 
@@ -261,17 +262,13 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
-def _on_sigterm(signum, frame):
-    stop_all()
-    raise SystemExit(128 + signum)
-
-
 def install_sigterm_handler() -> None:
-    """SIGTERM (a CI cancellation, `timeout`) stops our servers too; only where nobody else
-    handles it, and only from the main thread."""
+    """SIGTERM (a CI cancellation, `timeout`) ends the run as Ctrl-C does and stops our servers
+    (harness/stopping.py); only where nobody else handles it (the CLI installed it already; a
+    plain `pytest --oh-target vllm` gets it here), and only from the main thread."""
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        stopping.install()
 
 
 class ServedTarget(Target):
@@ -358,6 +355,8 @@ class ServedTarget(Target):
         effective overlap setting."""
         install_sigterm_handler()
         pending = [o for o in which if o not in self.servers]
+        if pending:  # after SIGTERM or Ctrl-C nothing starts again: the run ends instead
+            stopping.refuse_start(f"the {self.name} server pair")
         for overlap in pending:
             self.facts_dir(overlap).mkdir(parents=True, exist_ok=True)
             for old in self.facts_dir(overlap).iterdir():  # a restarted server's facts replace the last one's
@@ -578,6 +577,8 @@ class ServedTarget(Target):
 
     def _hang(self, overlap: bool, stalled: float, bound: float, period, pending: int, steps: int):
         import json
+        if stopping.requested():  # the stall is our own stop: no HANG finding
+            raise KeyboardInterrupt(f"{self.name}: the server was stopped ({stopping.stopped_word()})")
         mode = "on" if overlap else "off"
         how = (f"{HANG_STEPS} x median token period {period:.3f} s, at least {HANG_FLOOR_S:.0f} s, at most "
                f"{HANG_CAP_S:.0f} s" if period else f"no token period measured yet: the cap, {HANG_CAP_S:.0f} s")
@@ -630,6 +631,8 @@ class ServedTarget(Target):
                 how = f"has a dead engine (its API server answers {self.health_path} with {code})"
         if how is None:
             return
+        if stopping.requested():  # we stopped it (SIGTERM, Ctrl-C): no finding, the run ends
+            raise KeyboardInterrupt(f"{self.name}: the server was stopped ({stopping.stopped_word()})")
         mode = "on" if overlap else "off"
         case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
         tb = engine_traceback(s.log_path)
