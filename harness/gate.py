@@ -422,6 +422,16 @@ def served_release(target: str, asked: str | None = None) -> tuple[str | None, l
     return asked, adapted
 
 
+def served_restarts_line(target: str) -> str:
+    """How often the pair started again after a death, and whether it was given up (issue 36)."""
+    pair = _served_pair(target) if target != "ref" else None
+    n, gone = getattr(pair, "restarts", 0), getattr(pair, "given_up", "")
+    if not n and not gone:
+        return ""
+    return (f"the server pair started again {n} time(s) after a death; every later case was judged"
+            if not gone else f"the server pair started again {n} time(s) after a death, then not again: {gone}")
+
+
 def served_hangs(target: str) -> list[dict]:
     """The runs the progress watchdog ended as HANG: {"line", "report", "stacks"} each."""
     return list(getattr(_served_pair(target), "hangs", []) or []) if target != "ref" else []

@@ -8,7 +8,7 @@ import sys
 
 from harness.gate import (conservation_line, format_matrix, format_table, invariance_lines, kill_matrix,
     overlap_line, path_lines, release_line, run_suites, served_books_lines, served_crashes, served_hangs,
-    served_overlap_line, start_served)
+    served_overlap_line, served_restarts_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -117,8 +117,8 @@ def cmd_check(a) -> int:
     if a.target == "vllm" and release_line(a.target):
         print(release_line(a.target))
     hangs = served_hangs(a.target)
-    for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
-        print(h["line"])
+    for h in hangs:  # one finding each; the pair started again and the gate went on with the next case
+        print(h["line"] + (f" (case {h['case']})" if h.get("case") else ""))
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
         for note in h.get("notes") or ():  # what the engine held, and by whom
             print(f"  {note.strip()}")
@@ -127,10 +127,12 @@ def cmd_check(a) -> int:
     if len(res.hangs) > 3:
         print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
     crashes = served_crashes(a.target)
-    for c in crashes:  # later rows on that arm said the server was gone because of it
+    for c in crashes:  # one finding each; the pair started again and the gate went on with the next case
         print(c["line"])
         print(f"  the engine's traceback (log {c['log']}):")
         print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
+    if served_restarts_line(a.target):
+        print(served_restarts_line(a.target))
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
         _write_json(a, res, verdict, hangs)
@@ -170,7 +172,8 @@ def _write_json(a, res, verdict: str, hangs) -> None:
     from harness import gate_json
     from harness.gate import served_release
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs))
+    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs,
+                                             served_crashes(a.target)))
 
 
 def cmd_mutants(a) -> int:
