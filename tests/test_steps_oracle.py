@@ -140,13 +140,25 @@ def test_judge_steps_fails_a_step_past_max_tokens_and_passes_the_correct_engine(
 
 
 def test_the_step_past_max_tokens_is_known_upstream_only_before_its_fix():
-    run = _path_run([K0, 3, 3, 0, 0, 0, L])
+    # the agent counted the entry's mechanism for that request: a step scheduled with its last token in flight
+    run = _path_run([K0, 3, 3, 0, 0, 0, L, {"scheduled_at_cap": 1}])
     run.release = "0.11.0"
     with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM async-step-past-max-tokens"):
         judge_steps(run)
     run.release = "0.12.0"
     with pytest.raises(pytest.fail.Exception, match="not live in 0.12.0"):
         judge_steps(run)
+
+
+def test_a_step_past_max_tokens_without_the_known_mechanism_is_new():
+    # in the entry's range, but no step of that request was scheduled with its last token in
+    # flight (an older agent's record has no evidence at all): the same finding is new (issue 36)
+    for rec in ([K0, 3, 3, 0, 0, 0, L, {"stale_dropped:reset": 1}], [K0, 3, 3, 0, 0, 0, L]):
+        run = _path_run(rec)
+        run.release = "0.11.0"
+        with pytest.raises(pytest.fail.Exception, match="looks like known upstream async-step-past-max-tokens, "
+                                                        r"but its mechanism \(scheduled_at_cap\) was not counted"):
+            judge_steps(run)
 
 
 def test_no_books_or_no_capped_request_is_not_exercised():

@@ -70,6 +70,25 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        request.num_preemptions += 1\n",
         ("vllm-project/vllm#38624", "vllm-project/vllm#49860")),
     VllmPatch(
+        "pressure_preempt_drops_in_flight",
+        "a request preempted to make room for another (KV pressure) with a step in flight has that "
+        "step's output dropped instead of delivered: the position is sampled again when it resumes, "
+        "so a seeded request draws twice from its generator there. It looks like the known upstream "
+        "async-seeded-preempt-in-flight (same divergence, same shape), whose mechanism on 0.32.0 is the "
+        "reset path's drop: only the mechanism counted for the request tells them apart (issue 36)",
+        "preemption_in_flight", PATHS_SUITE, SCHED,
+        "                    self._preempt_request(\n"
+        "                        preempted_req,\n"
+        "                        scheduled_timestamp,\n"
+        "                        drop_stale_output=self.requires_kv_delivery,\n"
+        "                    )\n",
+        "                    self._preempt_request(\n"
+        "                        preempted_req,\n"
+        "                        scheduled_timestamp,\n"
+        "                        drop_stale_output=True,\n"
+        "                    )\n",
+        ("vllm-project/vllm#19940", "vllm-project/vllm#42043")),
+    VllmPatch(
         "preempt_in_flight_not_stale",
         "preemption does not mark the step in flight as stale: its token, which predates the "
         "rollback, is applied to the reset counters when it returns", "preemption_in_flight", PATHS_SUITE, SCHED,

@@ -11,7 +11,14 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   token is in flight sits out the step after it, as the async guard at max_tokens wants, and
   then finishes: that is not a wait);
 - `preempted` and how it finished (`finish`: vLLM's status name), so the oracle
-  (harness.oracles.steps) compares like with like.
+  (harness.oracles.steps) compares like with like;
+- `evidence`: the mechanisms of known upstream bugs, counted for this request (issue 36: a known
+  entry claims a finding only with its own mechanism counted for that request, never by the
+  finding's wording): `stale_dropped:<path>`, a preemption that drops the request's in-flight
+  sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
+  path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
+  scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
+  (max_tokens) was already in flight.
 Each request is keyed for the client by its prompt ids and max_tokens (request_key), which is
 what the suites know of it. The books live in their own facts file (role "steps"), the last
 KEEP requests.
@@ -23,7 +30,9 @@ from collections import OrderedDict
 
 KEEP = 2048  # requests kept in the books (a gate sends a few hundred to one server)
 ROLE = "steps"
-FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish")
+FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish", "evidence")
+# vLLM's function that called _preempt_request -> the path it stands for
+PREEMPT_PATHS = {"reset_prefix_cache": "reset", "schedule": "kv_pressure"}
 
 
 def request_key(prompt_ids, max_tokens) -> str:
@@ -43,7 +52,8 @@ class Books:
             max_tokens = getattr(r, "max_tokens", None)
             if max_tokens is None:
                 max_tokens = getattr(getattr(r, "sampling_params", None), "max_tokens", None)
-            rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, ""]
+            rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, "",
+                                             {}]
             while len(self.reqs) > KEEP:
                 self.reqs.popitem(last=False)
         return rec
@@ -60,6 +70,11 @@ class Books:
                 continue
             rec = self._rec(r)
             rec[1] += 1
+            cap = getattr(r, "max_tokens", None)
+            ahead = int(getattr(r, "num_output_placeholders", 0) or 0)
+            if cap is not None and ahead > 0 and r.num_output_tokens + ahead >= cap:
+                # scheduled with its last token already in flight (async-step-past-max-tokens' mechanism)
+                _count(rec, "scheduled_at_cap")
             if r.num_computed_tokens >= r.num_tokens:  # (advanced by the schedule) every known token
                 rec[2] += 1
             rec[3] += rec[4]  # it ran again: the steps it sat out were a wait
@@ -70,9 +85,13 @@ class Books:
                     self._rec(r)[4] += 1
         self.publish()
 
-    def preempted(self, request) -> None:
-        self._rec(request)[5] += 1
-        self._rec(request)[4] = 0  # out of the running set: a wait there is no longer owed
+    def preempted(self, request, path: str = "") -> None:
+        rec = self._rec(request)
+        rec[5] += 1
+        rec[4] = 0  # out of the running set: a wait there is no longer owed
+        if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
+            # its in-flight sample will be thrown away and its position sampled again
+            _count(rec, f"stale_dropped:{path or 'unknown'}")
         self.publish()
 
     def finished(self, request) -> None:
@@ -86,7 +105,26 @@ class Books:
 
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
-        self.facts(ROLE).set(requests={k: list(v) for k, v in self.reqs.items()})
+        self.facts(ROLE).set(requests={k: [*v[:-1], dict(v[-1])] for k, v in self.reqs.items()})
+
+
+def _count(rec, what: str) -> None:
+    rec[7][what] = rec[7].get(what, 0) + 1
+
+
+def _preempt_path() -> str:
+    """Which of vLLM's paths is preempting: the nearest vLLM caller of _preempt_request (our
+    own wrappers of it may sit between)."""
+    import sys
+    f = sys._getframe(2)
+    for _ in range(8):
+        if f is None:
+            break
+        name = f.f_code.co_name
+        if name in PREEMPT_PATHS and f.f_globals.get("__name__", "").startswith("vllm."):
+            return PREEMPT_PATHS[name]
+        f = f.f_back
+    return "other"
 
 
 _BOOKS: Books | None = None
@@ -105,8 +143,9 @@ def _schedule(orig):
 
 def _preempt(orig):
     def _preempt_request(self, request, *a, **kw):
+        path = _preempt_path()
         out = orig(self, request, *a, **kw)
-        _BOOKS.preempted(request)
+        _BOOKS.preempted(request, path)
         return out
     return _preempt_request
 

@@ -26,6 +26,7 @@ class StepBooks:
     """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted], finishes."""
     per_key: dict = field(default_factory=dict)
     finish: dict = field(default_factory=dict)  # key -> set of finish status names
+    evidence: dict = field(default_factory=dict)  # key -> {mechanism: count} (vllm_steps `evidence`)
 
 
 def books_of(facts: list[dict]) -> dict[str, list]:
@@ -52,7 +53,16 @@ def summed(records: dict) -> StepBooks:
         for j, name in enumerate(("scheduled", "sampled", "waited", "preempted"), 1):
             acc[j] += int(rec[ix[name]])
         b.finish.setdefault(key, set()).add(rec[ix["finish"]] or "unfinished")
+        ev = rec[ix["evidence"]] if len(rec) > ix["evidence"] else {}  # an older agent's books have none
+        acc_ev = b.evidence.setdefault(key, {})
+        for what, n in (ev or {}).items():
+            acc_ev[what] = acc_ev.get(what, 0) + int(n)
     return b
+
+
+def evidence_of(books: "StepBooks", r) -> dict:
+    """The mechanisms the agent counted for request `r` (a Request) in one arm's books."""
+    return dict(books.evidence.get(request_key(r.prompt_ids, r.max_new_tokens), {}))
 
 
 @dataclass
@@ -63,6 +73,7 @@ class StepsVerdict:
     left_out: dict  # why -> count
     waited_on: int = 0
     waited_off: int = 0
+    evidence: dict = field(default_factory=dict)  # finding -> the async-on arm's evidence for its request
 
 
 def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
@@ -71,7 +82,7 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
     names: dict[str, list[str]] = {}
     for r in reqs:
         names.setdefault(request_key(r.prompt_ids, r.max_new_tokens), []).append(r.rid)
-    findings, left = [], {}
+    findings, left, evidence = [], {}, {}
     compared = capped = w_on = w_off = 0
     for key, rids in names.items():
         a, b = off.per_key.get(key), on.per_key.get(key)
@@ -102,7 +113,9 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
         if b[3] > a[3]:
             findings.append(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
                             f"(sat in the running set unscheduled, then ran)")
-    return StepsVerdict(findings, compared, capped, left, w_on, w_off)
+        for f in findings:
+            evidence.setdefault(f, dict(on.evidence.get(key, {})))
+    return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
 
 
 def summary_line(v: StepsVerdict) -> str:
