@@ -18,7 +18,12 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
   path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
   scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
-  (max_tokens) was already in flight.
+  (max_tokens) was already in flight;
+- `after_abort`: the steps it was scheduled in after its abort reached the scheduler
+  (finish_requests with an aborted status): an aborted request gets no more work, both arms;
+- `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
+  the step left slots (running < max_num_seqs), token budget and KV blocks for its prompt free,
+  no preemption and no pause in the step: admission is a result too (the oracle compares the arms).
 Each request is keyed for the client by its prompt ids and max_tokens (request_key), which is
 what the suites know of it. The books live in their own facts file (role "steps"), the last
 KEEP requests.
@@ -30,7 +35,8 @@ from collections import OrderedDict
 
 KEEP = 2048  # requests kept in the books (a gate sends a few hundred to one server)
 ROLE = "steps"
-FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish", "evidence")
+FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish", "evidence", "after_abort",
+          "admit_waits")
 # vLLM's function that called _preempt_request -> the path it stands for
 PREEMPT_PATHS = {"reset_prefix_cache": "reset", "schedule": "kv_pressure"}
 
@@ -45,6 +51,7 @@ class Books:
     def __init__(self, facts):
         self.facts = facts  # fn(role) -> planmod.Facts
         self.reqs: OrderedDict = OrderedDict()  # vLLM request id -> list in FIELDS order
+        self.aborted: OrderedDict = OrderedDict()  # request ids whose abort reached the scheduler
 
     def _rec(self, r):
         rec = self.reqs.get(r.request_id)
@@ -53,7 +60,7 @@ class Books:
             if max_tokens is None:
                 max_tokens = getattr(getattr(r, "sampling_params", None), "max_tokens", None)
             rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, "",
-                                             {}]
+                                             {}, 0, 0]
             while len(self.reqs) > KEEP:
                 self.reqs.popitem(last=False)
         return rec
@@ -70,6 +77,8 @@ class Books:
                 continue
             rec = self._rec(r)
             rec[1] += 1
+            if rid in self.aborted:  # work for a request whose client is gone
+                rec[8] += 1
             cap = getattr(r, "max_tokens", None)
             ahead = int(getattr(r, "num_output_placeholders", 0) or 0)
             if cap is not None and ahead > 0 and r.num_output_tokens + ahead >= cap:
@@ -83,7 +92,32 @@ class Books:
             for r in sched.running:
                 if r.request_id not in scheduled:
                     self._rec(r)[4] += 1
+            self._admission(sched, out)
         self.publish()
+
+    def _admission(self, sched, out) -> None:
+        """Requests left waiting although the step had room for them: a slot, token budget (the
+        caller checked) and KV blocks for the whole prompt; a step that preempted or a paused
+        engine admits no one by design."""
+        if getattr(out, "preempted_req_ids", None):
+            return
+        pause = getattr(sched, "_pause_state", None)
+        if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
+            return
+        slots = getattr(sched, "max_num_active_reqs", None) or getattr(sched, "max_num_running_reqs", 0)
+        if not slots or len(sched.running) >= slots:
+            return
+        try:
+            free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+            size = int(getattr(sched, "block_size", 0) or sched.cache_config.block_size)
+        except AttributeError:
+            return  # a release whose books we cannot read: no count (the oracle sees none)
+        for r in list(sched.waiting):
+            status = getattr(getattr(r, "status", None), "name", "")
+            if status != "WAITING" or getattr(r, "num_preemptions", 0):
+                continue  # blocked on a grammar, a stream, a KV load, or resumed: not plain admission
+            if free >= -(-(r.num_tokens + 1) // size):
+                self._rec(r)[9] += 1
 
     def preempted(self, request, path: str = "") -> None:
         rec = self._rec(request)
@@ -105,7 +139,7 @@ class Books:
 
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
-        self.facts(ROLE).set(requests={k: [*v[:-1], dict(v[-1])] for k, v in self.reqs.items()})
+        self.facts(ROLE).set(requests={k: [*v[:7], dict(v[7]), *v[8:]] for k, v in self.reqs.items()})
 
 
 def _count(rec, what: str) -> None:
@@ -163,6 +197,12 @@ def _finish(orig):
     def finish_requests(self, request_ids, *a, **kw):
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
         reqs = [self.requests.get(i) for i in ids]
+        status = a[0] if a else kw.get("finished_status")
+        if "ABORT" in getattr(status, "name", str(status)):  # the abort reached the scheduler: no more work
+            for i in ids:
+                _BOOKS.aborted[i] = True
+            while len(_BOOKS.aborted) > KEEP:
+                _BOOKS.aborted.popitem(last=False)
         out = orig(self, request_ids, *a, **kw)
         for r in reqs:
             if r is not None and r.request_id in _BOOKS.reqs:

@@ -23,7 +23,8 @@ LENGTH = "FINISHED_LENGTH_CAPPED"
 
 @dataclass
 class StepBooks:
-    """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted], finishes."""
+    """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted, after_abort,
+    admit_waits], finishes."""
     per_key: dict = field(default_factory=dict)
     finish: dict = field(default_factory=dict)  # key -> set of finish status names
     evidence: dict = field(default_factory=dict)  # key -> {mechanism: count} (vllm_steps `evidence`)
@@ -48,10 +49,10 @@ def summed(records: dict) -> StepBooks:
     ix = {k: i for i, k in enumerate(FIELDS)}
     for rec in records.values():
         key = rec[ix["key"]]
-        acc = b.per_key.setdefault(key, [0, 0, 0, 0, 0])
+        acc = b.per_key.setdefault(key, [0, 0, 0, 0, 0, 0, 0])
         acc[0] += 1
-        for j, name in enumerate(("scheduled", "sampled", "waited", "preempted"), 1):
-            acc[j] += int(rec[ix[name]])
+        for j, name in enumerate(("scheduled", "sampled", "waited", "preempted", "after_abort", "admit_waits"), 1):
+            acc[j] += int(rec[ix[name]]) if len(rec) > ix[name] else 0  # an older agent's books lack the last
         b.finish.setdefault(key, set()).add(rec[ix["finish"]] or "unfinished")
         ev = rec[ix["evidence"]] if len(rec) > ix["evidence"] else {}  # an older agent's books have none
         acc_ev = b.evidence.setdefault(key, {})
@@ -87,10 +88,19 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
     for key, rids in names.items():
         a, b = off.per_key.get(key), on.per_key.get(key)
         who = "/".join(rids)
+
+        def add(f: str, key=key) -> None:  # with the async-on arm's evidence for its request
+            findings.append(f)
+            evidence.setdefault(f, dict(on.evidence.get(key, {})))
+
         if a is None or b is None:
             left["not seen in both arms"] = left.get("not seen in both arms", 0) + 1
             continue
         fin = off.finish.get(key, set()) | on.finish.get(key, set())
+        for lab, x in (("on", b), ("off", a)):  # absolute, either arm: a client that is gone gets no more work
+            if x[5]:
+                add(f"request {who}: {x[5]} step(s) scheduled after its abort reached the scheduler "
+                    f"(async {lab}): an aborted request gets no more work")
         if a[4] or b[4]:
             left["preempted"] = left.get("preempted", 0) + 1
             continue
@@ -105,16 +115,17 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
         if fin == {LENGTH}:
             capped += a[0]
             if b[2] > a[2]:
-                findings.append(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (max_tokens "
-                                f"{key.split(':')[1]}, capped in both): {b[2] - a[2]} step(s) past max_tokens")
+                add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (max_tokens "
+                    f"{key.split(':')[1]}, capped in both): {b[2] - a[2]} step(s) past max_tokens")
         elif b[2] > a[2] + a[0]:
-            findings.append(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (stopped on a token: "
-                            f"at most {a[0]} more allowed)")
+            add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (stopped on a token: "
+                f"at most {a[0]} more allowed)")
         if b[3] > a[3]:
-            findings.append(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
-                            f"(sat in the running set unscheduled, then ran)")
-        for f in findings:
-            evidence.setdefault(f, dict(on.evidence.get(key, {})))
+            add(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
+                f"(sat in the running set unscheduled, then ran)")
+        if b[6] > a[6]:
+            add(f"request {who}: left waiting {b[6]} step(s) with a slot, token budget and KV blocks "
+                f"free async on, {a[6]} off (the async-off arm admitted it sooner)")
     return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
 
 

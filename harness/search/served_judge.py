@@ -197,8 +197,9 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         return out
     sv = steps.compare(case.requests, steps.summed(off["steps"]), steps.summed(on["steps"]))
     for f in sv.findings:
-        out.append(Finding("steps", f"steps: {f}", ("steps", "past max_tokens" if "past max_tokens" in f else
-                                                    "waited" if "waited" in f else "more steps")))
+        kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
+                "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
+        out.append(Finding("steps", f"steps: {f}", ("steps", kind)))
         evidence[out[-1].summary] = sv.evidence.get(f, {})
     for f in bookmod.findings(on["books"], off["books"]):
         if bookmod.HELD["host_buffers_held"] in f and all(
