@@ -65,11 +65,13 @@ def test_a_dropped_in_flight_sample_is_counted_by_the_path_that_preempted():
 def test_a_step_scheduled_with_the_last_token_in_flight_is_counted():
     books, facts = _books()
     r = _req("a", [1, 2], 2)
+    r.num_computed_tokens = r.num_tokens  # a decode step: it samples
     sched = SimpleNamespace(requests={"a": r}, running=[r], max_num_scheduled_tokens=64)
     out = SimpleNamespace(total_num_scheduled_tokens=1, num_scheduled_tokens={"a": 1})
-    r.num_output_tokens, r.num_output_placeholders = 1, 0
-    books.after_schedule(sched, out)  # its second (last) token is scheduled now: no evidence
+    # its second (last) token is scheduled now: the schedule added this step's placeholder, no evidence
+    r.num_output_tokens, r.num_output_placeholders = 1, 1
+    books.after_schedule(sched, out)
     assert facts.data["requests"]["a"][7] == {}
-    r.num_output_placeholders = 1  # that token is in flight, and the request is scheduled again
+    r.num_output_placeholders = 2  # that token still in flight, and the request is scheduled again
     books.after_schedule(sched, out)
     assert facts.data["requests"]["a"][7] == {"scheduled_at_cap": 1}

@@ -79,12 +79,14 @@ class Books:
             rec[1] += 1
             if rid in self.aborted:  # work for a request whose client is gone
                 rec[8] += 1
+            samples = r.num_computed_tokens >= r.num_tokens  # (advanced by the schedule) every known token
             cap = getattr(r, "max_tokens", None)
-            ahead = int(getattr(r, "num_output_placeholders", 0) or 0)
+            # the tokens in flight before this step (the schedule already added this step's placeholder)
+            ahead = int(getattr(r, "num_output_placeholders", 0) or 0) - (1 if samples else 0)
             if cap is not None and ahead > 0 and r.num_output_tokens + ahead >= cap:
                 # scheduled with its last token already in flight (async-step-past-max-tokens' mechanism)
                 _count(rec, "scheduled_at_cap")
-            if r.num_computed_tokens >= r.num_tokens:  # (advanced by the schedule) every known token
+            if samples:
                 rec[2] += 1
             rec[3] += rec[4]  # it ran again: the steps it sat out were a wait
             rec[4] = 0
