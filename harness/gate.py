@@ -265,7 +265,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
     res.exit_code = int(code)
     res.interrupted = code == pytest.ExitCode.INTERRUPTED or stopping.requested()
     res.seconds = time.perf_counter() - t
-    if code not in (0, 1) and quiet:  # a collection or usage error: show what pytest said
+    if code not in (0, 1) and quiet and not res.interrupted:  # a collection or usage error: show what pytest said
         sys.stderr.write(sink.getvalue()[-2000:])
     return res
 
