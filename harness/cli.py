@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         # a command that keeps what it found and prints its summary returned already; this is
         # one that had nothing to keep yet (a server pair still starting, a single run)
         print(f"overlap-harness: {stopping.stopped_word()} by {stopping.signal_name()}", file=sys.stderr)
-        served = sys.modules.get("harness.targets.served")
+        served = sys.modules.get("harness.targets.server_process")
         if served is not None:  # before the exit handlers: no server outlives the message
             served.stop_all()
         return stopping.exit_code()

@@ -1,6 +1,6 @@
 """The agent counts, per request, the mechanisms of known upstream bugs (issue 36: a known entry
 claims a finding only with its own mechanism counted for that request). Here the agent's step
-books (harness/agents/vllm_steps.py) are driven by stand-ins of vLLM's scheduler objects, and
+books (harness/agents/vllm/steps.py) are driven by stand-ins of vLLM's scheduler objects, and
 the preemption path is read from the calling vLLM function as in the engine: a preemption by
 `reset_prefix_cache` that drops the in-flight sample counts `stale_dropped:reset`, one by
 `schedule` (KV pressure) `stale_dropped:kv_pressure`, one that keeps (delivers) its in-flight
@@ -8,7 +8,7 @@ output nothing; a step scheduled with the request's last token in flight counts
 `scheduled_at_cap`. The books summed per request carry them (harness/oracles/steps.py)."""
 from types import SimpleNamespace
 
-from harness.agents import vllm_steps
+from harness.agents.vllm import steps as vllm_steps
 from harness.engine.request import Request
 from harness.oracles import steps
 

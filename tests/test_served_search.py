@@ -30,7 +30,7 @@ def _draw(n=12, seed=3, **kw):
 
 
 def test_delay_points_are_the_agents():
-    from harness.agents.vllm_points import DELAY_POINTS
+    from harness.agents.vllm.points import DELAY_POINTS
     assert sc.DELAY_POINTS == DELAY_POINTS
 
 
@@ -179,8 +179,8 @@ def test_a_bad_reproducer_is_one_line(tmp_path):
 
 
 def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
-    from harness.targets import vllm_paths as vp
-    k = next(k for k in vp.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
+    from harness.targets import vllm_upstream
+    k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
     d, case = served_repro.load(k.reproducer)
     assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
 
@@ -310,7 +310,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
 
 
 def test_no_known_entry_claims_by_wording_alone():
-    from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_upstream as vp
     alone = [k.id for k in vp.KNOWN_UPSTREAM if vp.claims_by_wording_alone(k)]
     assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
     injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)
