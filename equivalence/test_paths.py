@@ -164,7 +164,8 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
     print(line)
     if v.length_capped == 0:
         pytest.fail(f"not exercised: steps: no request capped by max_tokens was compared ({line})", pytrace=False)
-    new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release)
+    # a known entry claims a step finding only with its mechanism counted for that request (issue 36)
+    new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release, evidence=v.evidence.get)
     _report("steps", new, seen, gone, record_property)
     return line
 

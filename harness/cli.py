@@ -60,6 +60,8 @@ def _extra_commands():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness import stopping
+    stopping.install()  # SIGTERM (a CI cancellation, `timeout`) ends every command as Ctrl-C does
     try:
         a = make_parser().parse_args(argv)
         return a.fn(a) or 0
@@ -67,8 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overlap-harness: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("overlap-harness: interrupted", file=sys.stderr)
-        return 130
+        # a command that keeps what it found and prints its summary returned already; this is
+        # one that had nothing to keep yet (a server pair still starting, a single run)
+        print(f"overlap-harness: {stopping.stopped_word()} by {stopping.signal_name()}", file=sys.stderr)
+        served = sys.modules.get("harness.targets.server_process")
+        if served is not None:  # before the exit handlers: no server outlives the message
+            served.stop_all()
+        return stopping.exit_code()
 
 
 if __name__ == "__main__":

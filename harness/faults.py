@@ -93,6 +93,10 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
     Fault("retract_keeps_entry", "a retracted request gives back its pages and row but keeps its relay "
           "entry; readmitted, it takes another, until no entry is left and admission stops (HANG)", "5.3",
           "test_conservation", ordering=False),
+    Fault("evict_ref_twice", "admission holds a matched prefix while it evicts others and takes each "
+          "node's reference twice on that path (the second by hand, past the cache's lock count), releasing "
+          "it once: a reference no request owns stays on those pages, never evictable, and every count still "
+          "adds up", "5.3", "test_conservation", ordering=False),
 ]}
 
 

@@ -3,7 +3,9 @@ echoes the prompt's first ids back (logprobs in vLLM's "token_id:N" shape). With
 STAND_IN_CRASH=1 the first completion kills the process the way an engine core's exception
 does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine the process
 lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
-completion and to /health.
+completion and to /health. With STAND_IN_POISON=crash (or hang) only a completion whose prompt
+holds id 13 kills the process (or never answers, its progress counter still): one case dies,
+the others are served. STAND_IN_DELAY_S=X makes every completion take X seconds.
 
     python crashing_server.py --port P
 """
@@ -11,12 +13,29 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def schedule_step(batch):
     raise RuntimeError("stand-in engine: step 3 found a placeholder in the input ids")
+
+
+POISON = 13  # a prompt holding this id is the case that kills the engine (STAND_IN_POISON=crash|hang)
+_TOKENS = [0]
+
+
+def _facts(n: int) -> None:
+    """An agent's progress counter (tokens delivered, token period) where the target's plan says
+    facts go, so the target's watchdog can tell a stall (STAND_IN_POISON=hang) from slowness."""
+    plan = os.environ.get("OVERLAP_HARNESS_AGENT_PLAN")
+    if not plan:
+        return
+    _TOKENS[0] += n
+    d = json.load(open(plan))["facts_dir"]
+    with open(os.path.join(d, f"stand-in-{os.getpid()}.json"), "w") as f:
+        json.dump({"tokens_out": _TOKENS[0], "token_period_ms": 10.0, "steps": _TOKENS[0]}, f)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -47,7 +66,11 @@ class Handler(BaseHTTPRequestHandler):
                 sys.stderr.flush()
                 Handler.dead = True
                 return self._500()
-        if os.environ.get("STAND_IN_CRASH") == "1":
+        poison = POISON in body["prompt"]
+        if poison and os.environ.get("STAND_IN_POISON") == "hang":
+            _facts(0)
+            time.sleep(3600)  # the engine stops delivering tokens: the watchdog's HANG
+        if os.environ.get("STAND_IN_CRASH") == "1" or (poison and os.environ.get("STAND_IN_POISON") == "crash"):
             with Handler.core:
                 try:
                     schedule_step(body)
@@ -56,10 +79,12 @@ class Handler(BaseHTTPRequestHandler):
                     traceback.print_exc()
                     sys.stderr.flush()
                     os._exit(7)
+        time.sleep(float(os.environ.get("STAND_IN_DELAY_S", "0")))  # a slow engine: a case stays in flight
         ids = list(body["prompt"])[:body["max_tokens"]]
         out = {"choices": [{"index": 0, "finish_reason": "length", "logprobs": {
             "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.1] * len(ids),
             "top_logprobs": [{f"token_id:{i}": -0.1} for i in ids]}}]}
+        _facts(len(ids))
         data = json.dumps(out).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

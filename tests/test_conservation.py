@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness.engine import books
+from harness.engine import books, memory
 from harness.engine.loop import STALL_ROUNDS, EngineHang
 from harness.oracles.conservation import books_line, findings
 from harness.targets.ref import RefTarget
@@ -89,6 +89,34 @@ def test_a_starving_leak_is_a_hang_with_what_is_held(tok):
     assert e.value.engine.books.findings[0].resource == books.ROWS
     # the correct engine, the same workload alone, finishes
     RefTarget().run(workloads.mixed(tok, 10, 0), overlap=False, max_running=1)
+
+
+def test_a_reference_no_request_owns_is_found(tok, monkeypatch):
+    # issue 36 item 8: the eviction path takes a matched prefix's reference twice and releases it
+    # once; every count (free + cached + in use, the cache's lock count) still adds up, so only a
+    # full look at the nodes sees it: at idle (overlap on), and in the HANG's books when the pinned
+    # pages starve admission (overlap off: before issue 36 that HANG said "0 lock(s)" and no more)
+    eng, _ = run(tok, "aborts", {"evict_ref_twice"}, overlap=True)
+    f = findings(eng)
+    assert f and f[0].resource == books.PAGES and "no request owns" in f[0].what and f[0].holder == "", f
+    with pytest.raises(EngineHang) as e:
+        run(tok, "aborts", {"evict_ref_twice"}, overlap=False)
+    f = e.value.engine.books.findings
+    assert f and f[0].resource == books.PAGES and "no request owns" in f[0].what, f
+    assert "reference(s) on its nodes" in str(e.value), str(e.value)
+    # the correct engine on the same path: no reference left (test_correct_engine_returns_everything
+    # runs every scenario; this one must have taken the eviction path with a matched prefix)
+    held_while_evicting = []
+    evict = memory.PrefixCache.evict
+
+    def watched(cache, want):  # the matched prefix is locked past its running lockers here
+        held_while_evicting.append(cache.locks)
+        return evict(cache, want)
+    monkeypatch.setattr(memory.PrefixCache, "evict", watched)
+    for overlap in (True, False):
+        held_while_evicting.clear()
+        eng, _ = run(tok, "aborts", overlap=overlap)
+        assert findings(eng) == [] and max(held_while_evicting, default=0) > 0, held_while_evicting
 
 
 def test_the_other_invariants_can_fail(tok):

@@ -189,16 +189,18 @@ def test_known_upstream_claims_only_its_own_findings():
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
                      "preempted async on)", ("divergence",))
     plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",))
-    v = Verdict(new=[seeded, plain], counts_on={"cpu_generator_rewinds": 2})
+    # the entry's mechanism counted by the agent for that request: its in-flight sample dropped on the reset path
+    v = Verdict(new=[seeded, plain], counts_on={"cpu_generator_rewinds": 2},
+                evidence={seeded.summary: {"stale_dropped:reset": 1}})
     _classify(v, "0.32.0")
     assert v.new == [plain]
     assert {k for k, _ in v.known} == {"async-seeded-preempt-in-flight", "cpu-seeded-partial-prefill"}
     past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
                    ("steps", "past max_tokens"))
-    v = Verdict(new=[past])
+    v = Verdict(new=[past], evidence={past.summary: {"scheduled_at_cap": 1}})
     _classify(v, "0.32.0")  # fixed in 0.12.0: new here
     assert v.new == [past]
-    v = Verdict(new=[past])
+    v = Verdict(new=[past], evidence={past.summary: {"scheduled_at_cap": 1}})
     _classify(v, "0.11.0")
     assert v.new == [] and v.known[0][0] == "async-step-past-max-tokens"
     bare = Finding("placeholders", "async on: a logits processor read 3 placeholder(s)", ("placeholders", "x"))
@@ -285,3 +287,31 @@ def test_a_crash_signature_does_not_name_the_request():
     b = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-93ab00ff1234abcd-0-1a2b3c4d' (log /b)")
     assert a == b == "KeyError: 'cmpl-X'"
     assert _exception("ran: AssertionError: assert x >= 0 (a.py:71)") != _exception("ran: AssertionError: assert y (a.py:9)")
+
+
+def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
+    """Issue 36: a known entry claims a finding only with its own mechanism counted for that
+    request. The same wording with the in-flight sample dropped on the KV-pressure path (not the
+    reset path the entry records), or with nothing counted, is new and says why."""
+    said = ("request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request preempted async on)")
+    for ev, counted in (({"stale_dropped:kv_pressure": 1}, "counted: stale_dropped:kv_pressure 1"), ({}, "")):
+        f = Finding("divergence", said, ("divergence",))
+        v = Verdict(new=[f], evidence={said: ev})
+        _classify(v, "0.32.0")
+        assert v.known == [] and len(v.new) == 1, v
+        assert v.new[0].summary.startswith(said + " (looks like known upstream async-seeded-preempt-in-flight, but "
+                                           "its mechanism (stale_dropped:reset) was not counted"), v.new[0].summary
+        assert counted in v.new[0].summary
+    past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
+                   ("steps", "past max_tokens"))
+    v = Verdict(new=[past])
+    _classify(v, "0.11.0")  # in its range, but the request was never scheduled with its last token in flight
+    assert v.known == [] and "looks like known upstream async-step-past-max-tokens" in v.new[0].summary
+
+
+def test_no_known_entry_claims_by_wording_alone():
+    from harness.targets import vllm_upstream as vp
+    alone = [k.id for k in vp.KNOWN_UPSTREAM if vp.claims_by_wording_alone(k)]
+    assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
+    injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)
+    assert vp.claims_by_wording_alone(injected)

@@ -90,7 +90,7 @@ def _arm(**per_key):
     """key -> (copies, scheduled, sampled, waited, preempted, finish)."""
     b = steps.StepBooks()
     for key, (n, sc, sa, w, p, fin) in per_key.items():
-        b.per_key[key] = [n, sc, sa, w, p]
+        b.per_key[key] = [n, sc, sa, w, p, 0, 0]
         b.finish[key] = {fin}
     return b
 
@@ -141,13 +141,25 @@ def test_judge_steps_fails_a_step_past_max_tokens_and_passes_the_correct_engine(
 
 
 def test_the_step_past_max_tokens_is_known_upstream_only_before_its_fix():
-    run = _path_run([K0, 3, 3, 0, 0, 0, L])
+    # the agent counted the entry's mechanism for that request: a step scheduled with its last token in flight
+    run = _path_run([K0, 3, 3, 0, 0, 0, L, {"scheduled_at_cap": 1}])
     run.release = "0.11.0"
     with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM async-step-past-max-tokens"):
         judge_steps(run)
     run.release = "0.12.0"
     with pytest.raises(pytest.fail.Exception, match="not live in 0.12.0"):
         judge_steps(run)
+
+
+def test_a_step_past_max_tokens_without_the_known_mechanism_is_new():
+    # in the entry's range, but no step of that request was scheduled with its last token in
+    # flight (an older agent's record has no evidence at all): the same finding is new (issue 36)
+    for rec in ([K0, 3, 3, 0, 0, 0, L, {"stale_dropped:reset": 1}], [K0, 3, 3, 0, 0, 0, L]):
+        run = _path_run(rec)
+        run.release = "0.11.0"
+        with pytest.raises(pytest.fail.Exception, match="looks like known upstream async-step-past-max-tokens, "
+                                                        r"but its mechanism \(scheduled_at_cap\) was not counted"):
+            judge_steps(run)
 
 
 def test_no_books_or_no_capped_request_is_not_exercised():
@@ -159,3 +171,60 @@ def test_no_books_or_no_capped_request_is_not_exercised():
     run.steps[False]["r1"][6] = S
     with pytest.raises(pytest.fail.Exception, match="no request capped by max_tokens"):
         judge_steps(run, known=[])
+
+
+# -- issue 36: aborted requests get no work; admission is a result -------------------------------------
+def _arm7(**recs):
+    """An arm's summed books from full records: key -> (scheduled, sampled, waited, preempted, finish,
+    after_abort, admit_waits)."""
+    out = {}
+    for i, (key, (sch, smp, wt, pre, fin, ab, adm)) in enumerate(recs.items()):
+        out[f"r{i}"] = [key, sch, smp, wt, 0, pre, fin, {}, ab, adm]
+    return steps.summed(out)
+
+
+def test_a_step_after_the_abort_is_a_finding_in_either_arm():
+    quiet = steps.compare(REQS, _arm7(**{K0: (2, 2, 0, 0, "FINISHED_ABORTED", 0, 0)}),
+                          _arm7(**{K0: (2, 2, 0, 0, "FINISHED_ABORTED", 0, 0)}))
+    assert quiet.findings == []
+    on = _arm7(**{K0: (6, 6, 0, 0, L, 4, 0)})  # the abort ignored: it decoded on to max_tokens
+    got = steps.compare(REQS, _arm7(**{K0: (2, 2, 0, 0, "FINISHED_ABORTED", 0, 0)}), on).findings
+    assert got == ["request t0: 4 step(s) scheduled after its abort reached the scheduler (async on): an aborted "
+                   "request gets no more work"], got
+    off = _arm7(**{K0: (3, 3, 0, 0, "FINISHED_ABORTED", 1, 0)})
+    assert "(async off)" in steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, "FINISHED_ABORTED", 0, 0)})).findings[0]
+
+
+def test_a_request_left_waiting_with_room_where_the_off_arm_admitted_it_is_a_finding():
+    off = _arm7(**{K0: (2, 2, 0, 0, L, 0, 0)})
+    assert steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 0)})).findings == []
+    got = steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 5)})).findings
+    assert got == ["request t0: left waiting 5 step(s) with a slot, token budget and KV blocks free async on, 0 off "
+                   "(the async-off arm admitted it sooner)"], got
+    # waiting as long as the off arm did (room counted the same in both) is no finding
+    assert steps.compare(REQS, _arm7(**{K0: (2, 2, 0, 0, L, 0, 2)}), _arm7(**{K0: (2, 2, 0, 0, L, 0, 2)})).findings == []
+
+
+def test_the_agent_counts_steps_after_an_abort_and_admission_waits_with_room():
+    from harness.agents.vllm import steps as vllm_steps
+    books, facts = _books()
+    vllm_steps._BOOKS = books
+    a, w = _req("a", max_tokens=8), _req("w", (7, 8))
+    w.status, w.num_preemptions = NS(name="WAITING"), 0
+    pool = NS(get_num_free_blocks=lambda: 10)
+    s = NS(requests={"a": a, "w": w}, running=[a], waiting=[w], max_num_scheduled_tokens=64, max_num_active_reqs=4,
+           kv_cache_manager=NS(block_pool=pool), block_size=16, _pause_state=NS(name="UNPAUSED"))
+    _step(books, s, {"a": 3})  # w waits with a slot, budget and blocks free
+    assert facts.data["requests"]["w"][9] == 1
+    pool.get_num_free_blocks = lambda: 0  # no block for its prompt: a legitimate wait, not counted
+    _step(books, s, {"a": 1})
+    s.running = [a, a, a, a]  # no slot: not counted either
+    pool.get_num_free_blocks = lambda: 10
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"]["w"][9] == 1
+    s.running = [a]
+    # the abort reaches the scheduler; a scheduler that ignores it schedules the request again
+    vllm_steps._finish(lambda self, ids, status: [])(s, ["a"], NS(name="FINISHED_ABORTED"))
+    _step(books, s, {"a": 1})
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"]["a"][8] == 2

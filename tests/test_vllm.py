@@ -276,7 +276,7 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
 def test_spinning_engine_is_a_hang(vllm, tok):
     """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
     within the watchdog's bound, with every server process's stacks and the agent's facts in the
-    report; the hung server's later runs fail at once. Among the last of the pair's tests: the
+    report; the next run starts the pair again. Among the last of the pair's tests: the
     hung server is stopped (and started again by whatever uses it next)."""
     import time
     from harness.targets.served import HANG_CAP_S, hang_bound, progress_of
@@ -297,11 +297,10 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     assert h["stacks"] >= 2 and report.count("stacks of process") == h["stacks"], report[:500]
     assert "step_with_batch_queue" in report or "run_busy_loop" in report, report[-2000:]
     assert '"tokens_out"' in report  # the agent's last facts
-    t = time.monotonic()
-    with pytest.raises(TargetHang, match="in an earlier run"):
-        vllm.run(_workload(tok), overlap=True)
-    assert time.monotonic() - t < 1.0
     assert vllm.overlap_summary().startswith("overlap: not judged (the async server hung")
+    # the next run starts both servers again (issue 36; tests/test_served_crash.py shows it on a
+    # stand-in pair: a vLLM restart here would cost CI most of a minute)
+    assert True in vllm.hung and True not in vllm.servers and h["case"].endswith("test_spinning_engine_is_a_hang")
 
 
 @pytest.mark.own_servers

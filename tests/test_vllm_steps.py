@@ -34,12 +34,60 @@ def _run_with_books(target, reqs, overlap):
     return run, steps.summed(steps.new_since(before, after))
 
 
+def _with_aborts_and_arrivals(tok):
+    """The capped requests arriving two steps apart (each new one finds room: a slot, budget and
+    blocks), and four clients that disconnect after 2 tokens (issue 36: an aborted request gets
+    no step after its abort; admission is a result)."""
+    words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
+    reqs = _workload(tok)
+    for i, r in enumerate(reqs):
+        r.arrival = 2 * i
+    for i in range(4):
+        r = vp._req(f"a{i}", tok.encode(" ".join(words[i + 3:i + 9])), 40, ["abort"], arrival=1 + 3 * i,
+                    ignore_eos=True)
+        r.abort_after = 2
+        reqs.append(r)
+    return reqs
+
+
+def _sums(books):
+    return [sum(v[j] for v in books.per_key.values()) for j in (5, 6)]  # steps after an abort, admission waits
+
+
 def test_the_steps_books_agree_on_stock_vllm(vllm, tok):  # noqa: F811
     reqs = _workload(tok)
     _, off = _run_with_books(vllm, reqs, False)
     _, on = _run_with_books(vllm, reqs, True)
     quiet = steps.compare(reqs, off, on)
     assert quiet.findings == [] and quiet.length_capped == len(reqs), steps.summary_line(quiet)
+    # aborts and staggered arrivals: no step after an abort, no admission wait with room (measured
+    # on 0.32.0: 0 and 0, async off in 2 runs and on in 2)
+    reqs = _with_aborts_and_arrivals(tok)
+    _, off = _run_with_books(vllm, reqs, False)
+    _, on = _run_with_books(vllm, reqs, True)
+    quiet = steps.compare(reqs, off, on)
+    assert quiet.findings == [] and _sums(off) == _sums(on) == [0, 0], (quiet.findings, _sums(off), _sums(on))
+
+
+WORK_PATCHES = ("abort_ignored_in_flight", "admission_waits_for_in_flight")
+
+
+@pytest.mark.on_server("+".join(WORK_PATCHES))
+def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, tok):  # noqa: F811
+    """Issue 36, item 5: two source patches that change no token and leak nothing, on one restart
+    of the async-on server: an abort ignored while a step is in flight (the request decodes on for
+    a client that is gone) and admission held back while steps are in flight."""
+    from harness import targets
+    reqs = _with_aborts_and_arrivals(tok)
+    off_run, off = _run_with_books(vllm, reqs, False)
+    try:
+        assert targets.make_target("vllm", set(WORK_PATCHES)) is vllm
+        bad_run, bad = _run_with_books(vllm, reqs, True)
+    finally:
+        targets.make_target("vllm", ())
+    caught = steps.compare(reqs, off, bad).findings
+    assert any("after its abort reached the scheduler (async on)" in f for f in caught), caught
+    assert any("left waiting" in f and "the async-off arm admitted it sooner" in f for f in caught), caught
 
 
 @pytest.mark.on_server(PATCH)

@@ -6,9 +6,10 @@ import json
 import os
 import sys
 
-from harness.gate import (conservation_line, format_matrix, format_table, invariance_lines, kill_matrix,
+from harness.gate.matrix import format_matrix, kill_matrix
+from harness.gate import (conservation_line, format_table, invariance_lines,
     overlap_line, path_lines, release_line, run_suites, served_books_lines, served_crashes, served_hangs,
-    served_overlap_line, start_served)
+    served_overlap_line, served_restarts_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -164,6 +165,8 @@ def cmd_check(a) -> int:
     res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
                      device=a.device, workers=workers)
     print(file=sys.stderr)
+    if res.interrupted:
+        return _stopped(a, res)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
         return 2
@@ -179,8 +182,8 @@ def cmd_check(a) -> int:
     if a.target == "vllm" and release_line(a.target):
         print(release_line(a.target))
     hangs = served_hangs(a.target)
-    for h in hangs:  # the rest of the gate went on: the hung server's later runs failed at once
-        print(h["line"])
+    for h in hangs:  # one finding each; the pair started again and the gate went on with the next case
+        print(h["line"] + (f" (case {h['case']})" if h.get("case") else ""))
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
         for note in h.get("notes") or ():  # what the engine held, and by whom
             print(f"  {note.strip()}")
@@ -189,10 +192,12 @@ def cmd_check(a) -> int:
     if len(res.hangs) > 3:
         print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
     crashes = served_crashes(a.target)
-    for c in crashes:  # later rows on that arm said the server was gone because of it
+    for c in crashes:  # one finding each; the pair started again and the gate went on with the next case
         print(c["line"])
         print(f"  the engine's traceback (log {c['log']}):")
         print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
+    if served_restarts_line(a.target):
+        print(served_restarts_line(a.target))
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
         _write_json(a, res, verdict, hangs)
@@ -202,12 +207,39 @@ def cmd_check(a) -> int:
     return 0 if res.ok and not hangs and not crashes else 1
 
 
+def _stopped(a, res) -> int:
+    """SIGTERM or Ctrl-C ended the suites (harness/stopping.py): what ran and what was found
+    before it, printed and written as on a full run; no verdict on the rows that never ran, and
+    no run-wide judgement (overlap, invariance) of a run cut short."""
+    from harness import stopping
+    hangs, crashes = served_hangs(a.target), served_crashes(a.target)
+    print(format_table(res))
+    for h in hangs:
+        print(h["line"])
+        print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
+    for line in res.hangs[:3]:
+        print(line)
+    for c in crashes:
+        print(c["line"])
+        print(f"  the engine's traceback (log {c['log']})")
+    word = stopping.stopped_word().upper()
+    ran = sum(s.cases for s in res.suites.values())
+    if a.json:
+        _write_json(a, res, word, hangs)
+    print(f"\n{word} by {stopping.signal_name()}: {sum(s.passed for s in res.suites.values())} passed, "
+          f"{sum(s.failed for s in res.suites.values())} failed, {max(res.collected - ran, 0)} not run, "
+          f"in {res.seconds:.0f} s" + (f"; JUnit XML: {a.junit}" if a.junit else "")
+          + (f"; JSON: {a.json}" if a.json else ""))
+    return stopping.exit_code()
+
+
 def _write_json(a, res, verdict: str, hangs) -> None:
     from harness.gate import json_report
     from harness.gate import served_release
     from harness.gate import _served_pair
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    obj = json_report.report(res, a.target, verdict, release, adapted, hangs)
+    obj = json_report.report(res, a.target, verdict, release, adapted, hangs,
+                             served_crashes(a.target))
     pair = _served_pair(a.target)
     if hasattr(pair, "what_ran"):  # the vLLM that ran: read from it and its servers' logs
         b = pair.build

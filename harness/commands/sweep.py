@@ -34,7 +34,7 @@ def cmd_sweep(a) -> int:
     from harness.releases import sweep as sw
     if a.json:
         check_writable(a.json, "--json", UsageError)
-    shard_of = None
+    shard_of, versions = None, []
     if a.merge:
         try:
             results = sw.load(a.merge)
@@ -58,6 +58,11 @@ def cmd_sweep(a) -> int:
         from harness.gate import json_report
         json_report.write(a.json, sw.to_json(results, None if a.merge else shard_of))
         print(f"\nJSON: {a.json}")
+    from harness import stopping
+    if stopping.requested():  # what was gated is printed and written above; the rest never ran
+        print(f"\n{stopping.stopped_word().upper()} by {stopping.signal_name()}: {len(results)} of "
+              f"{len(versions)} release(s) gated before it")
+        return stopping.exit_code()
     return sw.exit_code(results)
 
 

@@ -79,6 +79,15 @@ class Books:
             if res not in self.flagged:
                 self._add(audit(self.eng, res, step, idle=True))
 
+    def at_hang(self) -> None:
+        """The run starved (the watchdog's HANG): audit every resource in full, once, so the HANG
+        says where the leak began even when every per-step count still added up (a reference on
+        a cached page that no request owns leaves the counts right and starves admission)."""
+        step = max(self.eng.steps - 1, 0)
+        for res in RESOURCES:
+            if res not in self.flagged:
+                self._add(audit(self.eng, res, step))
+
     def _add(self, found: list[Finding]) -> None:
         for f in found:
             if f.resource not in self.flagged:
@@ -227,9 +236,15 @@ def _audit_pages(eng, step, batch, idle) -> list[Finding]:
                            if b in known else f"page {p} is in {a} and in {b}"))
     bad = [n for n in nodes if n.refs != lockers.get(id(n), 0)]
     if bad:
+        # a node's refs are its running lockers; one more is a reference no request owns: the
+        # page is never evictable again (at idle: a cached page no request will ever release)
         n = bad[0]
+        have = lockers.get(id(n), 0)
+        extra = (f": {n.refs - have} reference(s) no request owns" if n.refs > have else
+                 f": {have - n.refs} lock(s) released twice")
+        more = f" ({len(bad)} such cached pages)" if len(bad) > 1 else ""
         out.append(Finding(PAGES, step, "", f"cached page {n.page} has {n.refs} lock(s) but "
-                           f"{lockers.get(id(n), 0)} running request(s) hold it"))
+                           f"{have} running request(s) hold it{extra}{more}"))
     elif cache.locks != sum(lockers.values()):
         out.append(Finding(PAGES, step, "", f"the cache counts {cache.locks} lock(s), its nodes "
                            f"{sum(n.refs for n in nodes)}, the running requests {sum(lockers.values())}"))
@@ -353,6 +368,8 @@ def held(eng) -> str:
             h = s.pool.holder[p]
             owners[h] = owners.get(h, 0) + 1
     desc = ", ".join(f"{n} by {who(eng, h, known)}" for h, n in sorted(owners.items(), key=lambda x: -x[1])[:SHOWN])
+    refs = sum(n.refs for n in s.cache.nodes())  # the nodes' own references, not the cache's counter
+    locks = f"{s.cache.locks} lock(s)" + (f", {refs} reference(s) on its nodes" if refs != s.cache.locks else "")
     parts.append(f"{PAGES} {s.pool.total - free - cached} of {s.pool.total} held"
-                 + (f" ({desc})" if desc else "") + f", {cached} cached ({s.cache.locks} lock(s))")
+                 + (f" ({desc})" if desc else "") + f", {cached} cached ({locks})")
     return "; ".join(parts)

@@ -198,6 +198,7 @@ class Engine:
             return
         self.stalled += 1
         if self.stalled >= STALL_ROUNDS:
+            self.books.at_hang()  # where the starving leak began, when no per-step count showed it
             s = self.sched
             names = ", ".join(r.rid for r in list(s.waiting)[:4]) + (" ..." if len(s.waiting) > 4 else "")
             raise EngineHang(

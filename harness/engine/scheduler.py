@@ -159,6 +159,9 @@ class Scheduler:
             need = self._pages_for(len(seq) + self.n_windows * self.window) - len(nodes)
             if need + held > self.pool.free:
                 self.cache.lock(nodes)  # keep the match while evicting others
+                if "evict_ref_twice" in self.cfg.faults:  # the fault: a second reference, by hand, never released
+                    for n in nodes:
+                        n.refs += 1
                 self.cache.evict(need + held - self.pool.free)
                 self.cache.unlock(nodes)
                 if need + held > self.pool.free:

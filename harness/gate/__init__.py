@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import stopping
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: this file is harness/gate/__init__.py
 SUITE_DIRS = ("races", "equivalence", "evals")
 
@@ -45,6 +47,8 @@ class GateResult:
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
     cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate.json_report)
+    collected: int = 0  # cases collected: those past the recorded ones never ran (an interrupted run)
+    interrupted: bool = False  # SIGTERM or Ctrl-C ended the session (harness/stopping.py)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +117,7 @@ class _Collector:
             if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
                 res.hangs.append(msg)
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
+        res.collected = len(self.order)
         slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
                 "installed": res.installed, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
@@ -263,8 +268,9 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
         save_durations(col.durations)
     res = col.res
     res.exit_code = int(code)
+    res.interrupted = code == pytest.ExitCode.INTERRUPTED or stopping.requested()
     res.seconds = time.perf_counter() - t
-    if code not in (0, 1) and quiet:  # a collection or usage error: show what pytest said
+    if code not in (0, 1) and quiet and not res.interrupted:  # a collection or usage error: show what pytest said
         sys.stderr.write(sink.getvalue()[-2000:])
     return res
 
@@ -424,67 +430,19 @@ def served_release(target: str, asked: str | None = None) -> tuple[str | None, l
     return asked, adapted
 
 
+def served_restarts_line(target: str) -> str:
+    """How often the pair started again after a death, and whether it was given up (issue 36)."""
+    pair = _served_pair(target) if target != "ref" else None
+    n, gone = getattr(pair, "restarts", 0), getattr(pair, "given_up", "")
+    if not n and not gone:
+        return ""
+    return (f"the server pair started again {n} time(s) after a death; every later case was judged"
+            if not gone else f"the server pair started again {n} time(s) after a death, then not again: {gone}")
+
+
 def served_hangs(target: str) -> list[dict]:
     """The runs the progress watchdog ended as HANG: {"line", "report", "stacks"} each."""
     return list(getattr(_served_pair(target), "hangs", []) or []) if target != "ref" else []
 
 
 # -- mutants ----------------------------------------------------------------------------
-def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_only: bool = False,
-                target: str = "ref") -> dict:
-    """Run every suite against the correct engine and against every fault (or, with
-    intended_only, each fault against the one suite that must catch it). A served target keeps
-    its servers between rows: its faults live in the agent's plan."""
-    from harness.targets import fault_catalogue
-    catalogue = fault_catalogue(target)
-    out = {"target": target, "correct": None, "faults": {}, "not_here": {}}
-    names = list(faults or catalogue)
-    # a bug that only a device shows (vLLM's CPU build runs each forward inline) is listed with
-    # its reason, never run and counted as missed or caught
-    out["not_here"] = {n: catalogue[n].device_only for n in names if getattr(catalogue[n], "device_only", "")}
-    names = [n for n in names if n not in out["not_here"]]
-    for label, fs in [("correct", ())] + [(n, (n,)) for n in names]:
-        if progress:
-            progress(label)
-        only = [catalogue[label].suite] if intended_only and label != "correct" else None
-        res = run_suites(target, fs, seeds, suites=only)
-        row = {s.suite: {"caught": s.failed > 0, "failed": s.failed, "cases": s.cases,
-                         "first_step": s.first_step, "finding": s.first_failure}
-               for s in res.suites.values() if s.skipped < s.cases}  # a suite that cannot attack it: no column
-        if label == "correct":
-            out["correct"] = row
-        else:
-            f = catalogue[label]
-            out["faults"][label] = {"suites": row, "intended": f.suite, "section": getattr(f, "section", ""),
-                                    "upstream": list(f.upstream),
-                                    "caught_by_intended": row.get(f.suite, {}).get("caught", False)}
-    out["ok"] = (all(not v["caught"] for v in out["correct"].values())
-                 and all(v["caught_by_intended"] for v in out["faults"].values()))
-    return out
-
-
-def format_matrix(m: dict) -> str:
-    suites = sorted(m["correct"])
-    short = [s.removeprefix("test_") for s in suites]
-    w = max(len(n) for n in list(m["faults"]) + ["correct engine"]) + 2
-    cw = [max(len(s), 12) for s in short]
-    lines = ["fault".ljust(w) + "  ".join(s.ljust(c) for s, c in zip(short, cw))]
-
-    def cell(v, intended):
-        if v is None:
-            return "n/a"
-        if not v["caught"]:
-            return "MISSED" if intended else "-"
-        step = v["first_step"]
-        return "caught" + (f" @{step}" if isinstance(step, int) else "") + ("*" if intended else "")
-    c = m["correct"]
-    lines.append("correct engine".ljust(w) + "  ".join(
-        ("FALSE ALARM" if c[s]["caught"] else "clean").ljust(cw[i]) for i, s in enumerate(suites)))
-    for name, f in m["faults"].items():
-        lines.append(name.ljust(w) + "  ".join(cell(f["suites"].get(s), s == f["intended"]).ljust(cw[i])
-                                               for i, s in enumerate(suites)))
-    for name, why in m.get("not_here", {}).items():
-        lines.append(f"{name.ljust(w)}not run here (needs a device): {why}")
-    lines.append("\n* the suite that must catch the fault; @N: step of the first hazard")
-    lines.append("every fault caught by its intended suite, no false alarm: " + ("yes" if m["ok"] else "NO"))
-    return "\n".join(lines)

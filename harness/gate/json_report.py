@@ -71,14 +71,20 @@ def rows(cases: list[dict]) -> dict[str, dict]:
     return out
 
 
-def report(res, target: str, verdict: str, release: str | None = None, adapted=(), hangs=()) -> dict:
+def report(res, target: str, verdict: str, release: str | None = None, adapted=(), hangs=(), crashes=()) -> dict:
     """The JSON object of one gate run (res: harness.gate.GateResult)."""
     out = {"schema": SCHEMA, "target": target, "release": release, "adapted": list(adapted),
            "verdict": verdict, "seconds": round(res.seconds, 1), "exit_code": res.exit_code,
            "suites": {s.suite: {"cases": s.cases, "passed": s.passed, "failed": s.failed, "skipped": s.skipped,
                                 "first_finding": s.first_failure} for s in res.suites.values()},
            "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths), "known": list(res.known),
-           "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs]}
+           "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs],
+           # each death once (issue 36: the pair restarts after it and the gate goes on)
+           "deaths": [{"kind": "HANG", "line": h.get("line", ""), "case": h.get("case", ""),
+                       "report": h.get("report", "")} for h in hangs]
+           + [{"kind": "CRASH", "line": c.get("line", ""), "case": c.get("case", ""),
+               "exit_code": c.get("exit_code"), "known": c.get("known", ""), "log": c.get("log", "")}
+              for c in crashes]}
     return out
 
 

@@ -23,9 +23,11 @@ LENGTH = "FINISHED_LENGTH_CAPPED"
 
 @dataclass
 class StepBooks:
-    """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted], finishes."""
+    """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted, after_abort,
+    admit_waits], finishes."""
     per_key: dict = field(default_factory=dict)
     finish: dict = field(default_factory=dict)  # key -> set of finish status names
+    evidence: dict = field(default_factory=dict)  # key -> {mechanism: count} (vllm_steps `evidence`)
 
 
 def books_of(facts: list[dict]) -> dict[str, list]:
@@ -47,12 +49,21 @@ def summed(records: dict) -> StepBooks:
     ix = {k: i for i, k in enumerate(FIELDS)}
     for rec in records.values():
         key = rec[ix["key"]]
-        acc = b.per_key.setdefault(key, [0, 0, 0, 0, 0])
+        acc = b.per_key.setdefault(key, [0, 0, 0, 0, 0, 0, 0])
         acc[0] += 1
-        for j, name in enumerate(("scheduled", "sampled", "waited", "preempted"), 1):
-            acc[j] += int(rec[ix[name]])
+        for j, name in enumerate(("scheduled", "sampled", "waited", "preempted", "after_abort", "admit_waits"), 1):
+            acc[j] += int(rec[ix[name]]) if len(rec) > ix[name] else 0  # an older agent's books lack the last
         b.finish.setdefault(key, set()).add(rec[ix["finish"]] or "unfinished")
+        ev = rec[ix["evidence"]] if len(rec) > ix["evidence"] else {}  # an older agent's books have none
+        acc_ev = b.evidence.setdefault(key, {})
+        for what, n in (ev or {}).items():
+            acc_ev[what] = acc_ev.get(what, 0) + int(n)
     return b
+
+
+def evidence_of(books: "StepBooks", r) -> dict:
+    """The mechanisms the agent counted for request `r` (a Request) in one arm's books."""
+    return dict(books.evidence.get(request_key(r.prompt_ids, r.max_new_tokens), {}))
 
 
 @dataclass
@@ -63,6 +74,7 @@ class StepsVerdict:
     left_out: dict  # why -> count
     waited_on: int = 0
     waited_off: int = 0
+    evidence: dict = field(default_factory=dict)  # finding -> the async-on arm's evidence for its request
 
 
 def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
@@ -71,15 +83,24 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
     names: dict[str, list[str]] = {}
     for r in reqs:
         names.setdefault(request_key(r.prompt_ids, r.max_new_tokens), []).append(r.rid)
-    findings, left = [], {}
+    findings, left, evidence = [], {}, {}
     compared = capped = w_on = w_off = 0
     for key, rids in names.items():
         a, b = off.per_key.get(key), on.per_key.get(key)
         who = "/".join(rids)
+
+        def add(f: str, key=key) -> None:  # with the async-on arm's evidence for its request
+            findings.append(f)
+            evidence.setdefault(f, dict(on.evidence.get(key, {})))
+
         if a is None or b is None:
             left["not seen in both arms"] = left.get("not seen in both arms", 0) + 1
             continue
         fin = off.finish.get(key, set()) | on.finish.get(key, set())
+        for lab, x in (("on", b), ("off", a)):  # absolute, either arm: a client that is gone gets no more work
+            if x[5]:
+                add(f"request {who}: {x[5]} step(s) scheduled after its abort reached the scheduler "
+                    f"(async {lab}): an aborted request gets no more work")
         if a[4] or b[4]:
             left["preempted"] = left.get("preempted", 0) + 1
             continue
@@ -94,15 +115,18 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
         if fin == {LENGTH}:
             capped += a[0]
             if b[2] > a[2]:
-                findings.append(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (max_tokens "
-                                f"{key.split(':')[1]}, capped in both): {b[2] - a[2]} step(s) past max_tokens")
+                add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (max_tokens "
+                    f"{key.split(':')[1]}, capped in both): {b[2] - a[2]} step(s) past max_tokens")
         elif b[2] > a[2] + a[0]:
-            findings.append(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (stopped on a token: "
-                            f"at most {a[0]} more allowed)")
+            add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (stopped on a token: "
+                f"at most {a[0]} more allowed)")
         if b[3] > a[3]:
-            findings.append(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
-                            f"(sat in the running set unscheduled, then ran)")
-    return StepsVerdict(findings, compared, capped, left, w_on, w_off)
+            add(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
+                f"(sat in the running set unscheduled, then ran)")
+        if b[6] > a[6]:
+            add(f"request {who}: left waiting {b[6]} step(s) with a slot, token budget and KV blocks "
+                f"free async on, {a[6]} off (the async-off arm admitted it sooner)")
+    return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
 
 
 def summary_line(v: StepsVerdict) -> str:

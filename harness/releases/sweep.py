@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import stopping
 from harness.gate import json_report
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -72,11 +73,18 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
     t = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(log, "w", encoding="utf-8") as f:
+        p = subprocess.Popen(check_command(version, jp, extra), cwd=str(ROOT), stdout=f,
+                             stderr=subprocess.STDOUT, env=env)
         try:
-            code = subprocess.run(check_command(version, jp, extra), cwd=str(ROOT), stdout=f,
-                                  stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+            code = p.wait(timeout)
         except subprocess.TimeoutExpired:
             code = 124
+            _end(p)
+        except KeyboardInterrupt:
+            # SIGTERM or Ctrl-C (harness/stopping.py passed it on as SIGINT): the release's gate
+            # stops its servers and writes what it found; wait for that (subprocess.run would
+            # give it a quarter of a second, then SIGKILL), and the sweep ends after this release
+            code = _end(p, grace=STOP_GRACE_S)
     secs = time.perf_counter() - t
     if not jp.is_file():  # the gate never reached its table: say why in one line
         return ReleaseResult(version, UNAVAILABLE, seconds=secs, exit_code=code, log_path=str(log),
@@ -84,6 +92,24 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
     d = json.loads(jp.read_text())
     return ReleaseResult(version, d.get("verdict", "FAIL"), d.get("rows", {}), secs, code,
                          list(d.get("adapted") or ()), json_path=str(jp), log_path=str(log))
+
+
+STOP_GRACE_S = 90.0  # a gate told to stop: its servers' grace periods, then its table and JSON
+
+
+def _end(p: subprocess.Popen, grace: float = 10.0) -> int:
+    """The release's gate ends: asked first (SIGINT, as Ctrl-C would), SIGKILL after `grace`."""
+    import signal
+    if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+    try:
+        return p.wait(grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.wait()
+    except KeyboardInterrupt:  # a second signal while waiting: no more waiting
+        p.kill()
+        return p.wait()
 
 
 def _why(log: Path, code: int) -> str:
@@ -104,6 +130,8 @@ def run_sweep(versions: list[str], gate, out_dir: Path, progress=None) -> list[R
         out.append(r)
         if progress:
             progress(f"[{k}/{len(versions)}] vLLM {v}: {summary(r)}")
+        if stopping.requested():  # SIGTERM or Ctrl-C during that release: no next one
+            break
     return out
 
 

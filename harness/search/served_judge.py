@@ -43,6 +43,9 @@ class Verdict:
     known: list = field(default_factory=list)  # (known id, what)
     counts_on: dict = field(default_factory=dict)  # the agent's counters over the run (deltas)
     counts_off: dict = field(default_factory=dict)
+    # finding summary -> the mechanisms the agent counted for its request, async on (issue 36: what
+    # a known-upstream entry needs to claim it)
+    evidence: dict = field(default_factory=dict)
     refused: str = ""  # the server refused a request (a case we should not have drawn): not judged
     seconds: float = 0.0
 
@@ -142,7 +145,7 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
-        v.new += _findings(case, arms[False], arms[True], agent)
+        v.new += _findings(case, arms[False], arms[True], agent, v.evidence)
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
     else:
         v.new += errors
@@ -160,20 +163,32 @@ def restart_lost(target) -> None:
         d.clear()
 
 
-def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
+def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = None) -> list[Finding]:
+    """Every oracle's findings; `evidence` (when given) gets, per finding, the mechanisms the agent
+    counted for the request it names, async on."""
     from harness.oracles import books as bookmod
     from harness.oracles import steps
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
     from harness.targets import vllm_paths as vp
+    evidence = {} if evidence is None else evidence
     out = []
     preempted = _sampled_preempted(case, on) if agent else set()
+    on_books = steps.summed(on.get("steps") or {}) if agent else None
+    by_rid = {r.rid: r for r in case.requests}
     for _, _, divs in divergences(off["run"], on["run"]):
         for d in divs:
             if not d.near_tie:
-                why = " (a sampled request preempted async on)" if d.rid.split("#")[0] in preempted else ""
-                out.append(Finding("divergence", f"request {d.rid} diverges at token {d.position} ({d.verdict}): "
-                                   f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",)))
+                r = by_rid.get(d.rid.split("#")[0])
+                ev = steps.evidence_of(on_books, r) if on_books is not None and r is not None else {}
+                dropped = {m.split(":", 1)[1]: n for m, n in ev.items() if m.startswith("stale_dropped:") and n}
+                why = (" (a sampled request preempted async on" + (
+                    f"; its in-flight sample dropped on the {', '.join(sorted(dropped))} path" if dropped else "")
+                    + ")") if d.rid.split("#")[0] in preempted else ""
+                f = Finding("divergence", f"request {d.rid} diverges at token {d.position} ({d.verdict}): "
+                            f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",))
+                evidence[f.summary] = ev
+                out.append(f)
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
@@ -182,8 +197,10 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
         return out
     sv = steps.compare(case.requests, steps.summed(off["steps"]), steps.summed(on["steps"]))
     for f in sv.findings:
-        out.append(Finding("steps", f"steps: {f}", ("steps", "past max_tokens" if "past max_tokens" in f else
-                                                    "waited" if "waited" in f else "more steps")))
+        kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
+                "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
+        out.append(Finding("steps", f"steps: {f}", ("steps", kind)))
+        evidence[out[-1].summary] = sv.evidence.get(f, {})
     for f in bookmod.findings(on["books"], off["books"]):
         if bookmod.HELD["host_buffers_held"] in f and all(
                 bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
@@ -229,14 +246,18 @@ def _classify(v: Verdict, version: str | None) -> None:
         v.known += seen
     new = []
     for f in v.new:
-        hit = None
+        hit, said = None, f.summary
         for row in rows:
-            _, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version)
+            found, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version,
+                                         evidence=lambda s: v.evidence.get(s, {}))
             hit = next((kid for kid, what in seen if what == f.summary), None)
             if hit:
                 break
+            if found and found[0] != f.summary:  # it looks like a known one without its evidence: said so
+                said = found[0]
         if hit:
             v.known.append((hit, f.summary))
         else:
+            f.summary = said
             new.append(f)
     v.new = new

@@ -5,6 +5,8 @@ import contextlib
 import signal
 import threading
 
+from harness import stopping
+
 
 @contextlib.contextmanager
 def sigterm_as_interrupt():
@@ -18,6 +20,7 @@ def sigterm_as_interrupt():
     def handler(signum, frame):
         if not got:
             got.append(signum)
+            stopping.note(signum)  # no server starts again; those running stop now
             raise KeyboardInterrupt
     old = signal.signal(signal.SIGTERM, handler)
     try:

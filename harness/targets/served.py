@@ -21,6 +21,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
 from harness.targets.server_log import engine_traceback, exception_line
@@ -39,6 +40,11 @@ HANG_STEPS = 50  # no token within this many median token periods ...
 HANG_FLOOR_S = 10.0  # ... but never less (a long prefill, a loaded machine) ...
 HANG_CAP_S = 60.0  # ... nor more; and this when no period was measured yet
 WATCH_POLL_S = 0.5
+# After a CRASH or HANG the next run starts the pair again (issue 36: one death must not blind
+# the rest of the gate). The same death (its exception line, or HANG) this many times on a pair
+# and it is not started again: a release that dies on every case would otherwise spend a
+# restart (most of a minute for vLLM) per case; later runs then fail at once, saying so.
+SAME_DEATH_RESTARTS = 3
 SETTLE_S = 1.0  # after a run, how long its last counts may take to reach the facts folder
 
 
@@ -91,6 +97,9 @@ class ServedTarget(Target):
         self.hangs: list[dict] = []  # every HANG of this target: {"line", "report"} for the gate
         self.crashed: dict[bool, str] = {}  # a server that died under a run: later runs say so at once
         self.crashes: list[dict] = []  # every CRASH: {"line", "traceback", "log"} for the gate
+        self.deaths: dict[str, int] = {}  # each death's cause -> how often (the restart limit)
+        self.given_up = ""  # the death after which the pair is not started again
+        self.restarts = 0  # pair restarts after a death
         self._sent = 0
         self.facts_before: list[dict] = []  # the agent's facts as the last run began
 
@@ -142,6 +151,8 @@ class ServedTarget(Target):
         effective overlap setting."""
         install_sigterm_handler()
         pending = [o for o in which if o not in self.servers]
+        if pending:  # after SIGTERM or Ctrl-C nothing starts again: the run ends instead
+            stopping.refuse_start(f"the {self.name} server pair")
         for overlap in pending:
             self.facts_dir(overlap).mkdir(parents=True, exist_ok=True)
             for old in self.facts_dir(overlap).iterdir():  # a restarted server's facts replace the last one's
@@ -362,6 +373,8 @@ class ServedTarget(Target):
 
     def _hang(self, overlap: bool, stalled: float, bound: float, period, pending: int, steps: int):
         import json
+        if stopping.requested():  # the stall is our own stop: no HANG finding
+            raise KeyboardInterrupt(f"{self.name}: the server was stopped ({stopping.stopped_word()})")
         mode = "on" if overlap else "off"
         how = (f"{HANG_STEPS} x median token period {period:.3f} s, at least {HANG_FLOOR_S:.0f} s, at most "
                f"{HANG_CAP_S:.0f} s" if period else f"no token period measured yet: the cap, {HANG_CAP_S:.0f} s")
@@ -385,7 +398,9 @@ class ServedTarget(Target):
             self.keep(s.log_path)  # the server's log beside the report
         report = self.keep(report)
         self.hung[overlap] = line
-        self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks), "notes": notes})
+        self._died(f"HANG ({'livelock' if steps else 'blocked'})")
+        self.hangs.append({"line": line, "report": str(report), "stacks": len(stacks), "notes": notes,
+                           "case": _current_case()})
         raise TargetHang(f"{line}; stacks of {len(stacks)} process(es) and the agent's facts in {report}")
 
     def _check_alive(self, overlap: bool, wait_s: float = 0.0) -> None:
@@ -414,8 +429,10 @@ class ServedTarget(Target):
                 how = f"has a dead engine (its API server answers {self.health_path} with {code})"
         if how is None:
             return
+        if stopping.requested():  # we stopped it (SIGTERM, Ctrl-C): no finding, the run ends
+            raise KeyboardInterrupt(f"{self.name}: the server was stopped ({stopping.stopped_word()})")
         mode = "on" if overlap else "off"
-        case = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
+        case = _current_case()
         tb = engine_traceback(s.log_path)
         last = exception_line(tb)
         known = self.known_crash(overlap, last)
@@ -424,9 +441,40 @@ class ServedTarget(Target):
         self.servers.pop(overlap, None)
         s.stop(grace=1.0)
         self.crashed[overlap] = line
+        self._died(last or how)
         log = self.keep(s.log_path)  # the report points to it: it outlives the temporary work folder
-        self.crashes.append({"line": line, "traceback": tb, "log": str(log)})
+        self.crashes.append({"line": line, "traceback": tb, "log": str(log), "case": case, "known": known,
+                             "exit_code": s.proc.returncode})
         raise TargetCrash(f"{line} (log {log})")
+
+    def _died(self, cause: str) -> None:
+        self.deaths[cause] = self.deaths.get(cause, 0) + 1
+        if self.deaths[cause] >= SAME_DEATH_RESTARTS and not self.given_up:
+            self.given_up = (f"the same death {self.deaths[cause]} times ({cause[:160]}): the pair is not "
+                             f"started again")
+
+    def restart_after_death(self) -> None:
+        """After a CRASH or HANG (each already one finding, with its case): both servers start
+        again, the surviving arm too, so the pair stays comparable (the same fresh engines, the
+        same warm-up), and the run goes on with the next case. Not after SAME_DEATH_RESTARTS of
+        the same death, nor once a restart failed: then the run fails at once, saying why."""
+        lost = {**self.crashed, **self.hung}
+        if not lost:
+            return
+        why = next(iter(lost.values()))
+        if self.given_up:
+            raise (TargetHang if self.hung else TargetCrash)(f"the server is gone: {why} ({self.given_up})")
+        print(f"{self.name}: restarting both servers after: {why[:200]}", file=sys.stderr, flush=True)
+        self.close()
+        self.hung.clear()
+        self.crashed.clear()
+        try:
+            self.start()
+        except TargetUnavailable as e:
+            self.given_up = f"it could not start again: {str(e)[:200]}"
+            self.crashed.update({o: why for o in lost})
+            raise TargetCrash(f"the server is gone: {why} ({self.given_up})") from None
+        self.restarts += 1
 
     def known_crash(self, overlap: bool, exception: str) -> str:
         """The id of a known upstream bug, live in the target's release, whose engine death this
@@ -464,10 +512,8 @@ class ServedTarget(Target):
         plan) apply to this run. The ref engine's switches (`engine_kw`) go through
         `served_switches`: fixed at start (said once) or refused with one line."""
         import httpx
-        if overlap in self.hung:
-            raise TargetHang(f"{self.hung[overlap]} (in an earlier run; the server was stopped)")
-        if overlap in self.crashed:
-            raise TargetCrash(f"the server is gone: {self.crashed[overlap]}")
+        if self.hung or self.crashed:  # a death in an earlier run: the pair starts again (or says why not)
+            self.restart_after_death()
         limit = self.served_switches(engine_kw)
         base = self.url(overlap)
         if delays is not None or faults is not None:
@@ -502,6 +548,11 @@ class ServedTarget(Target):
                            "facts": facts, "facts_before": self.facts_before, "logs": self.logs()})
         run.logprobs = {rid: lps for rid, _, _, lps in results}
         return run
+
+
+def _current_case() -> str:
+    """The suite case running now (pytest's own note), for a death's finding."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
 
 
 def _error_message(resp) -> str:

@@ -127,14 +127,11 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
-def _on_sigterm(signum, frame):
-    stop_all()
-    raise SystemExit(128 + signum)
-
-
 def install_sigterm_handler() -> None:
-    """SIGTERM (a CI cancellation, `timeout`) stops our servers too; only where nobody else
-    handles it, and only from the main thread."""
+    """SIGTERM (a CI cancellation, `timeout`) ends the run as Ctrl-C does and stops our servers
+    (harness/stopping.py); only where nobody else handles it (the CLI installed it already; a
+    plain `pytest --oh-target vllm` gets it here), and only from the main thread."""
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        from harness import stopping
+        stopping.install()

@@ -13,6 +13,10 @@ from harness.targets import vllm_releases
 from harness.targets.vllm_releases import release_key
 
 
+def NEVER(finding: str) -> bool:  # noqa: N802 -- an entry that never claims a finding by its text
+    return False
+
+
 @dataclass(frozen=True)
 class KnownUpstream:
     """A divergence of unmodified vLLM (async on vs off) with its reproducer."""
@@ -26,6 +30,13 @@ class KnownUpstream:
     introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
     fixed: str = ""  # the first release without it ("": still open)
     evidence: str = ""  # a counter that must be > 0 (both arms summed) for `match` to claim a finding
+    # a mechanism the agent counts per request (agents/vllm/steps.py `evidence`) that must be > 0 for
+    # the request a finding names, async on, for `match` to claim it (issue 36): a finding that only
+    # looks like this bug is new
+    request_evidence: str = ""
+    # True: `match` reads the engine's own exception line (its traceback names the failing
+    # operation, which is the mechanism); such an entry claims only a crash's or an error's text
+    engine_exception: bool = False
     # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
     # processor is installed), so it is never reported as "no longer reproduces"
     report_gone: bool = True
@@ -66,6 +77,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
                   match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
+                  engine_exception=True,
                   introduced="", fixed=""),
     # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose
     # last token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
@@ -74,7 +86,8 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "and throws the sample away (tokens unchanged, a step wasted per request)",
                   "vllm-project/vllm#27922 (fixed in 0.12.0)",
                   "fixtures/vllm_upstream/async_step_past_max_tokens.json",
-                  match=lambda f: "past max_tokens" in f, introduced="0.10.0", fixed="0.12.0"),
+                  match=lambda f: "past max_tokens" in f, request_evidence="scheduled_at_cap",
+                  introduced="0.10.0", fixed="0.12.0"),
     # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
     # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
     # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).
@@ -86,7 +99,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "batched with, so async on and off (which batch differently) diverge at its first sampled token",
                   "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
                   "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
-                  match=lambda f: False, counter="cpu_mixed_seed_batches",
+                  match=NEVER, counter="cpu_mixed_seed_batches",
                   **_live_as("cpu_sampler_ignores_mixed_seeds")),
     # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
     # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
@@ -96,7 +109,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "NVIDIA driver / pin_memory=True requires a CUDA or other accelerator backend)",
                   "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
                   "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
-                  match=lambda f: False, counter="cpu_grammar_pinned_indices",
+                  match=NEVER, counter="cpu_grammar_pinned_indices",
                   **_live_as("grammar_indices_pinned")),
     # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
     # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
@@ -111,7 +124,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "report; the check came with intel/intel-extension-for-pytorch#3738 (2.8.0), IPEX is "
                   "discontinued and vLLM left it in 0.11.1",
                   "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
-                  match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
+                  match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes", engine_exception=True,
                   **_live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
     # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
@@ -122,7 +135,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
                   "then reads past the batch's block table and context lengths (SIGSEGV)",
                   "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
-                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=lambda f: False, report_gone=False,
+                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=NEVER, report_gone=False,
                   counter="cpu_resume_reorders",
                   introduced="0.10.0",
                   fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
@@ -143,7 +156,7 @@ _42043 = dict(
          "placeholder that never drains, so one token short of max_tokens the scheduler passes it over for ever "
          "(a livelock: the engine steps, no token)",
     upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
-    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=lambda f: False,
+    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=NEVER,
     **_live_as("discard_without_step_in_flight"))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
@@ -166,7 +179,8 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "none found for vllm-project/vllm (searched: seeded sampling, preemption, async scheduling, generator); "
     "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
     "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
-    match=lambda f: "a sampled request preempted async on" in f, introduced="0.10.0"))
+    match=lambda f: "a sampled request preempted async on" in f, request_evidence="stale_dropped:reset",
+    introduced="0.10.0"))
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
 # point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
@@ -222,6 +236,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "ids are -1 and the engine dies ('INDICES element is out of DATA bounds, id=-1')",
     "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
     "fixtures/vllm_upstream/async_resume_placeholder_ids.json", match=lambda f: "id=-1" in f, report_gone=False,
+    engine_exception=True,
     introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b"))
 
 
@@ -234,14 +249,30 @@ def known_crash(exception: str, overlap: bool, version: str | None) -> str:
                  if k.crash_on and k.live_in(version) and re.search(k.crash_on, exception)), "")
 
 
+def claims_by_wording_alone(k: KnownUpstream) -> bool:
+    """An entry whose `match` could claim a finding with nothing but the finding's text (issue 36:
+    never allowed; tests/test_served_search.py holds the catalogue to it)."""
+    return k.match is not NEVER and not (k.evidence or k.request_evidence or k.engine_exception)
+
+
+def _claims(k: KnownUpstream, f: str, counts, evidence) -> bool:
+    if k.match is not None and not k.match(f):
+        return False
+    if k.evidence and (counts or {}).get(k.evidence, 0) <= 0:
+        return False
+    return not (k.request_evidence and (evidence(f) if evidence else {}).get(k.request_evidence, 0) <= 0)
+
+
 def classify(row: str, findings: list[str], known=None, counts=None,
-             version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+             version: str | None = None, evidence=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
     not reproduce), for the release in force (`version`; None: not known, every entry counts).
     Only an entry live in that release (KnownUpstream.live_in) is KNOWN UPSTREAM: outside its range
     the same failure is new, and says which entry it matches and why that one does not apply. A
     known entry never hides a finding it does not match; one the agent works around reproduced
-    when its counter (in `counts`) is above 0."""
+    when its counter (in `counts`) is above 0. An entry with `request_evidence` claims a finding
+    only when `evidence(finding)` (the mechanisms the agent counted for the finding's request,
+    async on) holds it: a finding that only looks like the entry's says so and is new."""
     entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
     live = [k for k in entries if k.live_in(version)]
     new, seen = [], []
@@ -253,16 +284,27 @@ def classify(row: str, findings: list[str], known=None, counts=None,
             new.append(f"vLLM reached the path of known upstream {k.id} {counts[k.counter]} time(s), "
                        f"which is not live in {version} ({_range(k)}): new here")
     for f in findings:
-        k = next((k for k in live if (k.match is None or k.match(f))
-                  and (not k.evidence or (counts or {}).get(k.evidence, 0) > 0)), None)
+        k = next((k for k in live if _claims(k, f, counts, evidence)), None)
         if k is not None:
             seen.append((k.id, f))
             continue
         out = next((k for k in entries if k not in live and k.match is not None and k.match(f)), None)
-        new.append(f if out is None else f"{f} (matches known upstream {out.id}, not live in {version}: "
-                   f"{_range(out)}; new here)")
+        if out is not None:
+            new.append(f"{f} (matches known upstream {out.id}, not live in {version}: {_range(out)}; new here)")
+            continue
+        alike = next((k for k in live if k.request_evidence and k.match is not None and k.match(f)), None)
+        if alike is not None:  # the shape of a known bug without its mechanism: new
+            got = {m: n for m, n in (evidence(f) if evidence else {}).items() if n}
+            new.append(f"{f} (looks like known upstream {alike.id}, but its mechanism ({alike.request_evidence}) "
+                       f"was not counted for that request" + (f"; counted: {_fmt(got)}" if got else "") + "; new)")
+            continue
+        new.append(f)
     gone = [k.id for k in live if k.report_gone and k.id not in {i for i, _ in seen}]
     return new, seen, gone
+
+
+def _fmt(counts: dict) -> str:
+    return ", ".join(f"{m} {n}" for m, n in sorted(counts.items()))
 
 
 def _range(k: KnownUpstream) -> str:

@@ -70,6 +70,25 @@ PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
         "        request.num_preemptions += 1\n",
         ("vllm-project/vllm#38624", "vllm-project/vllm#49860")),
     VllmPatch(
+        "pressure_preempt_drops_in_flight",
+        "a request preempted to make room for another (KV pressure) with a step in flight has that "
+        "step's output dropped instead of delivered: the position is sampled again when it resumes, "
+        "so a seeded request draws twice from its generator there. It looks like the known upstream "
+        "async-seeded-preempt-in-flight (same divergence, same shape), whose mechanism on 0.32.0 is the "
+        "reset path's drop: only the mechanism counted for the request tells them apart (issue 36)",
+        "preemption_in_flight", PATHS_SUITE, SCHED,
+        "                    self._preempt_request(\n"
+        "                        preempted_req,\n"
+        "                        scheduled_timestamp,\n"
+        "                        drop_stale_output=self.requires_kv_delivery,\n"
+        "                    )\n",
+        "                    self._preempt_request(\n"
+        "                        preempted_req,\n"
+        "                        scheduled_timestamp,\n"
+        "                        drop_stale_output=True,\n"
+        "                    )\n",
+        ("vllm-project/vllm#19940",)),
+    VllmPatch(
         "preempt_in_flight_not_stale",
         "preemption does not mark the step in flight as stale: its token, which predates the "
         "rollback, is applied to the reset counters when it returns", "preemption_in_flight", PATHS_SUITE, SCHED,
@@ -255,6 +274,36 @@ PATCHES.update({p.name: p for p in [
         ("vllm-project/vllm-ascend#14055", "vllm-project/vllm#45357")),
 ]})
 LEAK_PATCHES = ("abort_in_flight_keeps_blocks", "preempt_in_flight_drops_block")
+
+# -- work and admission (issue 36): no token changes, no leak; only the agent's step books see them
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "abort_ignored_in_flight",
+        "an abort (the client disconnected) that reaches the scheduler while a step of the request is "
+        "in flight is ignored: the request decodes on to max_tokens for a client that is gone (its "
+        "blocks come back at the end, so the books at idle are right, and the client saw its tokens)",
+        "abort", PATHS_SUITE, SCHED,
+        "            request = self.requests.get(req_id)\n"
+        "            if request is None or request.is_finished():\n"
+        "                # Invalid request ID.\n",
+        "            request = self.requests.get(req_id)\n"
+        "            if request is None or request.is_finished() or request.num_output_placeholders > 0:\n"
+        "                # Invalid request ID, or a step in flight (whose output never says to finish it).\n",
+        ("vllm-project/vllm#10806", "vllm-project/vllm#9428")),
+    VllmPatch(
+        "admission_waits_for_in_flight",
+        "the async scheduler admits no waiting request while any running request has a step in flight: "
+        "new requests wait until the batch drains, with slots, token budget and KV blocks free (tokens "
+        "and books unchanged; only the time to first token grows)",
+        "chunked_prefill", PATHS_SUITE, SCHED,
+        "                if not request_queue or input_budget <= draft_slots:\n"
+        "                    break\n",
+        "                if not request_queue or input_budget <= draft_slots or any(\n"
+        "                    r.num_output_placeholders > 0 for r in self.running  # steps in flight first\n"
+        "                ):\n"
+        "                    break\n",
+        ("vllm-project/vllm#45257", "vllm-project/vllm#45339")),
+]})
 
 
 def check_names(names, exc=ValueError) -> None:

@@ -11,7 +11,19 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   token is in flight sits out the step after it, as the async guard at max_tokens wants, and
   then finishes: that is not a wait);
 - `preempted` and how it finished (`finish`: vLLM's status name), so the oracle
-  (harness.oracles.steps) compares like with like.
+  (harness.oracles.steps) compares like with like;
+- `evidence`: the mechanisms of known upstream bugs, counted for this request (issue 36: a known
+  entry claims a finding only with its own mechanism counted for that request, never by the
+  finding's wording): `stale_dropped:<path>`, a preemption that drops the request's in-flight
+  sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
+  path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
+  scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
+  (max_tokens) was already in flight;
+- `after_abort`: the steps it was scheduled in after its abort reached the scheduler
+  (finish_requests with an aborted status): an aborted request gets no more work, both arms;
+- `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
+  the step left slots (running < max_num_seqs), token budget and KV blocks for its prompt free,
+  no preemption and no pause in the step: admission is a result too (the oracle compares the arms).
 Each request is keyed for the client by its prompt ids and max_tokens (request_key), which is
 what the suites know of it. The books live in their own facts file (role "steps"), the last
 KEEP requests.
@@ -23,7 +35,10 @@ from collections import OrderedDict
 
 KEEP = 2048  # requests kept in the books (a gate sends a few hundred to one server)
 ROLE = "steps"
-FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish")
+FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish", "evidence", "after_abort",
+          "admit_waits")
+# vLLM's function that called _preempt_request -> the path it stands for
+PREEMPT_PATHS = {"reset_prefix_cache": "reset", "schedule": "kv_pressure"}
 
 
 def request_key(prompt_ids, max_tokens) -> str:
@@ -36,6 +51,7 @@ class Books:
     def __init__(self, facts):
         self.facts = facts  # fn(role) -> planmod.Facts
         self.reqs: OrderedDict = OrderedDict()  # vLLM request id -> list in FIELDS order
+        self.aborted: OrderedDict = OrderedDict()  # request ids whose abort reached the scheduler
 
     def _rec(self, r):
         rec = self.reqs.get(r.request_id)
@@ -43,7 +59,8 @@ class Books:
             max_tokens = getattr(r, "max_tokens", None)
             if max_tokens is None:
                 max_tokens = getattr(getattr(r, "sampling_params", None), "max_tokens", None)
-            rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, ""]
+            rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, "",
+                                             {}, 0, 0]
             while len(self.reqs) > KEEP:
                 self.reqs.popitem(last=False)
         return rec
@@ -60,7 +77,16 @@ class Books:
                 continue
             rec = self._rec(r)
             rec[1] += 1
-            if r.num_computed_tokens >= r.num_tokens:  # (advanced by the schedule) every known token
+            if rid in self.aborted:  # work for a request whose client is gone
+                rec[8] += 1
+            samples = r.num_computed_tokens >= r.num_tokens  # (advanced by the schedule) every known token
+            cap = getattr(r, "max_tokens", None)
+            # the tokens in flight before this step (the schedule already added this step's placeholder)
+            ahead = int(getattr(r, "num_output_placeholders", 0) or 0) - (1 if samples else 0)
+            if cap is not None and ahead > 0 and r.num_output_tokens + ahead >= cap:
+                # scheduled with its last token already in flight (async-step-past-max-tokens' mechanism)
+                _count(rec, "scheduled_at_cap")
+            if samples:
                 rec[2] += 1
             rec[3] += rec[4]  # it ran again: the steps it sat out were a wait
             rec[4] = 0
@@ -68,11 +94,40 @@ class Books:
             for r in sched.running:
                 if r.request_id not in scheduled:
                     self._rec(r)[4] += 1
+            self._admission(sched, out)
         self.publish()
 
-    def preempted(self, request) -> None:
-        self._rec(request)[5] += 1
-        self._rec(request)[4] = 0  # out of the running set: a wait there is no longer owed
+    def _admission(self, sched, out) -> None:
+        """Requests left waiting although the step had room for them: a slot, token budget (the
+        caller checked) and KV blocks for the whole prompt; a step that preempted or a paused
+        engine admits no one by design."""
+        if getattr(out, "preempted_req_ids", None):
+            return
+        pause = getattr(sched, "_pause_state", None)
+        if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
+            return
+        slots = getattr(sched, "max_num_active_reqs", None) or getattr(sched, "max_num_running_reqs", 0)
+        if not slots or len(sched.running) >= slots:
+            return
+        try:
+            free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+            size = int(getattr(sched, "block_size", 0) or sched.cache_config.block_size)
+        except AttributeError:
+            return  # a release whose books we cannot read: no count (the oracle sees none)
+        for r in list(sched.waiting):
+            status = getattr(getattr(r, "status", None), "name", "")
+            if status != "WAITING" or getattr(r, "num_preemptions", 0):
+                continue  # blocked on a grammar, a stream, a KV load, or resumed: not plain admission
+            if free >= -(-(r.num_tokens + 1) // size):
+                self._rec(r)[9] += 1
+
+    def preempted(self, request, path: str = "") -> None:
+        rec = self._rec(request)
+        rec[5] += 1
+        rec[4] = 0  # out of the running set: a wait there is no longer owed
+        if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
+            # its in-flight sample will be thrown away and its position sampled again
+            _count(rec, f"stale_dropped:{path or 'unknown'}")
         self.publish()
 
     def finished(self, request) -> None:
@@ -86,7 +141,26 @@ class Books:
 
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
-        self.facts(ROLE).set(requests={k: list(v) for k, v in self.reqs.items()})
+        self.facts(ROLE).set(requests={k: [*v[:7], dict(v[7]), *v[8:]] for k, v in self.reqs.items()})
+
+
+def _count(rec, what: str) -> None:
+    rec[7][what] = rec[7].get(what, 0) + 1
+
+
+def _preempt_path() -> str:
+    """Which of vLLM's paths is preempting: the nearest vLLM caller of _preempt_request (our
+    own wrappers of it may sit between)."""
+    import sys
+    f = sys._getframe(2)
+    for _ in range(8):
+        if f is None:
+            break
+        name = f.f_code.co_name
+        if name in PREEMPT_PATHS and f.f_globals.get("__name__", "").startswith("vllm."):
+            return PREEMPT_PATHS[name]
+        f = f.f_back
+    return "other"
 
 
 _BOOKS: Books | None = None
@@ -105,8 +179,9 @@ def _schedule(orig):
 
 def _preempt(orig):
     def _preempt_request(self, request, *a, **kw):
+        path = _preempt_path()
         out = orig(self, request, *a, **kw)
-        _BOOKS.preempted(request)
+        _BOOKS.preempted(request, path)
         return out
     return _preempt_request
 
@@ -124,6 +199,12 @@ def _finish(orig):
     def finish_requests(self, request_ids, *a, **kw):
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
         reqs = [self.requests.get(i) for i in ids]
+        status = a[0] if a else kw.get("finished_status")
+        if "ABORT" in getattr(status, "name", str(status)):  # the abort reached the scheduler: no more work
+            for i in ids:
+                _BOOKS.aborted[i] = True
+            while len(_BOOKS.aborted) > KEEP:
+                _BOOKS.aborted.popitem(last=False)
         out = orig(self, request_ids, *a, **kw)
         for r in reqs:
             if r is not None and r.request_id in _BOOKS.reqs:

@@ -1,0 +1,77 @@
+"""The agent counts, per request, the mechanisms of known upstream bugs (issue 36: a known entry
+claims a finding only with its own mechanism counted for that request). Here the agent's step
+books (harness/agents/vllm/steps.py) are driven by stand-ins of vLLM's scheduler objects, and
+the preemption path is read from the calling vLLM function as in the engine: a preemption by
+`reset_prefix_cache` that drops the in-flight sample counts `stale_dropped:reset`, one by
+`schedule` (KV pressure) `stale_dropped:kv_pressure`, one that keeps (delivers) its in-flight
+output nothing; a step scheduled with the request's last token in flight counts
+`scheduled_at_cap`. The books summed per request carry them (harness/oracles/steps.py)."""
+from types import SimpleNamespace
+
+from harness.agents.vllm import steps as vllm_steps
+from harness.engine.request import Request
+from harness.oracles import steps
+
+
+class _Facts:
+    def __init__(self):
+        self.data = {}
+
+    def set(self, **kw):
+        self.data.update(kw)
+
+
+def _req(rid, prompt, max_tokens, **kw):
+    return SimpleNamespace(request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, num_output_tokens=0,
+                           num_computed_tokens=0, num_tokens=len(prompt), num_output_placeholders=0,
+                           drop_stale_output=False, num_stale_output_tokens=0, status=None, **kw)
+
+
+# vLLM's two callers of _preempt_request, defined in a module named as vLLM's scheduler is
+_CALLERS = {"__name__": "vllm.v1.core.sched.scheduler"}
+exec("def reset_prefix_cache(preempt, r):\n    preempt(None, r)\n"
+     "def schedule(preempt, r):\n    preempt(None, r)\n", _CALLERS)
+
+
+def _books():
+    facts = _Facts()
+    books = vllm_steps.Books(lambda role: facts)
+    vllm_steps._BOOKS = books
+    return books, facts
+
+
+def test_a_dropped_in_flight_sample_is_counted_by_the_path_that_preempted():
+    books, facts = _books()
+
+    def engine_preempt(self, r):  # vLLM's _preempt_request: marks the in-flight output stale
+        r.num_stale_output_tokens = r.num_output_placeholders
+        r.num_output_placeholders = 0
+    preempt = vllm_steps._preempt(engine_preempt)
+    reset, pressure, kept = (_req(x, [1, 2, 3], 8) for x in ("a", "b", "c"))
+    for r in (reset, pressure, kept):
+        r.num_output_placeholders = 1  # a step of it in flight
+    reset.drop_stale_output = pressure.drop_stale_output = True
+    _CALLERS["reset_prefix_cache"](preempt, reset)
+    _CALLERS["schedule"](preempt, pressure)
+    _CALLERS["schedule"](preempt, kept)  # delivered, not dropped: not the mechanism
+    recs = facts.data["requests"]
+    assert recs["a"][7] == {"stale_dropped:reset": 1} and recs["b"][7] == {"stale_dropped:kv_pressure": 1}
+    assert recs["c"][7] == {} and recs["c"][5] == 1  # preempted all the same
+    summed = steps.summed(recs)
+    r = Request(rid="x", prompt_ids=[1, 2, 3], max_new_tokens=8)
+    assert steps.evidence_of(summed, r) == {"stale_dropped:reset": 1, "stale_dropped:kv_pressure": 1}
+
+
+def test_a_step_scheduled_with_the_last_token_in_flight_is_counted():
+    books, facts = _books()
+    r = _req("a", [1, 2], 2)
+    r.num_computed_tokens = r.num_tokens  # a decode step: it samples
+    sched = SimpleNamespace(requests={"a": r}, running=[r], max_num_scheduled_tokens=64)
+    out = SimpleNamespace(total_num_scheduled_tokens=1, num_scheduled_tokens={"a": 1})
+    # its second (last) token is scheduled now: the schedule added this step's placeholder, no evidence
+    r.num_output_tokens, r.num_output_placeholders = 1, 1
+    books.after_schedule(sched, out)
+    assert facts.data["requests"]["a"][7] == {}
+    r.num_output_placeholders = 2  # that token still in flight, and the request is scheduled again
+    books.after_schedule(sched, out)
+    assert facts.data["requests"]["a"][7] == {"scheduled_at_cap": 1}
