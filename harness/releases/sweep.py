@@ -31,6 +31,7 @@ class ReleaseResult:
     seconds: float = 0.0
     exit_code: int = 0
     adapted: list = field(default_factory=list)  # what the agent adapted in this release
+    ran: str = ""  # the vLLM that ran: release, commit, runner (from its log), source (check's JSON "vllm")
     error: str = ""  # UNAVAILABLE: the one line saying why
     json_path: str = ""
     log_path: str = ""
@@ -87,7 +88,8 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
                              error=_why(log, code))
     d = json.loads(jp.read_text())
     return ReleaseResult(version, d.get("verdict", "FAIL"), d.get("rows", {}), secs, code,
-                         list(d.get("adapted") or ()), json_path=str(jp), log_path=str(log))
+                         list(d.get("adapted") or ()), ran=(d.get("vllm") or {}).get("ran", ""),
+                         json_path=str(jp), log_path=str(log))
 
 
 def _why(log: Path, code: int) -> str:
@@ -159,6 +161,8 @@ def format_table(results: list[ReleaseResult]) -> str:
             row = r.rows.get(n)
             if row and row["status"] in (gate_json.FAIL, gate_json.CRASH, gate_json.HANG, gate_json.NOT_EXERCISED):
                 notes.append(f"{r.version} {n}: {row['status']}: {row['detail'][:200]}")
+        if r.ran:
+            notes.append(f"{r.version}: vLLM that ran: {r.ran}")
         if r.adapted:
             notes.append(f"{r.version}: adapted: {'; '.join(r.adapted)}")
     return "\n".join(lines + ([""] + notes if notes else []))
