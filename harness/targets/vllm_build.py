@@ -233,13 +233,12 @@ def runner_in_log(text: str, rel) -> tuple[str, str]:
     """(runner, evidence) from a server's log: "" where the log does not say."""
     if "Using V2 Model Runner" in text:
         return "v2", "the server logged 'Using V2 Model Runner'"
-    if "Model Runner V2 requires Triton; using the V1 model runner" in text:
-        return "v1", "the server logged that V2 needs Triton and it uses V1"
+    if "using the V1 model runner" in text:
+        return "v1", "the server logged that it falls back to the V1 model runner"
     if rel.has("v1_runner_removed"):
         return "v2", f"vLLM {rel.version} has no other runner"
-    if rel.has("logs_v2_runner") and "Starting vLLM" in text or "Application startup complete" in text:
-        if rel.has("logs_v2_runner"):
-            return "v1", "the server did not log 'Using V2 Model Runner' (vLLM logs it whenever it builds V2)"
     if "v2" not in rel.runners():
         return "v1", f"vLLM {rel.version} has only the V1 runner"
+    if rel.has("logs_v2_runner") and "Application startup complete" in text:
+        return "v1", "the server did not log 'Using V2 Model Runner' (this release logs it whenever it builds V2)"
     return "", ""
