@@ -372,3 +372,19 @@ def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
         assert r.json()["usage"]["completion_tokens"] == 8
     finally:
         t.cleanup()
+
+
+@pytest.mark.parametrize("env, want", [({"OVERLAP_HARNESS_HAS_TRITON": "1", "TRITON_INTERPRET": "1"}, "True"),
+                                       ({}, "False"), ({"OVERLAP_HARNESS_HAS_TRITON": "1"}, "False")])
+def test_the_triton_shim_keeps_has_triton_only_when_asked_and_runs_the_envs_own_sitecustomize(tmp_path, env, want):
+    import os
+    site = _tree(tmp_path / "site", {
+        "vllm/__init__.py": "", "vllm/triton_utils/__init__.py": "",
+        "vllm/triton_utils/importing.py": "HAS_TRITON = False  # no triton-cpu backend\n",
+        "sitecustomize.py": "import os\nos.environ['ENV_OWN_SITECUSTOMIZE'] = 'ran'\n"})
+    shim = Path(__file__).parent.parent / "harness" / "agents" / "vllm_shims"
+    clean = {k: v for k, v in os.environ.items() if k not in ("OVERLAP_HARNESS_HAS_TRITON", "TRITON_INTERPRET")}
+    p = subprocess.run([PY, "-c", "import os; from vllm.triton_utils import importing as m; "
+                        "print(m.HAS_TRITON, os.environ.get('ENV_OWN_SITECUSTOMIZE'))"],
+                       capture_output=True, text=True, env={**clean, **env, "PYTHONPATH": f"{shim}{os.pathsep}{site}"})
+    assert p.stdout.split() == [want, "ran"], p.stderr
