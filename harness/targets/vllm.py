@@ -53,7 +53,7 @@ def row_absent(row: str, version: str | None) -> str:
     if version is None:
         return ""
     from harness.agents.vllm_points import POINTS_BY_NAME
-    rel = vllm_releases.release(version)
+    rel = vllm_releases.release(version, newer_by_range=True)
     for need in vllm_releases.ROW_NEEDS.get(row, ()):
         if need.startswith("point:"):
             p = POINTS_BY_NAME[need[6:]]
