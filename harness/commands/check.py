@@ -64,19 +64,18 @@ def check_vllm_version(a, error) -> None:
             raise error(f"{flag} applies to --target vllm only (not {a.target})")
     if python is not None and a.vllm_version is not None:
         raise error("--vllm-python and --vllm-version are two ways to name the vLLM: give one")
+    if a.vllm_version is not None:
+        if a.target != "vllm":
+            raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
+        from harness.targets import vllm_releases
+        try:
+            rel = vllm_releases.release(a.vllm_version)
+        except ValueError as e:
+            raise error(f"--vllm-version: {e}") from None
+        if rel.unsupported:
+            raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
     if a.target == "vllm":
         check_vllm_build(a, error)
-    if a.vllm_version is None:
-        return
-    if a.target != "vllm":
-        raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
-    from harness.targets import vllm_releases
-    try:
-        rel = vllm_releases.release(a.vllm_version)
-    except ValueError as e:
-        raise error(f"--vllm-version: {e}") from None
-    if rel.unsupported:
-        raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
 
 
 def check_vllm_build(a, error) -> None:
