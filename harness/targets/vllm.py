@@ -187,7 +187,8 @@ class VllmTarget(ServedTarget):
         """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the
         servers' own logs), where it came from."""
         b, rel = self.build, self.release
-        head = rel.label() if b.source != "user" else f"vllm {b.raw_version or b.version}"
+        head = rel.label() if b.source != "user" else f"vllm {b.raw_version or b.version}" + (
+            f" over {b.compiled_from}'s compiled parts" if b.compiled_from else "")
         if b.commit:
             head += f" (commit {b.commit})"
         if rel.by_range:
