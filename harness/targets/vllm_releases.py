@@ -456,6 +456,9 @@ PATCH_SINCE = {
     "min_tokens_counts_in_flight_twice": "0.11.1", "max_tokens_counts_placeholders": "0.11.1",
     "cache_blocks_past_placeholders": "0.11.1", "grammar_before_previous_token": "0.16.0",
     "spec_accept_count_off_by_one": "0.11.1",
+    # issue 36 (read from every cached wheel, as the rest)
+    "pressure_preempt_drops_in_flight": "0.27.0", "abort_ignored_in_flight": "0.11.1",
+    "admission_waits_for_in_flight": "0.31.0",
 }
 
 
