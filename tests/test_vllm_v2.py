@@ -14,7 +14,7 @@ import pytest
 
 from harness.agents.vllm.v2 import points as v2points
 from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
-from harness.agents.vllm_patches import PATCHES, apply
+from harness.agents.vllm.patches import PATCHES, apply
 from harness.targets import vllm_releases as vr
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
@@ -72,7 +72,7 @@ def test_the_check_names_a_point_a_release_lacks(source, tmp_path):
 def test_v1_worker_points_end_where_v1_runner_does(source):
     """0.34.0 removed V1's runner: every V1 worker point says so (until 0.34.0); the shared points
     (engine core, API server) are in every release, and V1's points are where V1's runner is."""
-    from harness.agents.vllm_points import POINTS, check_source, points_in
+    from harness.agents.vllm.points import POINTS, check_source, points_in
     version, root = source
     has_v1 = (root / "vllm/v1/worker/gpu_model_runner.py").exists()
     v1 = {p.name for p in POINTS if p.runner == "v1" and not p.until.startswith("0.11")}

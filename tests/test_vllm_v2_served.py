@@ -69,7 +69,7 @@ def test_v2_worker_copies_asynchronously_and_overlaps(v2, tok):
 
 
 def test_v2_suites_quiet_on_stock(v2):
-    from harness.agents.vllm_patches import PATCHES
+    from harness.agents.vllm.patches import PATCHES
     from harness.gate import run_suites
     suites = sorted({PATCHES[p].suite for p in V2_PATCHES})
     res = run_suites("vllm", (), 1, suites=suites)
@@ -80,7 +80,7 @@ def test_v2_suites_quiet_on_stock(v2):
 @pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in V2_PATCHES])
 def test_v2_patch_is_caught(v2, patch):
     from harness import targets
-    from harness.agents.vllm_patches import PATCHES
+    from harness.agents.vllm.patches import PATCHES
     from harness.gate import run_suites
     suite = PATCHES[patch].suite
     try:

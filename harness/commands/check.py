@@ -1,5 +1,5 @@
 """`overlap-harness check` (the gate), `mutants` (the kill matrix) and `faults` (the catalogue):
-their flags and what they print; the gate itself is harness/gate.py."""
+their flags and what they print; the gate itself is harness/gate/."""
 from __future__ import annotations
 
 import json
@@ -44,6 +44,15 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_suites(names, error) -> None:
+    """--suite: names of suite files (races/, equivalence/, evals/), each known."""
+    from harness.gate import suite_names
+    known = suite_names()
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise error(f"unknown suite {bad[0]!r}; known: {', '.join(known)}")
+
+
 def check_out_dir(out: str, error) -> None:
     """--out: a folder (made when a report needs it) under a writable existing folder."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -53,6 +62,17 @@ def check_out_dir(out: str, error) -> None:
         parent = os.path.dirname(parent)
     if not os.access(out if os.path.isdir(out) else parent, os.W_OK):
         raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
+
+
+def check_writable(path: str, flag: str, error) -> None:
+    """One line and exit 2 for a --json / --junit path that cannot be written."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
+    if not os.path.isdir(d):
+        raise error(f"cannot write {flag} {path}: no directory {d}")
+    if not os.access(d, os.W_OK):
+        raise error(f"cannot write {flag} {path}: {d} is not writable")
 
 
 def check_vllm_version(a, error) -> None:
@@ -116,6 +136,7 @@ def cmd_check(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_suites(a.suite, UsageError)
     check_vllm_version(a, UsageError)
     if a.device != "sim":
         if a.target != "ref":
@@ -124,7 +145,6 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
-    from harness.gate_json import check_writable
     for flag, path in (("--junit", a.junit), ("--json", a.json)):
         if path:
             check_writable(path, flag, UsageError)
@@ -132,7 +152,7 @@ def cmd_check(a) -> int:
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
-          + (f", {workers} workers" if workers > 1 else "")
+          + (f", suites {', '.join(a.suite)}" if a.suite else "") + (f", {workers} workers" if workers > 1 else "")
           + (f", vLLM {a.vllm_version}" if a.vllm_version else "")
           + (f", vLLM of {a.vllm_python}" if getattr(a, "vllm_python", None) else "")
           + (f", runner {a.vllm_runner}" if (getattr(a, "vllm_runner", None) or "auto") != "auto" else ""),
@@ -141,8 +161,8 @@ def cmd_check(a) -> int:
         check_out_dir(a.out, UsageError)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
                  vllm=vllm_kw(a))
-    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
-                     workers=workers)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
+                     device=a.device, workers=workers)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -183,18 +203,18 @@ def cmd_check(a) -> int:
 
 
 def _write_json(a, res, verdict: str, hangs) -> None:
-    from harness import gate_json
+    from harness.gate import json_report
     from harness.gate import served_release
     from harness.gate import _served_pair
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    obj = gate_json.report(res, a.target, verdict, release, adapted, hangs)
+    obj = json_report.report(res, a.target, verdict, release, adapted, hangs)
     pair = _served_pair(a.target)
     if hasattr(pair, "what_ran"):  # the vLLM that ran: read from it and its servers' logs
         b = pair.build
         obj["vllm"] = {"ran": pair.what_ran(), "release": pair.version, "commit": b.commit, "source": b.source,
                        "python": b.python, "compiled_from": b.compiled_from, "by_range": pair.release.by_range,
                        "runner": sorted({r for r, _ in pair.ran.values() if r}) or None, "runner_chosen": pair.runner}
-    gate_json.write(a.json, obj)
+    json_report.write(a.json, obj)
 
 
 def cmd_mutants(a) -> int:
@@ -223,7 +243,7 @@ def cmd_faults(a) -> int:
     for f in fault_catalogue(getattr(a, "target", "ref")).values():
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
-        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
+        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm.patches)
             print(f"{'':22} patch of vllm/{f.file}, on the {f.path} path")
             if f.device_only:  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")
@@ -267,6 +287,8 @@ def add_commands(sub) -> None:
     _served_flags(c)
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
+    c.add_argument("--suite", action="append", default=[], metavar="NAME",
+                   help="run only this suite (repeatable; e.g. test_conservation; default: every suite)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     c.add_argument("--json", metavar="FILE", help="write the verdict as JSON: every row's status (pass / FAIL "
                    "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")

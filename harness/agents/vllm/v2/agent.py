@@ -1,6 +1,6 @@
 """The vLLM agent's worker side on vLLM's V2 model runner (harness.agents.vllm.v2.points).
 
-harness.agents.vllm_plugin keeps the engine core's and the API server's side (shared by both
+harness.agents.vllm.install keeps the engine core's and the API server's side (shared by both
 runners) and calls install() here when the worker runs V2. What it does on V2, point by point:
 - the runner's facts: "runner": "v2", the async setting the engine asked for (V2's runner always
   hands back an AsyncOutput; whether the engine core overlaps is the scheduler's decision);
@@ -9,7 +9,7 @@ runners) and calls install() here when the worker runs V2. What it does on V2, p
 - the sampled-id copy (AsyncOutput): on a CPU, V2's streams and events are no-ops (cpu/shm.py)
   and `.to("cpu", non_blocking=True)` is a synchronous copy, so the race its event guards cannot
   happen. The agent gives it a GPU's asynchrony, as it does for V1: the copy runs on the copy
-  thread (vllm_plugin.CopyEngine) into a host buffer that is reused (two, each handed out again
+  thread (harness.agents.vllm.copy_engine.CopyEngine) into a host buffer that is reused (two, each handed out again
   only after its reader is done), and copy_event is set when the copy has landed; the output
   thread's get_output waits on it. Delays output_copy (in the copy) and before_wait (before the
   wait) and the faults sampled_ids_no_wait / pinned_buffer_reuse act here as on V1;
@@ -113,7 +113,7 @@ def _output_copy(orig):
         src = sampler_output.sampled_token_ids
         if src.device.type != "cpu":
             return  # a real device: vLLM's own copy stream and event are the real thing
-        dst, done, self._oh_buffer = shared.copy_engine().start(src)
+        dst, done, self._oh_buffer = shared.copy_engine_().start(src)
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:

@@ -1,6 +1,6 @@
 """Bug classes of vLLM's V2 model runner, re-created as source patches of a private copy of vLLM.
 
-Like harness.agents.vllm_patches (V1), each is an exact search/replace of vLLM's own text (the
+Like harness.agents.vllm.patches (V1), each is an exact search/replace of vLLM's own text (the
 V2 runner's, identical in 0.32.0, 0.33.0 and 0.34.0 where these edits land; tests/test_vllm_v2.py
 applies and compiles each against every cached release), applied only to the async-on server's
 copy, so the suites compare a patched V2 with stock vLLM. V2's Triton kernels run in Triton's
@@ -14,7 +14,7 @@ public (the upstream field), and the path row whose workload exercises it.
 """
 from __future__ import annotations
 
-# plain data: harness.agents.vllm_patches makes each a VllmPatch in its registry (one registry for
+# plain data: harness.agents.vllm.patches makes each a VllmPatch in its registry (one registry for
 # --fault, `faults`, `mutants` and the patched copy), and vllm_releases.PATCH_SINCE says from
 # which release each applies; importing neither here keeps the modules free of an import cycle
 PATHS_SUITE = "test_paths"

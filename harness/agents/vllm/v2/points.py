@@ -7,7 +7,7 @@ sample, read by `combine_sampled_and_draft_tokens` when the next step's inputs a
 penalties count output ids on the device (`output_bin_counts`, also in `post_update`), and the
 host sees the ids only through `gpu/async_utils.py` AsyncOutput: a copy on a copy stream and an
 event the output thread waits on. The engine core and the API server are shared with V1
-(harness.agents.vllm_points, runner ""): only the worker side is here.
+(harness.agents.vllm.points, runner ""): only the worker side is here.
 
 Each point says the runner it lives in and the releases it exists in (`since`/`until`, as V1's
 points do); `tests/test_vllm_v2.py` checks every point and attribute against each cached
@@ -19,7 +19,7 @@ runner's too.
 from __future__ import annotations
 
 from harness.agents.vllm.v2 import V2_SINCE
-from harness.agents.vllm_points import Point
+from harness.agents.vllm.points import Point
 RUNNER = "vllm.v1.worker.gpu.model_runner"
 ASYNC = "vllm.v1.worker.gpu.async_utils"
 SAMPLE = "vllm.v1.worker.gpu.sample"
@@ -114,7 +114,7 @@ def check_source(site_packages, version: str | None = None) -> list[str]:
     from pathlib import Path
 
     from harness.agents.sglang_contract import _find, _parse
-    from harness.agents.vllm_points import _imports
+    from harness.agents.vllm.points import _imports
     root, cache, problems = Path(site_packages), {}, []
     for p in points_in(version):
         tree = _parse(root, p.module, cache)

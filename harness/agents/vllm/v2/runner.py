@@ -52,8 +52,8 @@ def needs(fault: str) -> str | None:
     code (the engine core, or a point the V2 agent has too: the copy and its wait)."""
     from harness.agents.vllm.v2.patches import RUNNER
     from harness.agents.vllm.v2.points import DELAY_AT
-    from harness.agents.vllm_patches import PATCHES
-    from harness.agents.vllm_points import CATALOGUE, POINTS_BY_NAME
+    from harness.agents.vllm.patches import PATCHES
+    from harness.agents.vllm.points import CATALOGUE, POINTS_BY_NAME
     if fault in RUNNER:
         return RUNNER[fault]
     if fault in PATCHES:

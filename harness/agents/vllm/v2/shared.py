@@ -1,60 +1,51 @@
-"""What the V2 agent shares with the rest of the vLLM agent in one process: the plan and the facts,
-the copy engine (one copy thread and two host buffers per worker, whichever runner made them), the
-worker's step clock (delays given in steps), the forwards it timed and the engine core's thread.
-One place, so the V2 agent reads the V1 agent's state the same way wherever that state lives."""
+"""What the V2 agent shares with the rest of the vLLM agent in one process: the plan and the facts
+(harness.agents.vllm.state), the copy engine (harness.agents.vllm.copy_engine: one copy thread and
+two host buffers per worker, whichever runner made them), the worker's step clock (delays given in
+steps), the forwards it timed and the engine core's thread (harness.agents.vllm.timing). One place,
+so the V2 agent reads that state the same way wherever it lives."""
 from __future__ import annotations
 
-
-_AGENT: dict = {"module": None}  # the vLLM agent's module (harness.agents.vllm_plugin), bound by its register()
-
-
-def bind(agent) -> None:
-    _AGENT["module"] = agent
-
-
-def _agent():
-    return _AGENT["module"]
+from harness.agents.vllm import copy_engine, state, timing
 
 
 def plan():
-    return _agent()._PLAN
+    return state.PLAN
 
 
 def facts(role: str):
-    return _agent()._facts(role)
+    return state.facts(role)
 
 
 def register_stack_dump() -> None:
-    _agent()._register_stack_dump()
+    state.register_stack_dump()
 
 
-def copy_engine():
+def copy_engine_():
     """The worker's copy engine, made on its first asynchronous output."""
-    a = _agent()
-    if a._COPY is None:
-        a._COPY = a.CopyEngine()
-    return a._COPY
+    if copy_engine.COPY is None:
+        copy_engine.COPY = copy_engine.CopyEngine()
+    return copy_engine.COPY
 
 
 def current_copy():
-    return _agent()._COPY
+    return copy_engine.COPY
 
 
 def no_wait():
-    return _agent()._NoWait()
+    return copy_engine._NoWait()
 
 
 def measured(dt: float) -> None:
-    _agent()._measured(dt)
+    timing._measured(dt)
 
 
 def step_period() -> float:
-    return _agent()._step_period()
+    return timing.step_period()
 
 
 def forwards():
-    return _agent()._FORWARDS
+    return timing._FORWARDS
 
 
 def engine_thread():
-    return _agent()._ENGINE_THREAD["id"]
+    return timing.ENGINE_THREAD["id"]
