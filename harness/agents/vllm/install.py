@@ -83,7 +83,7 @@ def register() -> None:
     try:
         v = state.release()
         from harness.agents.vllm.v2 import runner as v2runner
-        runner = v2runner.decide(state.PLAN.data, v)  # the worker's points are that runner's (V2: agents/vllm/v2)
+        runner = v2runner.decide(state.PLAN.data, v)  # the worker's points are that runner's (V2: harness.agents.vllm.v2)
         here = {p.name for p in points_in(v, runner)}
         cuda_stubs.STUB_CUDA["on"] = cuda_stubs.needs_cuda_stubs(v)
         cuda_stubs.STUB_CUDA["runner"] = cuda_stubs.STUB_CUDA["on"] and holds(v, "runner_records_default_stream")

@@ -1,6 +1,6 @@
 """The vLLM agent's worker side on vLLM's V2 model runner (harness.agents.vllm.v2.points).
 
-harness.agents.vllm (install, timing, counters, books) keeps the engine core's and the API server's side (shared by both
+harness.agents.vllm.install keeps the engine core's and the API server's side (shared by both
 runners) and calls install() here when the worker runs V2. What it does on V2, point by point:
 - the runner's facts: "runner": "v2", the async setting the engine asked for (V2's runner always
   hands back an AsyncOutput; whether the engine core overlaps is the scheduler's decision);
@@ -113,7 +113,7 @@ def _output_copy(orig):
         src = sampler_output.sampled_token_ids
         if src.device.type != "cpu":
             return  # a real device: vLLM's own copy stream and event are the real thing
-        dst, done, self._oh_buffer = shared.copy_engine().start(src)
+        dst, done, self._oh_buffer = shared.copy_engine_().start(src)
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:

@@ -1,53 +1,51 @@
 """What the V2 agent shares with the rest of the vLLM agent in one process: the plan and the facts
-(harness.agents.vllm.state), the copy engine (one copy thread and two host buffers per worker,
-whichever runner made them: copy_engine), the worker's step clock (delays given in steps), the
-forwards it timed and the engine core's thread (timing). One place, so the V2 agent reads the
-rest of the agent's state the same way wherever that state lives."""
+(harness.agents.vllm.state), the copy engine (harness.agents.vllm.copy_engine: one copy thread and
+two host buffers per worker, whichever runner made them), the worker's step clock (delays given in
+steps), the forwards it timed and the engine core's thread (harness.agents.vllm.timing). One place,
+so the V2 agent reads that state the same way wherever it lives."""
 from __future__ import annotations
 
-from harness.agents.vllm import copy_engine as _copy
-from harness.agents.vllm import state as _state
-from harness.agents.vllm import timing as _timing
+from harness.agents.vllm import copy_engine, state, timing
 
 
 def plan():
-    return _state.PLAN
+    return state.PLAN
 
 
 def facts(role: str):
-    return _state.facts(role)
+    return state.facts(role)
 
 
 def register_stack_dump() -> None:
-    _state.register_stack_dump()
+    state.register_stack_dump()
 
 
-def copy_engine():
+def copy_engine_():
     """The worker's copy engine, made on its first asynchronous output."""
-    if _copy.COPY is None:
-        _copy.COPY = _copy.CopyEngine()
-    return _copy.COPY
+    if copy_engine.COPY is None:
+        copy_engine.COPY = copy_engine.CopyEngine()
+    return copy_engine.COPY
 
 
 def current_copy():
-    return _copy.COPY
+    return copy_engine.COPY
 
 
 def no_wait():
-    return _copy._NoWait()
+    return copy_engine._NoWait()
 
 
 def measured(dt: float) -> None:
-    _timing._measured(dt)
+    timing._measured(dt)
 
 
 def step_period() -> float:
-    return _timing.step_period()
+    return timing.step_period()
 
 
 def forwards():
-    return _timing._FORWARDS
+    return timing._FORWARDS
 
 
 def engine_thread():
-    return _timing.ENGINE_THREAD["id"]
+    return timing.ENGINE_THREAD["id"]
