@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 OH := .venv/bin/overlap-harness
 
-.PHONY: check test run bench bench-long venv vllm sglang
+.PHONY: check test test-scheduled run bench bench-long venv vllm sglang
 venv:
 	@bash scripts/bootstrap.sh
 
@@ -25,12 +25,17 @@ check: venv
 run: venv
 	$(OH) run --prompt "The overlap scheduler" --prompt "Write one step ahead" --max-tokens 24
 
-# the vLLM pair's tests in one process, the rest beside them on TEST_WORKERS xdist workers, then
-# the vLLM tests with servers of their own (scripts/test.sh); serial, the suite took 51 minutes
-# on a 2-core CI machine
+# two chains side by side (scripts/test.sh): `setup vllm` then the vLLM tests (the shared pair's in
+# one process, then those with servers of their own); beside it everything else on TEST_WORKERS
+# xdist workers, then the tests that read vLLM's source once the setup is done. `make test` is
+# .ci/run's tier; `make test-scheduled` the broad and slow tests whose fast representatives it keeps
+# (the whole kill matrix, every vLLM source patch, the GSM8K pairs on vLLM), for the scheduled workflow
 TEST_WORKERS ?= 2
-test: venv vllm sglang
+test: venv
 	@TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
+
+test-scheduled: venv
+	@SELECT=scheduled TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
 
 # `make bench`: the quick benchmarks, then every ratio against its anchor side by side
 # (benchmarks/table.py --quick); about 6 minutes on 2 idle cores. `make bench-long` (or

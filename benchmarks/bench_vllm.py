@@ -72,7 +72,7 @@ def workload(tok, n=16):
 
 
 def main() -> int:
-    from harness.targets.served import TargetUnavailable
+    from harness.targets.base import TargetUnavailable
     try:
         base, agent = NoAgent(), VllmTarget()
     except TargetUnavailable as e:

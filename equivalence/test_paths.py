@@ -28,21 +28,23 @@ from harness.oracles import books as bookmod
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
-from harness.releases.installed import release_in_force
 from harness.targets import vllm_paths as vp
+from harness.targets import vllm_upstream
+from harness.targets import vllm_workload
+from harness.targets.vllm_releases import release_in_force
 
 
 @pytest.fixture(scope="module")
 def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
-    reqs = vp.build(tok, seed=0)
+    reqs = vllm_workload.build(tok, seed=0)
     runs, cnt, ctl, books, stepbooks = {}, {}, {}, {}, {}
     for overlap in (False, True):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         before, books_before = vp.counts(facts), steps.books_of(facts)
-        runs[overlap], ctl[overlap] = vp.run_with_controls(target, reqs, overlap)
+        runs[overlap], ctl[overlap] = vllm_workload.run_with_controls(target, reqs, overlap)
         books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
         time.sleep(0.1)  # the agent flushes its counters every 0.1 s
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
@@ -63,18 +65,18 @@ def bare_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     from harness import targets
-    from harness.agents.vllm_patches import PATCHES
-    from harness.targets.served import TargetError, TargetUnavailable
+    from harness.agents.vllm.patches import PATCHES
+    from harness.targets.base import TargetError, TargetUnavailable
     try:
         t = targets.make_target("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
         t.start()
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
-    reqs = [r for r in vp.build(tok, seed=0) if getattr(r, "phase", "main") in vp.BARE_PHASES]
+    reqs = [r for r in vllm_workload.build(tok, seed=0) if getattr(r, "phase", "main") in vllm_workload.BARE_PHASES]
     runs, cnt = {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
-        runs[overlap] = vp.run_bare(t, reqs, overlap)
+        runs[overlap] = vllm_workload.run_bare(t, reqs, overlap)
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
@@ -131,7 +133,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
-    new, seen, gone = vp.classify(row.name, row_findings(row, pr), known, both,
+    new, seen, gone = vllm_upstream.classify(row.name, row_findings(row, pr), known, both,
                                   version if version is not None else pr.release)
     _report(row.name, new, seen, gone, record_property)
 
@@ -162,7 +164,7 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
     print(line)
     if v.length_capped == 0:
         pytest.fail(f"not exercised: steps: no request capped by max_tokens was compared ({line})", pytrace=False)
-    new, seen, gone = vp.classify("steps", v.findings, known, None, pr.release)
+    new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release)
     _report("steps", new, seen, gone, record_property)
     return line
 

@@ -40,7 +40,7 @@ def served(oh_options):
 
 def test_served_overlap_effective(served, oh_options, record_property):
     from harness.workloads import presets as workloads
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     tok = served.tokenizer()
     for seed in seeds(oh_options, default=1):
         reqs = workloads.mixed(tok, 10, seed=seed)

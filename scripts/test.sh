@@ -1,48 +1,77 @@
 #!/usr/bin/env bash
-# `make test`: the vLLM tests in one chain (the shared server pair's tests in one pytest process,
-# the pair once, in the order tests/conftest.py gives; then those with servers of their own,
-# marked own_servers), and beside it everything else (TEST_WORKERS xdist workers, a module to a
-# worker: a module's fixtures are built once). Measured here, the two sides take about as long.
+# `make test` (= .ci/run): the harness's own tests in two chains side by side, on a 2-core machine.
+#   the vLLM chain: `setup vllm` (a no-op once done), then the tests on the one shared server pair in
+#     one pytest process (tests/conftest.py orders them), then those with servers of their own;
+#   the other chain: every test that needs no vLLM on TEST_WORKERS xdist workers (a module to a
+#     worker: a module's fixtures are built once), then, once the setup and the release wheels are
+#     there, the tests that read vLLM's source without a server (-m vllm_source).
+# *Why the setup runs inside the vLLM chain*: cold, it is minutes of pip work that the other chain's
+# tests do not need; started first, beside them, it costs CI no wall time of its own.
+# `SELECT` picks the tier: "not scheduled" (default, .ci/run) or "scheduled" (make test-scheduled:
+# the broad and slow runs whose fast representatives .ci/run keeps).
 # Processes rather than xdist groups: under pytest 9.2 xdist's group suffix no longer reaches the
 # node ids, so `--dist loadgroup` silently groups nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+OH=.venv/bin/overlap-harness
+SELECT=${SELECT:-not scheduled}
 log=${TEST_VLLM_LOG:-}
 if [ -z "$log" ]; then  # a temporary log, printed whole at the end and then removed
   log=$(mktemp -t oh-test-vllm.XXXXXX)
-  trap 'rm -f "$log"' EXIT
+  trap 'rm -f "$log" "$log.wheels"' EXIT
 fi
-echo "test: the vLLM tests run beside the others; their output is in $log (printed at the end)"
+t0=$(date +%s)
+since() { echo "$(( $(date +%s) - t0 )) s"; }
+echo "test: tier '$SELECT'; the vLLM chain (setup, then its tests) runs beside the others; its output is in $log (printed at the end)"
+# the release wheels (the vllm_source tests' sources): a download of its own, beside everything
+{ "$OH" setup vllm --wheels; echo "wheels=$?"; } >"$log.wheels" 2>&1 &
+wheels_pid=$!
 {
-  "$PY" -m pytest -q -p no:cacheprovider -m "vllm and not own_servers" --durations=15 "$@"
+  "$OH" setup vllm
+  echo "setup=$?"
+  echo "== the vLLM tests on the shared pair (-m 'vllm and not own_servers and $SELECT'), from $(since)"
+  "$PY" -m pytest -q -p no:cacheprovider -m "vllm and not own_servers and ($SELECT)" --durations=15 "$@"
   echo "pair=$?"
-  echo "== the vLLM tests with servers of their own (-m own_servers)"
-  "$PY" -m pytest -q -p no:cacheprovider -m "vllm and own_servers" --durations=5 "$@"
+  echo "== the vLLM tests with servers of their own (-m own_servers), from $(since)"
+  "$PY" -m pytest -q -p no:cacheprovider -m "vllm and own_servers and ($SELECT)" --durations=5 "$@"
   echo "own=$?"
-  # one real-engine pair at a time on two cores: SGLang's pair after vLLM's (its source patches,
-  # minutes of restarts each, run in the weekly sglang-cpu workflow)
-  echo "== the SGLang pair's tests (-m 'sglang and not sglang_patch')"
-  "$PY" -m pytest -q -p no:cacheprovider -m "sglang and not sglang_patch" --durations=5 "$@"
+  # one real-engine pair at a time on two cores: SGLang's after vLLM's (docs/sglang.md)
+  echo "== setup sglang, then the SGLang pair's tests (-m 'sglang and $SELECT'), from $(since)"
+  "$OH" setup sglang
+  echo "sgsetup=$?"
+  "$PY" -m pytest -q -p no:cacheprovider -m "sglang and ($SELECT)" --durations=5 "$@"
   echo "sgl=$?"
+  echo "== the vLLM chain ended at $(since)"
 } >"$log" 2>&1 &
 vllm_pid=$!
-stop() {  # the chain first (so it starts nothing more), then the pytest it is running
-  local kids; kids=$(pgrep -P "$vllm_pid")
-  kill -TERM "$vllm_pid" $kids 2>/dev/null; wait "$vllm_pid" 2>/dev/null
+stop() {  # the chains first (so they start nothing more), then what they are running
+  local kids; kids="$(pgrep -P "$vllm_pid") $(pgrep -P "$wheels_pid")"
+  kill -TERM "$vllm_pid" "$wheels_pid" $kids 2>/dev/null; wait "$vllm_pid" "$wheels_pid" 2>/dev/null
   for k in $kids; do while kill -0 "$k" 2>/dev/null; do sleep 0.5; done; done
   cat "$log"; exit 130
 }
 trap stop INT TERM
-"$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not sglang" -n "${TEST_WORKERS:-2}" --dist loadscope --durations=15 "$@"
+"$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not vllm_source and not sglang and ($SELECT)" -n "${TEST_WORKERS:-2}" \
+  --dist loadscope --durations=15 "$@"
 rest=$?
+echo "== the tests that read vLLM's source (-m vllm_source), once the setup and the wheels are there ($(since))"
+wait "$wheels_pid"
+cat "$log.wheels"
+while ! grep -q '^setup=' "$log" && kill -0 "$vllm_pid" 2>/dev/null; do sleep 2; done
+grep '^setup=' "$log" || true
+"$PY" -m pytest -q -p no:cacheprovider -m "vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" --durations=5 "$@"
+src=$?
+echo "== the other chain ended at $(since)"
 wait "$vllm_pid"
 trap - INT TERM
-echo "== the vLLM tests (-m vllm, $log)"
+echo "== the vLLM chain ($log)"
 cat "$log"
-pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log"); sgl=$(sed -n 's/^sgl=//p' "$log")
-echo "test: exit $rest (the other tests), ${pair:-?} (the vLLM pair's), ${own:-?} (the vLLM tests with servers of their own), ${sgl:-?} (the SGLang pair's)"
-for rc in "$rest" "${pair:-1}" "${own:-1}" "${sgl:-1}"; do  # 5: that selection had no test (a path given as an argument)
+wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
+sgsetup=$(sed -n 's/^sgsetup=//p' "$log"); sgl=$(sed -n 's/^sgl=//p' "$log")
+echo "test: exit $rest (the other tests), $src (vLLM's source), ${setup:-?} (setup vllm), ${pair:-?} (the vLLM pair's)," \
+  "${own:-?} (the vLLM tests with servers of their own), ${sgsetup:-?} (setup sglang), ${sgl:-?} (the SGLang pair's), in $(since)"
+for rc in "${wheels:-1}" "${setup:-1}" "$rest" "$src" "${pair:-1}" "${own:-1}" "${sgsetup:-1}" "${sgl:-1}"; do  # 5: that selection had no test
   [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && exit "$rc"
 done
 exit 0

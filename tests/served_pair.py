@@ -19,7 +19,7 @@ def vllm_unavailable(why: str):
 def vllm_pair():
     from harness import targets
     from harness.targets import vllm_setup as setup_cmd
-    from harness.targets.served import TargetUnavailable
+    from harness.targets.base import TargetUnavailable
     why = setup_cmd.ready()
     if why:
         vllm_unavailable(why)

@@ -1,7 +1,7 @@
 """The books oracle (harness.oracles.books) on books shaped as the vLLM agent writes them: quiet on
 an idle engine that has everything back (however many prefix blocks stay cached), loud on each
 count that is not back, naming who holds it. Against a real vLLM: tests/test_vllm.py (stock vLLM
-passes; each leak patch of harness.agents.vllm_patches is caught)."""
+passes; each leak patch of harness.agents.vllm.patches is caught)."""
 import pytest
 
 from harness.oracles import books

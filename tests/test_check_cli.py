@@ -18,7 +18,11 @@ def test_correct_engine_passes_every_suite_over_4_seeds(tmp_path):
 
 
 def test_check_fails_with_a_fault_and_refuses_unknown_ones():
-    r = oh("check", "--fault", "no_fence")
+    r = oh("check", "--fault", "no_fence", "--suite", "test_war_slot_table", "--suite", "test_fence_placement")
     assert r.returncode == 1 and "FAIL" in r.stdout and "WAR hazard on req_to_token" in r.stdout
+    assert {ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("test_")} == \
+        {"test_war_slot_table", "test_fence_placement"}, r.stdout  # only the suites asked for
+    r = oh("check", "--suite", "nosuch")
+    assert r.returncode == 2 and r.stderr.strip().startswith("overlap-harness: error: unknown suite 'nosuch'")
     r = oh("check", "--fault", "nosuch")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "known: no_fence" in r.stderr

@@ -1,7 +1,9 @@
 """The package layout stays as the architecture reads (docs/layout.md): no import cycle among
 harness's modules, counting imports at any depth (a function-level import still ties two
 modules together; a module's own enclosing packages are not edges, Python imports them first
-anyway), and no library module imports a command module (harness.commands, cli)."""
+anyway), and no library module imports a command module (harness.commands, cli). Also the size rules:
+at most 8 modules in the harness root, and a module over 500 lines only with its reason listed
+in docs/layout.md ("Modules over 500 lines", the one place the exceptions live)."""
 import ast
 from pathlib import Path
 
@@ -89,3 +91,71 @@ def test_no_library_module_imports_a_command_module():
     bad = sorted(f"{m} -> {d}" for m, deps in import_graph().items() if not m.startswith(COMMANDS)
                  for d in deps if d.startswith(COMMANDS))
     assert bad == []
+
+
+# -- the size rules (docs/layout.md): a small root, and a reason for every long module ----------
+ROOT_MODULES_MAX = 8  # modules directly in harness/ (packages hold the rest)
+LONG = 500  # lines; a module longer than this is listed, with its reason, in docs/layout.md
+LONG_SECTION = "## Modules over 500 lines"
+
+
+def root_modules(pkg: Path) -> list[str]:
+    return sorted(p.name for p in pkg.glob("*.py") if p.name != "__init__.py")
+
+
+SOURCE_DIRS = ("harness", "races", "equivalence", "evals", "tests", "benchmarks", "fixtures", "ci", "scripts")
+
+
+def python_files(root: Path) -> list[Path]:
+    """Every .py file of the project's own folders (not a venv, a build or a run's output)."""
+    return sorted(p for d in SOURCE_DIRS for p in (root / d).rglob("*.py")
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def allowed_long(layout_md: str) -> dict[str, str]:
+    """The exceptions docs/layout.md lists: "- `path`: reason" lines under LONG_SECTION."""
+    import re
+    body = layout_md.split(LONG_SECTION, 1)[1] if LONG_SECTION in layout_md else ""
+    body = body.split("\n## ", 1)[0]
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^- `([^`]+)`: (.+)$", body, re.M)}
+
+
+def long_problems(root: Path, allowed: dict[str, str]) -> list[str]:
+    """A long module without a listed reason, and a listed one that is no longer long or gone."""
+    lengths = {str(p.relative_to(root)): len(p.read_text(errors="replace").splitlines())
+               for p in python_files(root)}
+    out = [f"{f}: {n} lines and no reason in docs/layout.md" for f, n in sorted(lengths.items())
+           if n > LONG and f not in allowed]
+    out += [f"{f}: listed in docs/layout.md but {lengths[f]} lines" if f in lengths else
+            f"{f}: listed in docs/layout.md but not there" for f in sorted(allowed)
+            if lengths.get(f, 0) <= LONG]
+    return out
+
+
+def test_the_size_rules_catch_a_long_module_and_a_crowded_root(tmp_path):
+    (tmp_path / "harness").mkdir()
+    for i in range(ROOT_MODULES_MAX + 1):
+        (tmp_path / "harness" / f"m{i}.py").write_text("x = 1\n")
+    assert len(root_modules(tmp_path / "harness")) > ROOT_MODULES_MAX
+    (tmp_path / "harness" / "big.py").write_text("x = 1\n" * (LONG + 1))
+    for d in (".venv", "venv"):  # not ours: not counted
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "big.py").write_text("x = 1\n" * (LONG + 1))
+    assert long_problems(tmp_path, {}) == [f"harness/big.py: {LONG + 1} lines and no reason in docs/layout.md"]
+    assert long_problems(tmp_path, {"harness/big.py": "why"}) == []
+    assert long_problems(tmp_path, {"harness/big.py": "why", "harness/m0.py": "stale"}) == \
+        ["harness/m0.py: listed in docs/layout.md but 1 lines"]
+    md = f"# x\n{LONG_SECTION}\n\n- `harness/big.py`: one reason.\n\n## next\n- `a.py`: not this section\n"
+    assert allowed_long(md) == {"harness/big.py": "one reason."}
+
+
+def test_the_harness_root_keeps_at_most_eight_modules():
+    mods = root_modules(ROOT / "harness")
+    assert len(mods) <= ROOT_MODULES_MAX, mods
+
+
+def test_every_module_over_500_lines_has_its_reason_in_docs_layout():
+    allowed = allowed_long((ROOT / "docs" / "layout.md").read_text())
+    assert allowed, f"docs/layout.md has no {LONG_SECTION!r} section"
+    assert all(len(why) > 20 for why in allowed.values()), allowed  # a sentence, not a placeholder
+    assert long_problems(ROOT, allowed) == []

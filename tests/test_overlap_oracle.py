@@ -57,7 +57,10 @@ def test_run_reports_the_verdict(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.scheduled
 def test_check_fails_only_on_the_overlap_oracle_under_wait_before_issue():
+    """Scheduled (the whole gate under one fault); .ci/run's representative is the kill matrix's
+    test_fault_caught_by_its_suite[wait_before_issue] with the overlap tests of this module."""
     r = subprocess.run([sys.executable, "-m", "harness.cli", "check", "--fault", "wait_before_issue"],
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 1 and "overlap: LOST" in r.stdout, r.stdout + r.stderr[-2000:]

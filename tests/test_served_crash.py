@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from harness.engine.request import Request
-from harness.targets.served import ServedTarget, TargetCrash, engine_traceback, exception_line
+from harness.targets.base import TargetCrash
+from harness.targets.served import ServedTarget
+from harness.targets.server_log import engine_traceback, exception_line
 
 STAND_IN = Path(__file__).with_name("crashing_server.py")
 
@@ -148,7 +150,8 @@ def test_a_bare_assertion_is_named_by_its_source_line(tmp_path):
 def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):
     """A server that dies while starting is reported by its exception, not by a WARNING that
     mentions an error (vLLM 0.20.2's ulimit warning names `OSError: [Errno 24]`)."""
-    from harness.targets.served import ServerProcess, TargetUnavailable
+    from harness.targets.base import TargetUnavailable
+    from harness.targets.server_process import ServerProcess
     log = tmp_path / "server.log"
     script = ("import sys\n"
               "print('(APIServer pid=1) WARNING 12-03 08:48:59 [system_utils.py:294] Found ulimit of 20000 and "
@@ -165,7 +168,8 @@ def test_an_engine_dead_in_native_code_is_named_by_what_it_printed(tmp_path):
     """An engine core that dies in native code leaves no traceback of its own, only a library's
     message (vLLM 0.11.0 handing `nobind` to libnuma); the API server's traceback, which only says
     the engine died, is quoted with that message, and the colours of its process tag are dropped."""
-    from harness.targets.served import ServerProcess, TargetUnavailable
+    from harness.targets.base import TargetUnavailable
+    from harness.targets.server_process import ServerProcess
     log = tmp_path / "server.log"
     tag = "\x1b[1;36m(APIServer pid=7)\x1b[0;0m "
     frames = "".join(f"print({tag + '  File x.py, line ' + str(i) + ', in f'!r})\n" for i in range(60))
@@ -193,7 +197,7 @@ def test_a_crash_of_a_known_upstream_bug_says_so_and_stays_a_crash(tmp_path):
     """A target that knows the engine's exception as a known upstream bug names it in the CRASH line
     ("CRASH (KNOWN UPSTREAM <id>)"); the gate's status of that case, and of later cases that find
     the server gone, is still CRASH."""
-    from harness.gate_json import CRASH, case_status
+    from harness.gate.json_report import CRASH, case_status
     t = KnownStandIn(crash_on=True, workdir=str(tmp_path), concurrency=4)
     try:
         with pytest.raises(TargetCrash) as e:
@@ -204,7 +208,7 @@ def test_a_crash_of_a_known_upstream_bug_says_so_and_stays_a_crash(tmp_path):
         with pytest.raises(TargetCrash) as later:
             t.run(_reqs(), overlap=True)
         for msg in (line, str(later.value)):
-            assert case_status("failed", f"harness.targets.served.TargetCrash: {msg}")[0] == CRASH, msg
+            assert case_status("failed", f"harness.targets.base.TargetCrash: {msg}")[0] == CRASH, msg
     finally:
         t.close()
     assert case_status("failed", "AssertionError: request p3 diverges at token 4")[0] != CRASH

@@ -30,7 +30,7 @@ def _draw(n=12, seed=3, **kw):
 
 
 def test_delay_points_are_the_agents():
-    from harness.agents.vllm_points import DELAY_POINTS
+    from harness.agents.vllm.points import DELAY_POINTS
     assert sc.DELAY_POINTS == DELAY_POINTS
 
 
@@ -179,8 +179,8 @@ def test_a_bad_reproducer_is_one_line(tmp_path):
 
 
 def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
-    from harness.targets import vllm_paths as vp
-    k = next(k for k in vp.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
+    from harness.targets import vllm_upstream
+    k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
     d, case = served_repro.load(k.reproducer)
     assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
 

@@ -113,7 +113,7 @@ def test_a_slow_result_copy_keeps_tokens(sglang, tok):
     assert _sched(on).get("copy_delays", 0) > _sched(on, before=True).get("copy_delays", 0)
 
 
-@pytest.mark.sglang_patch
+@pytest.mark.scheduled
 @pytest.mark.parametrize("patch,delays", [("sglang_decode_reads_before_copy", SLOW_COPY),
                                           ("sglang_relay_entry_padded_row", None)])
 def test_each_source_patch_is_caught(sglang, tok, patch, delays):
@@ -158,7 +158,7 @@ def _capped(tok, seed):
     return reqs
 
 
-@pytest.mark.parametrize("patch", [None, pytest.param("sglang_finish_check_late", marks=pytest.mark.sglang_patch)])
+@pytest.mark.parametrize("patch", [None, pytest.param("sglang_finish_check_late", marks=pytest.mark.scheduled)])
 def test_steps_overlap_never_adds_one(sglang, tok, patch):
     """Overlap may save steps, never add them: stock SGLang leaves a request its in-flight result
     finishes out of the next step (counted: path_finish_in_flight); the patch decodes it once more."""
@@ -203,7 +203,7 @@ def _paths_workload(tok):
     return reqs
 
 
-@pytest.mark.sglang_patch  # a second pair: minutes to start; weekly
+@pytest.mark.scheduled  # a second pair: minutes to start (fast representative: test_overlap_on_equals_off)
 def test_every_counted_path_runs_on_both_arms(sglang_pair):
     from harness import targets
     t = targets.make_target("sglang", pair="paths", extra_args=PATHS_ARGS)

@@ -14,7 +14,7 @@ import pytest
 
 from harness.agents.sglang_points import SERVER_FIELDS
 from harness.engine.request import Request
-from harness.targets.served import TargetError, TargetUnavailable
+from harness.targets.base import TargetError, TargetHang, TargetUnavailable
 from harness.targets.sglang import SglangTarget, parse_generate, setting_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,7 +222,7 @@ def test_a_stalled_engine_ends_as_hang_with_stacks(tmp_path, monkeypatch):
         stand_in_env = {"STAND_IN_STALL_AFTER": "6"}
     t = stand_in(tmp_path, Stall, concurrency=6)
     try:
-        with pytest.raises(served.TargetHang, match=r"HANG: sglang \(overlap on\): no new token"):
+        with pytest.raises(TargetHang, match=r"HANG: sglang \(overlap on\): no new token"):
             t.run(decode_heavy(), overlap=True)
         report = Path(t.hangs[-1]["report"]).read_text()
         assert t.hangs[-1]["stacks"] == 1 and "in process_batch_result" in report, report[-2000:]

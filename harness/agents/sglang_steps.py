@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from harness.agents.vllm_steps import request_key
+from harness.agents.vllm.steps import request_key
 
 KEEP = 4096  # the newest requests' records (a long stress run must not grow the facts file forever)
 FINISH = {"FINISH_LENGTH": "FINISHED_LENGTH_CAPPED", "FINISH_ABORT": "FINISHED_ABORTED"}

@@ -12,14 +12,11 @@ from pathlib import Path
 def reproducer_probe(path: str, out_dir: Path, timeout: float):
     """A probe that runs a fixtures/vllm_upstream reproducer on one release (a subprocess)."""
     from harness.releases.bisect import reproducer_outcome
-    from harness.releases.installed import has_version_flag
     from harness.releases.sweep import ROOT
 
     def probe(version: str) -> str:
         out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "fixtures.vllm_upstream.reproduce"]
-        if has_version_flag():
-            cmd += ["--vllm-version", version]
+        cmd = [sys.executable, "-m", "fixtures.vllm_upstream.reproduce", "--vllm-version", version]
         log = out_dir / f"reproduce-{version}.log"
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(log, "w", encoding="utf-8") as err:
@@ -32,7 +29,7 @@ def reproducer_probe(path: str, out_dir: Path, timeout: float):
 
 
 def gate_rows() -> set[str]:
-    """The rows `check --json` reports (harness.gate_json.row_name): every path of the paths suite, its
+    """The rows `check --json` reports (harness.gate.json_report.row_name): every path of the paths suite, its
     steps and books cases, every other suite."""
     from harness.gate import ROOT, SUITE_DIRS
     from harness.targets.vllm_paths import PATHS
@@ -45,7 +42,7 @@ def cmd_bisect(a) -> int:
     from harness.flags import UsageError
     from harness.releases import bisect as bi
     from harness.releases import sweep as sw
-    from harness.releases.installed import known_releases
+    from harness.targets.vllm_releases import versions as known_releases
     if bool(a.row) == bool(a.reproducer):
         raise UsageError("bisect: give one of --row NAME or --reproducer FILE")
     if a.reproducer and not Path(a.reproducer).is_file():
@@ -62,8 +59,8 @@ def cmd_bisect(a) -> int:
             raise UsageError(f"bisect --sweep: {e}") from None
         cache = bi.outcomes_from(done, a.row)
     if a.sweep and not a.releases:  # the sweep's releases, with whatever is installed besides
-        from harness.releases.installed import installed
-        from harness.targets.vllm_paths import release_key
+        from harness.targets.vllm_releases import installed
+        from harness.targets.vllm_releases import release_key
         versions = sorted(set(cache) | set(installed()), key=release_key)
     else:
         versions = releases_arg(a.releases, UsageError)

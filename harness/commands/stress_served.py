@@ -55,7 +55,7 @@ def check_flags(a, bad) -> None:
 def make_served(a, bad):
     """(target, tokenizer, release) for --target vllm / openai; a target that cannot start is `bad`."""
     from harness import targets
-    from harness.targets.served import TargetError, TargetUnavailable
+    from harness.targets.base import TargetError, TargetUnavailable
     try:
         if a.target == "vllm":
             kw = {"version": a.vllm_version} if a.vllm_version else {}

@@ -8,8 +8,8 @@ from pathlib import Path
 def releases_arg(text: str | None, error) -> list[str]:
     """--releases "0.11.0,0.13.0" or "installed" (default): the releases, oldest first; every one
     named must be installed (one line naming those that are not)."""
-    from harness.releases.installed import installed
-    from harness.targets.vllm_paths import release_key
+    from harness.targets.vllm_releases import installed
+    from harness.targets.vllm_releases import release_key
     have = installed()
     if text in (None, "", "installed"):
         if not have:
@@ -30,7 +30,7 @@ def releases_arg(text: str | None, error) -> list[str]:
 
 def cmd_sweep(a) -> int:
     from harness.flags import UsageError
-    from harness.gate_json import check_writable
+    from harness.commands.check import check_writable
     from harness.releases import sweep as sw
     if a.json:
         check_writable(a.json, "--json", UsageError)
@@ -55,8 +55,8 @@ def cmd_sweep(a) -> int:
         results = sw.run_sweep(versions, gate, Path(a.out), progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(sw.format_table(results))
     if a.json:
-        from harness import gate_json
-        gate_json.write(a.json, sw.to_json(results, None if a.merge else shard_of))
+        from harness.gate import json_report
+        json_report.write(a.json, sw.to_json(results, None if a.merge else shard_of))
         print(f"\nJSON: {a.json}")
     return sw.exit_code(results)
 

@@ -1,6 +1,6 @@
 """Nothing leaks on a served engine: its own books at idle, async on and off (issue 23).
 
-The agent reads them inside the engine (harness.agents.vllm_plugin: `engine_books` when the
+The agent reads them inside the engine (harness.agents.vllm.books: `engine_books` when the
 engine core goes idle, `worker_books` after each worker step); the target collects them once
 the engine is idle (VllmTarget.idle_books). Two questions:
 

@@ -1,5 +1,5 @@
 """Steps are a result too: compare, per request, the steps the two arms spent on it (the agent's
-books, harness.agents.vllm_steps). Async scheduling may save steps, never add them, and never
+books, harness.agents.vllm.steps). Async scheduling may save steps, never add them, and never
 leave a request waiting with budget free where the async-off arm ran it.
 
 Compared: the requests that ran to their end in both arms unpreempted and not aborted (a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.agents.vllm_steps import FIELDS, request_key
+from harness.agents.vllm.steps import FIELDS, request_key
 
 LENGTH = "FINISHED_LENGTH_CAPPED"
 

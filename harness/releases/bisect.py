@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness import gate_json
+from harness.gate import json_report
 
 PASSES, FAILS, NA = "pass", "fail", "n/a"
 
 
 def outcome(status: str | None) -> str:
     """A row's status -> pass / fail / n/a (a release without the row: n/a)."""
-    if status is None or status in (gate_json.NA, gate_json.SKIPPED):
+    if status is None or status in (json_report.NA, json_report.SKIPPED):
         return NA
-    return PASSES if status == gate_json.PASS else FAILS
+    return PASSES if status == json_report.PASS else FAILS
 
 
 @dataclass
@@ -105,7 +105,7 @@ def _middle_out(xs: list) -> list:
 
 
 def _key(v: str):
-    from harness.targets.vllm_paths import release_key
+    from harness.targets.vllm_releases import release_key
     return release_key(v)
 
 

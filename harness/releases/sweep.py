@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import gate_json
+from harness.gate import json_report
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 UNAVAILABLE = "UNAVAILABLE"  # the release's gate could not run (not installed, servers did not start)
@@ -27,7 +27,7 @@ SCHEMA = 1
 class ReleaseResult:
     version: str
     verdict: str  # PASS / FAIL / HANG (the gate's), or UNAVAILABLE with `error`
-    rows: dict = field(default_factory=dict)  # row -> {"status", "detail"} (harness.gate_json.rows)
+    rows: dict = field(default_factory=dict)  # row -> {"status", "detail"} (harness.gate.json_report.rows)
     seconds: float = 0.0
     exit_code: int = 0
     adapted: list = field(default_factory=list)  # what the agent adapted in this release
@@ -57,13 +57,9 @@ def shard(versions: list[str], i: int, n: int) -> list[str]:
 
 
 def check_command(version: str, json_path: Path, extra=()) -> list[str]:
-    """The gate of one release. --vllm-version is given where this checkout has it; without it
-    the only release is the pinned one (what `check --target vllm` runs)."""
-    from harness.releases.installed import has_version_flag
+    """The gate of one release."""
     cmd = [sys.executable, "-m", "harness.cli", "check", "--target", "vllm", "--json", str(json_path)]
-    if has_version_flag():
-        cmd += ["--vllm-version", version]
-    return cmd + list(extra)
+    return cmd + ["--vllm-version", version] + list(extra)
 
 
 def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = None) -> ReleaseResult:
@@ -117,7 +113,7 @@ def summary(r: ReleaseResult) -> str:
     counts: dict[str, int] = {}
     for row in r.rows.values():
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    parts = [f"{counts[s]} {s}" for s in gate_json.STATUSES if counts.get(s)]
+    parts = [f"{counts[s]} {s}" for s in json_report.STATUSES if counts.get(s)]
     return f"{r.verdict} ({', '.join(parts) or 'no rows'}) in {r.seconds:.0f} s"
 
 
@@ -126,9 +122,9 @@ def cell(row: dict | None) -> str:
     if row is None:
         return "-"
     s = row["status"]
-    if s == gate_json.KNOWN:
-        return f"KNOWN {gate_json.known_id(row['detail'])}"
-    return {gate_json.NOT_EXERCISED: "not exercised"}.get(s, s)
+    if s == json_report.KNOWN:
+        return f"KNOWN {json_report.known_id(row['detail'])}"
+    return {json_report.NOT_EXERCISED: "not exercised"}.get(s, s)
 
 
 def row_names(results: list[ReleaseResult]) -> list[str]:
@@ -157,7 +153,7 @@ def format_table(results: list[ReleaseResult]) -> str:
             continue
         for n in names:
             row = r.rows.get(n)
-            if row and row["status"] in (gate_json.FAIL, gate_json.CRASH, gate_json.HANG, gate_json.NOT_EXERCISED):
+            if row and row["status"] in (json_report.FAIL, json_report.CRASH, json_report.HANG, json_report.NOT_EXERCISED):
                 notes.append(f"{r.version} {n}: {row['status']}: {row['detail'][:200]}")
         if r.adapted:
             notes.append(f"{r.version}: adapted: {'; '.join(r.adapted)}")
@@ -172,7 +168,7 @@ def to_json(results: list[ReleaseResult], shard_of: tuple[int, int] | None = Non
 def load(paths) -> list[ReleaseResult]:
     """The results of one or more sweep JSON files (the shards of a CI matrix), oldest release
     first; a release in two files keeps the later file's result."""
-    from harness.targets.vllm_paths import release_key
+    from harness.targets.vllm_releases import release_key
     by: dict[str, ReleaseResult] = {}
     for p in paths:
         d = json.loads(Path(p).read_text())

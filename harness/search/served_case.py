@@ -14,7 +14,7 @@ the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded sample
 processors (CLI and entry point, per request and batch level: vllm_xargs), prompts short, over the
 step budget (chunked prefill) or on the 93-token shared prefix (prefix hits), max_tokens 1-3 or
 up to 24, arrival times, and a client that disconnects after k tokens. A submission adds the
-agent's delay points (harness.agents.vllm_points.DELAY_POINTS) on the async-on server, and a
+agent's delay points (harness.agents.vllm.points.DELAY_POINTS) on the async-on server, and a
 /pause + /resume or a /reset_prefix_cache (running requests preempted) at a chosen time.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from harness.engine.request import Request
 
-# the agent's delay points (harness.agents.vllm_points.DELAY_POINTS; not imported: that module is
+# the agent's delay points (harness.agents.vllm.points.DELAY_POINTS; not imported: that module is
 # the agent's and its table is checked against it in tests/test_served_search.py)
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 CONTROLS = ("pause", "reset")
@@ -118,12 +118,12 @@ def case_features(case: ServedCase) -> list[str]:
 
 # -- drawing ------------------------------------------------------------------------------
 def _words(draw, lo, hi):
-    from harness.targets.vllm_paths import WORDS
+    from harness.targets.vllm_workload import WORDS
     return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=lo, max_size=hi)))
 
 
 def _seeded_words(seed: int, n: int) -> str:
-    from harness.targets.vllm_paths import WORDS
+    from harness.targets.vllm_workload import WORDS
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -133,6 +133,7 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
     """One request; every option off in hypothesis's simplest example (a short greedy request).
     `huge`: one of a KV-pressure mix (see submissions): a prompt of 257-280 tokens and 40-56 more."""
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_workload
     kind = "huge" if huge else draw(st.sampled_from(("short", "long", "prefix")))
     text = (_words(draw, 2, 12) if kind in ("short", "prefix") else
             _words(draw, 70, 110) if kind == "long" else
@@ -140,7 +141,7 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
             # its words from one drawn seed: drawn one by one, hypothesis dropped most pressure
             # submissions for running past its budget of choices (2 of 50 drawn, for 18 coins)
             f"Part {rid}: " + _seeded_words(draw(st.integers(0, 2**32 - 1)), 300))  # > 64 tokens: chunked
-    prompt = vp._ids(tok, text) if kind != "prefix" else vp._ids(tok, vp.PREFIX) + tok.encode(" " + text)
+    prompt = vllm_workload._ids(tok, text) if kind != "prefix" else vllm_workload._ids(tok, vllm_workload.PREFIX) + tok.encode(" " + text)
     # a huge prompt fills 9 blocks, and crosses into a 10th within 32 tokens of decoding: see submissions
     cut = draw(st.integers(9 * vp.BLOCK - 31, 9 * vp.BLOCK - 8)) if huge else vp.MAX_MODEL_LEN - 32
     max_tokens = draw(st.integers(40, 56) if huge else st.one_of(st.sampled_from((1, 2, 3)), st.integers(4, 24)))

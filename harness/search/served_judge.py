@@ -12,7 +12,7 @@
   (its counter, as the path rows' `placeholders`);
 - overlap: the async server ran without overlap (the target's own check after every run).
 
-A finding that matches a known-upstream entry live in the release (vllm_paths.classify) is
+A finding that matches a known-upstream entry live in the release (vllm_upstream.classify) is
 known, not new; an entry the agent works around (its counter above 0) is known too.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     from harness.agents import plan as planmod
     from harness.oracles import steps
     from harness.targets import vllm_paths as vp
-    from harness.targets.served import TargetCrash, TargetHang
+    from harness.targets.base import TargetCrash, TargetHang
     done, got = threading.Event(), []
     ctl = threading.Thread(target=_controls, args=(target, overlap, case.controls, done, got), daemon=True)
     arm = "on" if overlap else "off"
@@ -121,7 +121,7 @@ def _exception(text: str) -> str:
 def judge(target, case: ServedCase, version: str | None = None, agent: bool = True) -> Verdict:
     """Both arms of one case (off first: the reference), every oracle; the servers are started
     again where one was lost."""
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     t0 = time.monotonic()
     v = Verdict()
     arms = {}
@@ -188,7 +188,7 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
         if bookmod.HELD["host_buffers_held"] in f and all(
                 bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
             # the worker writes its books after its step, before the output thread reads that step's
-            # ids and frees the buffer (harness.agents.vllm_plugin.worker_books): after the last step
+            # ids and frees the buffer (harness.agents.vllm.books.worker_books): after the last step
             # of a run nothing rewrites them, so a held buffer alone at idle is not judged (measured:
             # it did not replay)
             continue
@@ -208,7 +208,7 @@ def _findings(case, off: dict, on: dict, agent: bool) -> list[Finding]:
 def _sampled_preempted(case, on: dict) -> set:
     """The rids of requests that sample (temperature > 0) and that the async-on arm preempted, by
     the agent's step books (what KNOWN_UPSTREAM async-seeded-preempt-in-flight claims)."""
-    from harness.agents.vllm_steps import request_key
+    from harness.agents.vllm.steps import request_key
     from harness.oracles import steps
     books = steps.summed(on.get("steps") or {}).per_key
     return {r.rid for r in case.requests if r.temperature > 0
@@ -220,17 +220,18 @@ def _classify(v: Verdict, version: str | None) -> None:
     entries the agent worked around. The bare pair's entries (vllm#52461) cannot show on the main
     pair (a CLI processor turns vLLM's repair on), so they never claim a finding here."""
     from harness.targets import vllm_paths as vp
+    from harness.targets import vllm_upstream
     both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
-    rows = sorted({k.row for k in vp.KNOWN_UPSTREAM
+    rows = sorted({k.row for k in vllm_upstream.KNOWN_UPSTREAM
                    if k.row not in vp.PATHS_BY_NAME or vp.PATHS_BY_NAME[k.row].pair == "main"})
     for row in rows:
-        _, seen, _ = vp.classify(row, [], counts=both, version=version)
+        _, seen, _ = vllm_upstream.classify(row, [], counts=both, version=version)
         v.known += seen
     new = []
     for f in v.new:
         hit = None
         for row in rows:
-            _, seen, _ = vp.classify(row, [f.summary], counts=both, version=version)
+            _, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version)
             hit = next((kid for kid, what in seen if what == f.summary), None)
             if hit:
                 break

@@ -50,8 +50,8 @@ def make_target(name: str, faults=frozenset(), **kw):
 def fault_catalogue(name: str) -> dict:
     """The faults a target can be given: the ref engine's, or its agent's."""
     if name == "vllm":  # the agent's switches, then source patches of vLLM's own code
-        from harness.agents.vllm_patches import PATCHES
-        from harness.agents.vllm_points import CATALOGUE
+        from harness.agents.vllm.patches import PATCHES
+        from harness.agents.vllm.points import CATALOGUE
         return {**CATALOGUE, **PATCHES}
     if name == "sglang":  # the agent's switches, then source patches of SGLang's own code
         from harness.agents.sglang_patches import PATCHES

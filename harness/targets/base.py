@@ -25,3 +25,20 @@ class Target:
     def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
             **engine_kw) -> Run:
         raise NotImplementedError
+
+
+# What a target raises (a served one in particular): its cases report them by name.
+class TargetUnavailable(RuntimeError):
+    """The target cannot start: missing setup, a server that died, a health timeout (one line)."""
+
+
+class TargetError(RuntimeError):
+    """The target started but misbehaved (e.g. overlap was requested and did not take effect)."""
+
+
+class TargetHang(TargetError):
+    """A run made no progress within the watchdog's bound: the server was dumped and stopped."""
+
+
+class TargetCrash(TargetError):
+    """A server died under a run: a finding of its own (arm, exit code, case, the engine's traceback)."""

@@ -5,7 +5,8 @@ books need an agent inside the engine, and are said to be not judged. Its reques
 ids as "token_id:N" (`return_tokens_as_token_ids`, vLLM's completions API)."""
 from __future__ import annotations
 
-from harness.targets.served import ServedTarget, TargetUnavailable
+from harness.targets.base import TargetUnavailable
+from harness.targets.served import ServedTarget
 
 
 class OpenAIPair(ServedTarget):

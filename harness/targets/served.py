@@ -1,134 +1,34 @@
 """A target that is a pair of real OpenAI-compatible servers we start ourselves: one with
 overlap (async scheduling) on, one with it off, the same model and seed.
 
-What every such target shares lives here: free ports on 127.0.0.1, a health wait with a
-timeout that notices a server that died, logs kept for the report, the agent's plan file,
-the servers stopped by process group on every exit path (normal end, an exception, Ctrl-C,
-SIGTERM, and the parent dying: PR_SET_PDEATHSIG), and a workload sent as concurrent
-requests whose token ids and top-k logprobs come back for the equivalence oracles.
-A subclass says how to start its engine and how to prove the effective overlap setting.
+What every such target shares lives here: the agent's plan file, logs kept for the report, a
+workload sent as concurrent requests whose token ids and top-k logprobs come back for the
+equivalence oracles, and the progress watchdog that ends a run making no progress as a HANG and
+names a dead server as a CRASH. The processes themselves (ports, the health wait, stopping them
+on every exit path) are harness.targets.server_process; reading their logs is
+harness.targets.server_log. A subclass says how to start its engine and how to prove the
+effective overlap setting.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
-import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.agents import plan as planmod
-from harness.targets.base import Run, Target
+from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
+from harness.targets.server_log import engine_traceback, exception_line
+from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
 TOP_LOGPROBS = 5
 MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
-_LIVE: set["ServerProcess"] = set()
-_LOCK = threading.Lock()
-
-
-class TargetUnavailable(RuntimeError):
-    """The target cannot start: missing setup, a server that died, a health timeout (one line)."""
-
-
-class TargetError(RuntimeError):
-    """The target started but misbehaved (e.g. overlap was requested and did not take effect)."""
-
-
-class TargetHang(TargetError):
-    """A run made no progress within the watchdog's bound: the server was dumped and stopped."""
-
-
-class TargetCrash(TargetError):
-    """A server died under a run: a finding of its own (arm, exit code, case, the engine's traceback)."""
-
-
-def _log_body(line: str) -> str:
-    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ") nor its colours (older
-    releases colour the tag even in a log file)."""
-    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", _ANSI.sub("", line))
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
-_LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
-# a traceback vLLM's logger wrote (logger.exception: its multiproc worker, the async engine core)
-# carries the record's prefix on every line: "ERROR 12-04 00:08:32 [core.py:710] "
-_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
-
-
-def engine_traceback(log_path: Path, limit: int = 40) -> str:
-    """The engine core's traceback in a server's log, at most `limit` lines, ending with its
-    exception line; else the log's last error line. A complete traceback (one that ends on an
-    exception line, not cut by a log line or by the process's exit) is preferred, and of those
-    the last one a vLLM engine-core or worker process wrote (the API server's own traceback,
-    which follows it, only says the engine died); else the last complete one; else the last one."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
-    if not starts:
-        errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
-        return errs[-1].strip() if errs else ""
-    blocks = []
-    for st in starts:
-        block, complete = [lines[st]], False
-        rec = _RECORD.match(_log_body(lines[st]))
-        for ln in lines[st + 1:]:
-            block.append(ln)
-            body = _log_body(ln)
-            if rec is not None:  # a logged traceback: its lines carry the same record prefix
-                if not body.startswith(rec.group(0)):
-                    break  # cut by another record
-                body = body[rec.end():]
-            if body and not body.startswith((" ", "\t")):
-                complete = bool(_EXC_LINE.match(body)) and not _LOG_PREFIX.match(body)
-                break  # the exception line (or whatever cut the traceback) closes it
-        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid"))))
-    whole = [b for b in blocks if b[1]]
-    pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
-    return "\n".join(pick[-limit:])
-
-
-def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
-    """The last line among the `look` before lines[end] that is no log record (a native
-    library's own message, as libnuma's); "" when there is none."""
-    for ln in reversed(lines[max(0, end - look):end]):
-        body = _log_body(ln).strip()
-        if body and not _LOG_PREFIX.match(body) and not ln.startswith((" ", "\t")):
-            return body
-    return ""
-
-
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
-
-
-def exception_line(tb: str) -> str:
-    """The traceback's exception line; a bare one (`AssertionError`) gets the failing source line
-    and its place, which is what tells two assertions apart."""
-    if not tb.strip():
-        return "no traceback in its log"
-    lines = [_RECORD.sub("", _log_body(ln)) for ln in tb.strip().splitlines()]
-    last = lines[-1].strip()
-    if ":" in last:
-        return last
-    for i in range(len(lines) - 1, -1, -1):
-        m = _FRAME.match(lines[i])
-        if m:
-            code = lines[i + 1].strip() if i + 1 < len(lines) - 1 else ""
-            return f"{last}: {code} ({os.path.basename(m.group(1))}:{m.group(2)})" if code else last
-    return last
 
 
 # The progress watchdog (issue 17, item 2). The agent's progress counter (tokens the engine
@@ -156,122 +56,6 @@ def progress_of(facts: list[dict]) -> tuple[int | None, float | None, int]:
     periods = [float(f["token_period_ms"]) / 1000 for f in facts if f.get("token_period_ms")]
     steps = sum(int(f.get("steps", 0)) for f in facts if "tokens_out" in f)
     return (sum(counts) if counts else None), (max(periods) if periods else None), steps
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent():
-    """preexec_fn: the child gets SIGTERM when we die, even by SIGKILL (Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-class ServerProcess:
-    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, cwd: Path | None = None,
-                 orphan_dir: Path | None = None):
-        self.name, self.cmd, self.log_path = name, cmd, log_path
-        self.port = None
-        self._log = open(log_path, "wb")
-        # through the keeper: it takes the server's whole group down, even when we are killed, and
-        # then removes `orphan_dir` (our temporary work folder) when we died without doing it
-        orphan = ["--orphan-remove", str(orphan_dir), "--"] if orphan_dir else []
-        cmd = [sys.executable, "-m", "harness.targets.keeper", *orphan, *cmd]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
-                                     preexec_fn=_die_with_parent)
-        with _LOCK:
-            _LIVE.add(self)
-
-    def log_tail(self, n: int = 3) -> str:
-        """Why a server did not come up: its traceback's exception line; else its first ERROR
-        line (a WARNING that names an error, vLLM's ulimit one, is no cause); else its last lines."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
-        if starts:
-            tb = engine_traceback(self.log_path)  # its last lines: the start may be cut off
-            why = exception_line(tb)[:300]
-            if "(EngineCore" not in tb:  # the API server's: it only says the engine died
-                cause = _untagged_line_before(lines, starts[-1])
-                if cause:  # an engine that died in native code leaves no traceback, only this
-                    why += f" (before it: {cause[:200]})"
-            return why
-        keep = [ln for ln in lines if ln.strip() and not re.search(r"\b(WARNING|INFO|DEBUG)\b", ln)]
-        errors = [ln for ln in keep if "Error:" in ln or "ERROR" in ln]
-        if errors:  # the root cause, not the last line of the traceback that followed it
-            return _log_body(errors[0]).strip()[-300:]
-        return " | ".join(_log_body(ln).strip()[-200:] for ln in (keep or lines)[-n:])
-
-    def wait_healthy(self, url: str, timeout: float) -> None:
-        import httpx
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise TargetUnavailable(f"{self.name} exited with code {self.proc.returncode} while starting "
-                                        f"(log {self.log_path}): {self.log_tail()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TargetUnavailable(f"{self.name} not healthy after {timeout:.0f} s (log {self.log_path}): "
-                                f"{self.log_tail()}")
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM to the whole process group, SIGKILL after `grace` seconds."""
-        p = self.proc
-        if p.poll() is None:
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        try:  # children that outlived their leader (an engine core, a worker)
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._log.close()
-        with _LOCK:
-            _LIVE.discard(self)
-
-
-def stop_all() -> None:
-    with _LOCK:
-        live = list(_LIVE)
-    for s in live:
-        s.stop(grace=5.0)
-
-
-atexit.register(stop_all)
-
-
-def _on_sigterm(signum, frame):
-    stop_all()
-    raise SystemExit(128 + signum)
-
-
-def install_sigterm_handler() -> None:
-    """SIGTERM (a CI cancellation, `timeout`) stops our servers too; only where nobody else
-    handles it, and only from the main thread."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 class ServedTarget(Target):

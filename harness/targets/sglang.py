@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 
 from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
-from harness.targets.served import TOP_LOGPROBS, ServedTarget, TargetError, TargetUnavailable
+from harness.targets.base import TargetError, TargetUnavailable
+from harness.targets.served import TOP_LOGPROBS, ServedTarget
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)

@@ -3,7 +3,7 @@
 vLLM V1's async scheduling is the article's overlap: the engine core schedules step N+1 while
 the worker runs step N (a batch queue of two), output tokens are placeholders until the
 worker's asynchronous copy of the sampled ids lands, and the next step's input ids come from
-the device-side ids of the previous one. The agent (harness.agents.vllm_plugin) runs inside
+the device-side ids of the previous one. The agent (harness.agents.vllm) runs inside
 the servers' processes; it keeps async scheduling on where vLLM's CPU platform would turn it
 off, and reports the effective setting, which is checked here before and after every run: a
 server that silently ran without overlap fails, it never passes.
@@ -19,13 +19,14 @@ from pathlib import Path
 
 from harness.targets import vllm_releases
 from harness.targets import vllm_setup as setup_cmd
-from harness.targets.served import ServedTarget, TargetError, TargetUnavailable
+from harness.targets.base import TargetError, TargetUnavailable
+from harness.targets.served import ServedTarget
 
 
 def check_fault_names(faults, exc=ValueError) -> None:
     """The agent's faults and the source patches of vLLM."""
-    from harness.agents.vllm_patches import PATCHES
-    from harness.agents.vllm_points import CATALOGUE
+    from harness.agents.vllm.patches import PATCHES
+    from harness.agents.vllm.points import CATALOGUE
     unknown = sorted(set(faults) - set(CATALOGUE) - set(PATCHES))
     if unknown:
         raise exc(f"unknown vLLM fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")
@@ -52,7 +53,7 @@ def row_absent(row: str, version: str | None) -> str:
     """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it."""
     if version is None:
         return ""
-    from harness.agents.vllm_points import POINTS_BY_NAME
+    from harness.agents.vllm.points import POINTS_BY_NAME
     rel = vllm_releases.release(version)
     for need in vllm_releases.ROW_NEEDS.get(row, ()):
         if need.startswith("point:"):
@@ -196,7 +197,7 @@ class VllmTarget(ServedTarget):
         env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
         patches = self.patches() if overlap else []
         if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
-            from harness.agents.vllm_patches import PatchError
+            from harness.agents.vllm.patches import PatchError
             from harness.targets.vllm_copy import server_pythonpath
             try:
                 env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home)
@@ -220,8 +221,8 @@ class VllmTarget(ServedTarget):
         return [f"{n} = {v}" for n, v in json.loads(p.stdout)]
 
     def patches(self) -> list[str]:
-        """The faults that are source patches of vLLM (harness.agents.vllm_patches)."""
-        from harness.agents.vllm_patches import PATCHES
+        """The faults that are source patches of vLLM (harness.agents.vllm.patches)."""
+        from harness.agents.vllm.patches import PATCHES
         return sorted(f for f in self.faults if f in PATCHES)
 
     def refresh_faults(self, old) -> None:
@@ -238,8 +239,8 @@ class VllmTarget(ServedTarget):
             self.servers.pop(True).stop()  # start() clears its facts
 
     def known_crash(self, overlap: bool, exception: str) -> str:
-        """A known upstream bug of this release that kills the async-on engine (vllm_paths.known_crash)."""
-        from harness.targets.vllm_paths import known_crash
+        """A known upstream bug of this release that kills the async-on engine (vllm_upstream.known_crash)."""
+        from harness.targets.vllm_upstream import known_crash
         return known_crash(exception, overlap, self.version)
 
     def start(self, which=(False, True)) -> None:

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from harness.targets import vllm_setup as setup_cmd
-from harness.agents.vllm_patches import PATCHES, PatchError, apply
+from harness.agents.vllm.patches import PATCHES, PatchError, apply
 
 STAMP = "patched.json"
 

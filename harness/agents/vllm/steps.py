@@ -132,12 +132,12 @@ def _finish(orig):
     return finish_requests
 
 
-# the agent's patch points (harness.agents.vllm_points) these books wrap
+# the agent's patch points (harness.agents.vllm.points) these books wrap
 PATCHES = {"schedule": _schedule, "preempt": _preempt, "check_stop": _check_stop, "finish": _finish}
 
 
 def install(patch, facts) -> None:
-    """patch(point, make) as the agent's (vllm_plugin._patch); facts(role) -> planmod.Facts."""
+    """patch(point, make) as the agent's (install.patch); facts(role) -> planmod.Facts."""
     global _BOOKS
     _BOOKS = Books(facts)
     missing = []

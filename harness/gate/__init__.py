@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: this file is harness/gate/__init__.py
 SUITE_DIRS = ("races", "equivalence", "evals")
 
 
@@ -44,7 +44,7 @@ class GateResult:
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
-    cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate_json)
+    cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate.json_report)
 
     @property
     def ok(self) -> bool:
@@ -184,8 +184,8 @@ def _longest_first(config, log, cost):
 
 
 def case_record(report, suite: str, outcome: str, msg: str) -> dict:
-    """One case as `check --json` writes it: its status (harness.gate_json.STATUSES) and detail."""
-    from harness.gate_json import case_status
+    """One case as `check --json` writes it: its status (harness.gate.json_report.STATUSES) and detail."""
+    from harness.gate.json_report import case_status
     reason = ""
     if outcome == "skipped":
         reason = getattr(report, "wasxfail", "") or _skip_reason(report)
@@ -207,6 +207,11 @@ def _message(report) -> str:
     if "HANG: " in line and not line.startswith("HANG"):  # the ref engine's watchdog, its class name first
         line = line[line.index("HANG: "):]
     return line.removeprefix("AssertionError: ")
+
+
+def suite_names() -> list[str]:
+    """Every suite by name (its file's stem), in the order the folders list them."""
+    return [f.stem for sd in SUITE_DIRS for f in sorted((ROOT / sd).glob("test_*.py"))]
 
 
 def suite_paths(names=None) -> list[str]:
@@ -277,7 +282,7 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
     if target == "ref":
         return
     from harness.targets import configure, make_target
-    from harness.targets.served import TargetError, TargetUnavailable
+    from harness.targets.base import TargetError, TargetUnavailable
     print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     try:
@@ -412,7 +417,7 @@ def served_release(target: str, asked: str | None = None) -> tuple[str | None, l
     rel = getattr(pair, "release", None)  # the release table's entry (harness.targets.vllm_releases)
     adapted = [str(x) for x in (rel.adaptations() if hasattr(rel, "adaptations") else ())]
     if target == "vllm":
-        from harness.releases.installed import release_in_force
+        from harness.targets.vllm_releases import release_in_force
         return asked or release_in_force(pair), adapted
     return asked, adapted
 

@@ -30,9 +30,9 @@ BOOST = "oh_boost"  # vllm_xargs key: "token:every" forces `token` at positions 
 
 
 def _count(key: str, n: int = 1) -> None:
-    from harness.agents import vllm_plugin
-    if vllm_plugin._PLAN is not None:  # no plan: the agent is inert and so are our facts
-        f = vllm_plugin._facts("worker")
+    from harness.agents.vllm import state
+    if state.PLAN is not None:  # no plan: the agent is inert and so are our facts
+        f = state.facts("worker")
         f.add(key, n)
         f.write()
 

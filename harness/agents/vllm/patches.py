@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.agents.vllm_points import WRITTEN_AGAINST
+from harness.agents.vllm.points import WRITTEN_AGAINST
 
 SCHED = "v1/core/sched/scheduler.py"
 ASYNC_SCHED = "v1/core/sched/async_scheduler.py"

@@ -88,14 +88,3 @@ def write(path: str, obj: dict) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
-
-
-def check_writable(path: str, flag: str, error) -> None:
-    """One line and exit 2 for a --json / --junit path that cannot be written."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
-    if not os.path.isdir(d):
-        raise error(f"cannot write {flag} {path}: no directory {d}")
-    if not os.access(d, os.W_OK):
-        raise error(f"cannot write {flag} {path}: {d} is not writable")

@@ -1,0 +1,139 @@
+"""The sampled-id copy, asynchronous on CPU as it is on a GPU.
+
+On a GPU vLLM copies each step's sampled ids to pinned host memory with non_blocking=True and
+records an event the output thread waits on before it reads them. On CPU that copy is a plain
+synchronous one, so a missing wait or a missing second buffer does no harm there. The agent makes
+it what it is on a GPU: a copy thread, into host buffers that are reused (two, each handed out
+again only after its reader is done), with an event the reader waits on. This is where the
+faults sampled_ids_no_wait and pinned_buffer_reuse bite, exactly as with a non_blocking copy into
+pinned memory.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+from harness.agents.vllm import cuda_stubs, state
+from harness.agents.vllm.points import output_attrs
+from harness.agents.vllm.timing import step_period
+
+
+class _CopyDone:
+    """Stands in for the copy-ready event: record() is implied by the copy thread."""
+
+    def __init__(self):
+        self._done = threading.Event()
+
+    def record(self, *a, **kw):
+        pass
+
+    def synchronize(self):
+        self._done.wait()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+
+class _NoWait:
+    def synchronize(self):
+        pass
+
+
+class _HostBuffer:
+    def __init__(self):
+        self.tensor = None
+        self.writer = 0  # sequence number of the last copy queued into it
+        self.free = threading.Event()
+        self.free.set()
+
+    def view(self, like):
+        import torch
+        n = like.numel()
+        if self.tensor is None or self.tensor.numel() < n or self.tensor.dtype != like.dtype:
+            self.tensor = torch.zeros(max(n, 1024), dtype=like.dtype)  # pinned memory is reused, not fresh
+        return self.tensor[:n].view(like.shape)
+
+
+class CopyEngine:
+    """One copy thread and two reused host buffers per worker process."""
+
+    def __init__(self, buffers: int = 2):
+        self.buffers = [_HostBuffer() for _ in range(buffers)]
+        self.next = 0
+        self.seq = 0
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="oh-copy", daemon=True).start()
+
+    def _loop(self):
+        import torch
+        while True:
+            src, dst, done = self.q.get()
+            try:
+                state.PLAN.delay("output_copy", step_period())
+                with torch.inference_mode():  # the buffers are made inside vLLM's inference mode
+                    dst.copy_(src)
+            except Exception as e:  # never leave a reader waiting forever
+                state.facts("worker").set(error=f"overlap-harness agent: copy thread: {e}")
+                state.facts("worker").write(True)
+            finally:
+                done._done.set()
+
+    def start(self, src):
+        """Queue a copy of `src` into a host buffer; (the buffer view, the event, the buffer)."""
+        if state.PLAN.fault("pinned_buffer_reuse"):
+            buf = self.buffers[0]  # one buffer, reused without waiting for its reader
+        else:
+            buf = self.buffers[self.next % len(self.buffers)]
+            self.next += 1
+            buf.free.wait()  # handed out again only after the previous reader is done
+            buf.free.clear()
+        dst = buf.view(src)
+        done = _CopyDone()
+        self.seq += 1
+        done.seq = buf.writer = self.seq
+        self.q.put((src, dst, done))
+        return dst, done, buf
+
+
+COPY: CopyEngine | None = None  # the worker's, made on its first async output
+
+
+def output_copy(orig):
+    ids_attr, event_attr = output_attrs(state.release())
+
+    def __init__(self, *a, **kw):
+        global COPY
+        with cuda_stubs.cuda_stubs(cuda_stubs.STUB_CUDA["on"], a + tuple(kw.values())):
+            orig(self, *a, **kw)
+        state.facts("worker").add("async_outputs")
+        src = self._sampled_token_ids
+        if src.device.type != "cpu":
+            return  # a real device: vLLM's own non_blocking copy and event are the real thing
+        if COPY is None:
+            COPY = CopyEngine()
+        dst, done, self._oh_buffer = COPY.start(src)
+        setattr(self, ids_attr, dst)
+        setattr(self, event_attr, done)
+    return __init__
+
+
+def before_wait(orig):
+    event_attr = output_attrs(state.release())[1]
+
+    def get_output(self):
+        state.PLAN.delay("before_wait", step_period())
+        ev = getattr(self, event_attr)
+        if state.PLAN.fault("sampled_ids_no_wait"):
+            setattr(self, event_attr, _NoWait())
+        try:
+            return orig(self)
+        finally:
+            setattr(self, event_attr, ev)
+            buf = getattr(self, "_oh_buffer", None)
+            if buf is not None and buf.writer != ev.seq:
+                state.facts("worker").add("buffer_overwritten")  # a later copy was queued before we read
+            if buf is not None:
+                ev.synchronize()  # the copy itself has landed before the buffer is handed out again
+                buf.free.set()
+            state.facts("worker").write()
+    return get_output

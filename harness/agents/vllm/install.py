@@ -1,0 +1,110 @@
+"""The agent's installation in each of vLLM's processes: `register()` is the `vllm.general_plugins`
+entry point (named `overlap_harness` in pyproject.toml). Without a plan it does nothing. With one
+it reads which release it runs in and patches, in this order (the order of wrapping where two
+patches share a point):
+1. timing, the copy engine and the penalty fault at the points that release has (PATCHES);
+2. the workarounds whose release fact holds there (harness.agents.vllm.workarounds);
+3. the in-flight flags the path counters read, then the path counters (harness.agents.vllm.counters);
+4. the books at idle, outermost (harness.agents.vllm.books), then each request's steps
+   (harness.agents.vllm.steps);
+and starts the facts flusher. A point the release should have and does not is an AgentError,
+written to the "error" facts and raised (vLLM then does not start).
+"""
+from __future__ import annotations
+
+import importlib
+
+from harness.agents import plan as planmod
+from harness.agents import progress
+from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, state, steps, timing
+from harness.agents.vllm.points import POINTS_BY_NAME, WRITTEN_AGAINST, points_in
+from harness.agents.vllm.state import AgentError
+from harness.agents.vllm.workarounds import MODULES as WORKAROUND_MODULES
+
+_INSTALLED = False
+
+
+def _resolve(point: str):
+    p = POINTS_BY_NAME[point]
+    try:
+        mod = importlib.import_module(p.module)
+    except ImportError as e:
+        raise AgentError(f"overlap-harness agent: {p.module} does not import ({e}); the agent was written "
+                         f"against vLLM {WRITTEN_AGAINST}") from None
+    owner = mod
+    parts = p.qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            break
+    if owner is None or not hasattr(owner, parts[-1]):
+        import vllm
+        raise AgentError(f"overlap-harness agent: vLLM {getattr(vllm, '__version__', '?')} has no "
+                         f"{p.module}.{p.qualname} (patch point {point!r}, written against vLLM "
+                         f"{WRITTEN_AGAINST})")
+    return owner, parts[-1]
+
+
+def patch(point: str, make):
+    owner, attr = _resolve(point)
+    orig = owner.__dict__.get(attr, getattr(owner, attr))
+    setattr(owner, attr, make(orig))
+
+
+PATCHES = {
+    "platform_config": timing.platform_config,
+    "engine_loop": timing.engine_loop,
+    "engine_step": timing.engine_step,
+    "engine_step_sync": timing.engine_step_sync,
+    "runner_init": timing.runner_init,
+    "worker_execute": timing.worker_execute,
+    "output_copy": copy_engine.output_copy,
+    "before_wait": copy_engine.before_wait,
+    "penalty_ids": faults.penalty_ids,
+}
+
+
+def holds(v: str | None, fact: str) -> bool:
+    """The release table's fact holds in release v (a release the table does not know: no)."""
+    from harness.targets.vllm_releases import TORCH, release
+    return v is not None and v in TORCH and release(v).has(fact)
+
+
+def register() -> None:
+    """vLLM calls this in each of its processes (vllm.plugins.load_general_plugins)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    state.PLAN = planmod.load()
+    if state.PLAN is None:
+        return  # no plan: inert
+    _INSTALLED = True
+    state.register_stack_dump()
+    try:
+        v = state.release()
+        here = {p.name for p in points_in(v)}
+        cuda_stubs.STUB_CUDA["on"] = cuda_stubs.needs_cuda_stubs(v)
+        cuda_stubs.STUB_CUDA["runner"] = cuda_stubs.STUB_CUDA["on"] and holds(v, "runner_records_default_stream")
+        for point, make in PATCHES.items():
+            if point in here:
+                patch(point, make)
+        for w in WORKAROUND_MODULES:
+            if w.FACT is None or holds(v, w.FACT):
+                for point, make in w.PATCHES.items():
+                    if point in here:
+                        patch(point, make)
+        patch("engine_step", counters.engine_step_in_flight)
+        patch("engine_step_sync", counters.engine_step_sync_flag)
+        for point, (role, key, when) in counters.COUNTERS.items():
+            if point in here:  # a release without the point has no such path to count (n/a)
+                patch(point, counters.counting(role, key, when))
+        for point, make in books.BOOKS.items():  # outermost: a step's books follow its counts
+            if point in here:  # a release without the point keeps no such books (said by the oracle)
+                patch(point, make)
+        steps.install(patch, state.facts)  # each request's steps, for the steps oracle
+        progress.start_flusher(state.FACTS.values)
+    except AgentError as e:
+        f = state.facts("error")
+        f.set(error=str(e))
+        f.write(True)
+        raise

@@ -1,0 +1,200 @@
+"""When things happen in the engine core and the worker: the engine loop's first facts, each
+engine step (overlapped schedules, tokens delivered: what the target's hang watchdog polls), the
+host's order of schedule and wait events (harness.agents.host_order: what the overlap oracle
+judges), and the worker's forwards (their times, and the forward time that delays given in steps
+are scaled by). Async scheduling is kept on here where vLLM's CPU platform turns it off.
+
+The delays and faults of the engine step and the worker's step are taken at these wrappers
+(harness.agents.vllm.faults lists where each one acts).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from harness.agents import progress
+from harness.agents.host_order import HostOrder
+from harness.agents.vllm import cuda_stubs, faults, state
+
+
+# -- async scheduling on CPU ---------------------------------------------------------------
+def platform_config(orig):
+    fn = orig.__func__ if isinstance(orig, classmethod) else orig
+
+    def check_and_update_config(cls, vllm_config):
+        wanted = vllm_config.scheduler_config.async_scheduling
+        fn(cls, vllm_config)
+        if wanted and state.PLAN.overlap:  # plan "overlap": false leaves vLLM's own decision standing
+            vllm_config.scheduler_config.async_scheduling = True
+        state.facts("api").set(async_requested=wanted,
+                               async_effective=vllm_config.scheduler_config.async_scheduling)
+        state.facts("api").write(True)
+    return classmethod(check_and_update_config)
+
+
+def engine_loop(orig):
+    def run_busy_loop(self, *a, **kw):
+        f = state.facts("engine")
+        f.set(async_scheduling=bool(self.vllm_config.scheduler_config.async_scheduling),
+              scheduler=type(self.scheduler).__name__,
+              batch_queue_size=int(getattr(self, "batch_queue_size", 1) or 1),
+              overlapped_schedules=0, steps=0, tokens_out=0,
+              executor=type(getattr(self, "model_executor", None)).__name__)
+        state.register_stack_dump()
+        _time_host(self)
+        f.write(True)
+        return orig(self, *a, **kw)
+    return run_busy_loop
+
+
+# -- the host's order of events (harness.agents.host_order) and progress --------------------
+_HOST: HostOrder | None = None
+ENGINE_THREAD = {"id": None}
+_TOKENS = progress.TokenClock()  # tokens delivered, the gaps between steps that delivered some
+
+
+class _TimedFuture:
+    """A batch's result future that notes when the host starts and stops waiting on it."""
+
+    def __init__(self, fut, step):
+        self._fut, self._step = fut, step
+
+    def result(self, *a, **kw):
+        _HOST.wait_start(self._step)
+        try:
+            return self._fut.result(*a, **kw)
+        finally:
+            _HOST.wait_end(self._step)
+
+    def __getattr__(self, name):
+        return getattr(self._fut, name)
+
+
+class _TimedQueue(deque):
+    """The engine core's batch queue, unchanged in shape: each batch put in it gets a future
+    that times the host's wait on it."""
+
+    def appendleft(self, item):
+        fut, sched_out, *rest = item
+        step = _STEP_OF.pop(id(sched_out), None)
+        super().appendleft((_TimedFuture(fut, step) if step is not None else fut, sched_out, *rest))
+
+
+_STEP_OF: dict[int, int] = {}  # id(scheduler output) -> step number, between schedule and queue
+
+
+def _time_host(core) -> None:
+    """Record when the engine core starts scheduling each batch and when it waits on each."""
+    global _HOST
+    ENGINE_THREAD["id"] = threading.get_ident()
+    if core.batch_queue is None:
+        return  # the synchronous loop: nothing overlaps, nothing to order
+    _HOST = HostOrder()
+    core.batch_queue = _TimedQueue(core.batch_queue, maxlen=core.batch_queue.maxlen)
+    schedule = core.scheduler.schedule
+
+    def timed_schedule(*a, **kw):
+        t = time.monotonic_ns()
+        out = schedule(*a, **kw)
+        step = _HOST.scheduled(out.num_scheduled_tokens.keys(), out.total_num_scheduled_tokens, t)
+        if step is not None:
+            _STEP_OF[id(out)] = step
+        return out
+    core.scheduler.schedule = timed_schedule
+
+
+def _delivered(core, outputs) -> None:
+    """Count the tokens a step handed to the API server, and the gap between such steps (what
+    the target's hang watchdog derives its bound from)."""
+    n = 0
+    for eco in (outputs or {}).values():
+        for o in getattr(eco, "outputs", None) or ():
+            n += len(getattr(o, "new_token_ids", None) or ())
+    f = state.facts("engine")
+    idle = not core.scheduler.has_requests()
+    _TOKENS.delivered(f, n, idle)
+    if _HOST is not None:
+        f.set(host_order=_HOST.facts(last=96))
+    f.write(idle)  # at the end of a burst at once: a run's last figures are there when it returns
+
+
+def engine_step(orig):
+    def step_with_batch_queue(self):
+        state.PLAN.delay("engine_step")
+        q = self.batch_queue
+        if state.PLAN.fault("spin_no_progress"):
+            return faults.spin()
+        if q and state.PLAN.fault("wait_before_schedule"):
+            q[-1][0].result()  # the oldest batch in flight, before the next one is scheduled
+        before = len(q) if q is not None else 0
+        out = orig(self)
+        f = state.facts("engine")
+        f.add("steps")
+        # a call that schedules leaves the queue at least as long as it found it (it pops at most
+        # one batch); one that does not schedule pops one. Scheduling with a batch already in
+        # the queue is a schedule of step N+1 while step N is in flight.
+        if q is not None and before >= 1 and len(q) >= before:
+            f.add("overlapped_schedules")
+        _delivered(self, out[0] if isinstance(out, tuple) else None)
+        return out
+    return step_with_batch_queue
+
+
+def engine_step_sync(orig):
+    def step(self, *a, **kw):
+        if state.PLAN.fault("spin_no_progress"):
+            return faults.spin()
+        out = orig(self, *a, **kw)
+        state.facts("engine").add("steps")
+        _delivered(self, out[0] if isinstance(out, tuple) else None)
+        return out
+    return step
+
+
+def runner_init(orig):
+    def __init__(self, *a, **kw):
+        # 0.10.2-0.11.0: the input event recorded on torch.cuda's default stream
+        with cuda_stubs.cuda_stubs(cuda_stubs.STUB_CUDA["runner"], (), cuda_stubs.CudaStubs.RUNNER):
+            orig(self, *a, **kw)
+        state.facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
+                                  async_outputs=0)
+        state.register_stack_dump()
+        state.facts("worker").write(True)
+    return __init__
+
+
+def worker_execute(orig):
+    def execute_model(self, *a, **kw):
+        state.PLAN.delay("worker_execute")
+        if "forward_inline" not in state.facts("worker").data and ENGINE_THREAD["id"] is not None:
+            # on the engine core's own thread (UniProcExecutor): nothing runs the step meanwhile
+            state.facts("worker").set(forward_inline=threading.get_ident() == ENGINE_THREAD["id"])
+            state.facts("worker").write(True)
+        t = time.monotonic()
+        t_ns = time.monotonic_ns()
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            _measured(time.monotonic() - t)
+            # when the worker ran each forward, on the clock the engine core's events use: what
+            # the target compares the engine core's schedules with (did one run during a forward?)
+            _FORWARDS.append((t_ns, time.monotonic_ns()))
+            state.facts("worker").set(forwards=[list(x) for x in _FORWARDS])
+            state.facts("worker").write()
+    return execute_model
+
+
+_FORWARDS: deque = deque(maxlen=64)
+# the worker's forward time (s), for delays given in steps. The forward, not the step period:
+# a held-back reader stretches the period, and a delay that followed it would feed on itself.
+_STEP = {"ema": 0.0}
+
+
+def step_period() -> float:
+    return _STEP["ema"]
+
+
+def _measured(dt: float) -> None:
+    dt = min(dt, 1.0)
+    _STEP["ema"] = dt if not _STEP["ema"] else 0.8 * _STEP["ema"] + 0.2 * dt

@@ -1,0 +1,90 @@
+"""Reading a server's log: the engine core's traceback and its exception line, for a CRASH
+report and for why a server did not come up. vLLM's logs tag each line with its process
+("(EngineCore_DP0 pid=9) "), may colour the tag, and its logger writes a traceback with the
+record's prefix on every line; these readers see through all three.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+
+def _log_body(line: str) -> str:
+    """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ") nor its colours (older
+    releases colour the tag even in a log file)."""
+    return re.sub(r"^\([^)]*pid=\d+\)\s?", "", _ANSI.sub("", line))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
+_LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+# a traceback vLLM's logger wrote (logger.exception: its multiproc worker, the async engine core)
+# carries the record's prefix on every line: "ERROR 12-04 00:08:32 [core.py:710] "
+_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
+
+
+def engine_traceback(log_path: Path, limit: int = 40) -> str:
+    """The engine core's traceback in a server's log, at most `limit` lines, ending with its
+    exception line; else the log's last error line. A complete traceback (one that ends on an
+    exception line, not cut by a log line or by the process's exit) is preferred, and of those
+    the last one a vLLM engine-core or worker process wrote (the API server's own traceback,
+    which follows it, only says the engine died); else the last complete one; else the last one."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+    if not starts:
+        errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
+        return errs[-1].strip() if errs else ""
+    blocks = []
+    for st in starts:
+        block, complete = [lines[st]], False
+        rec = _RECORD.match(_log_body(lines[st]))
+        for ln in lines[st + 1:]:
+            block.append(ln)
+            body = _log_body(ln)
+            if rec is not None:  # a logged traceback: its lines carry the same record prefix
+                if not body.startswith(rec.group(0)):
+                    break  # cut by another record
+                body = body[rec.end():]
+            if body and not body.startswith((" ", "\t")):
+                complete = bool(_EXC_LINE.match(body)) and not _LOG_PREFIX.match(body)
+                break  # the exception line (or whatever cut the traceback) closes it
+        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid"))))
+    whole = [b for b in blocks if b[1]]
+    pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
+    return "\n".join(pick[-limit:])
+
+
+def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
+    """The last line among the `look` before lines[end] that is no log record (a native
+    library's own message, as libnuma's); "" when there is none."""
+    for ln in reversed(lines[max(0, end - look):end]):
+        body = _log_body(ln).strip()
+        if body and not _LOG_PREFIX.match(body) and not ln.startswith((" ", "\t")):
+            return body
+    return ""
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
+def exception_line(tb: str) -> str:
+    """The traceback's exception line; a bare one (`AssertionError`) gets the failing source line
+    and its place, which is what tells two assertions apart."""
+    if not tb.strip():
+        return "no traceback in its log"
+    lines = [_RECORD.sub("", _log_body(ln)) for ln in tb.strip().splitlines()]
+    last = lines[-1].strip()
+    if ":" in last:
+        return last
+    for i in range(len(lines) - 1, -1, -1):
+        m = _FRAME.match(lines[i])
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) - 1 else ""
+            return f"{last}: {code} ({os.path.basename(m.group(1))}:{m.group(2)})" if code else last
+    return last

