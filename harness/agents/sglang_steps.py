@@ -48,13 +48,14 @@ class StepBooks:
         self.publish()
 
     def processed(self, reqs) -> None:
+        done = False
         for r in reqs:
             fin = getattr(r, "finished_reason", None)
-            if fin is not None:
-                name = type(fin).__name__
-                self._rec(r)[6] = FINISH.get(name, "FINISHED_STOPPED")
-        self.publish()
+            if fin is not None and not self._rec(r)[6]:
+                self._rec(r)[6] = FINISH.get(type(fin).__name__, "FINISHED_STOPPED")
+                done = True
+        self.publish(force=done)  # a finish is written at once: the client may already hold the answer
 
-    def publish(self) -> None:
+    def publish(self, force: bool = False) -> None:
         self.facts.set(requests=dict(self.reqs))
-        self.facts.write()
+        self.facts.write(force)
