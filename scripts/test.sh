@@ -6,7 +6,7 @@
 #     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
 #     there, the tests that read vLLM's source without a server (-m vllm_source), then the SGLang
 #     pair's tests once `setup sglang` (started at once, beside everything) is done (-m sglang; its
-#     source patches, minutes of restarts each, are the weekly sglang-cpu workflow's).
+#     source patches, minutes of restarts each, are the scheduled tier's).
 # *Why the setups run beside the tests*: cold, they are minutes of pip work that the first tests do
 # not need; started first, beside them, they cost CI no wall time of their own. One real-engine
 # pair of each kind at a time: vLLM's in its chain, SGLang's at the end of the other.
@@ -62,10 +62,10 @@ while ! grep -q '^setup=' "$log" && kill -0 "$vllm_pid" 2>/dev/null; do sleep 2;
 grep '^setup=' "$log" || true
 "$PY" -m pytest -q -p no:cacheprovider -m "vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" --durations=5 "$@"
 src=$?
-echo "== the SGLang pair's tests (-m 'sglang and not sglang_patch'), once setup sglang is done ($(since))"
+echo "== the SGLang pair's tests (-m sglang), once setup sglang is done ($(since))"
 wait "$sglang_pid"
 cat "$log.sglang"
-"$PY" -m pytest -q -p no:cacheprovider -m "sglang and not sglang_patch and ($SELECT)" --durations=5 "$@"
+"$PY" -m pytest -q -p no:cacheprovider -m "sglang and ($SELECT)" --durations=5 "$@"
 sgl=$?
 echo "== the other chain ended at $(since)"
 wait "$vllm_pid"
