@@ -118,7 +118,7 @@ def test_a_slow_result_copy_keeps_tokens(sglang, tok):
                                           ("sglang_relay_entry_padded_row", None)])
 def test_each_source_patch_is_caught(sglang, tok, patch, delays):
     from harness import targets
-    from harness.targets.served import TargetError
+    from harness.targets.base import TargetError
     reqs = _workload(tok)
     off = sglang.run(reqs, overlap=False)
     t = targets.make_target("sglang", {patch})
