@@ -18,6 +18,8 @@ from harness.agents.vllm.patches import PATCHES, apply
 from harness.targets import vllm_releases as vr
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
+# the cached release wheels (setup vllm --wheels), no server: make test runs these once the setup is done
+pytestmark = pytest.mark.vllm_source
 RELEASES = ["0.32.0", "0.33.0", "0.34.0"]
 V2_PATCHES = {name: PATCHES[name] for name in V2_RUNNER}
 

