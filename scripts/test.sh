@@ -4,9 +4,9 @@
 #     one pytest process (tests/conftest.py orders them), then those with servers of their own;
 #   the other chain: every test that needs no real engine on TEST_WORKERS xdist workers (a module to
 #     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
-#     there, the tests that read vLLM's source without a server (-m vllm_source), then the SGLang
-#     pair's tests once `setup sglang` (started at once, beside everything) is done (-m sglang; its
-#     source patches, minutes of restarts each, are the scheduled tier's).
+#     there, the tests that read vLLM's source without a server (-m vllm_source); in the scheduled
+#     tier, then the SGLang pair's tests once `setup sglang` (started at once, beside everything)
+#     is done (-m sglang).
 # *Why the setups run beside the tests*: cold, they are minutes of pip work that the first tests do
 # not need; started first, beside them, they cost CI no wall time of their own. One real-engine
 # pair of each kind at a time: vLLM's in its chain, SGLang's at the end of the other.
@@ -30,7 +30,13 @@ echo "test: tier '$SELECT'; the vLLM chain (setup, then its tests) runs beside t
 # the release wheels (the vllm_source tests' sources): a download of its own, beside everything
 { "$OH" setup vllm --wheels; echo "wheels=$?"; } >"$log.wheels" 2>&1 &
 wheels_pid=$!
-{ "$OH" setup sglang; echo "sglang_setup=$?"; } >"$log.sglang" 2>&1 &
+# SGLang's pair only in the scheduled tier for now: cold, its setup and pair cost .ci/run about 9
+# minutes on two cores (measured 2026-12-04), past the 20-minute budget; .ci/run runs its unit tests
+if [ "$SELECT" = "scheduled" ]; then
+  { "$OH" setup sglang; echo "sglang_setup=$?"; } >"$log.sglang" 2>&1 &
+else
+  { echo "sglang_setup=0 (not in this tier)"; } >"$log.sglang" &
+fi
 sglang_pid=$!
 {
   "$OH" setup vllm
@@ -65,14 +71,17 @@ src=$?
 echo "== the SGLang pair's tests (-m sglang), once setup sglang is done ($(since))"
 wait "$sglang_pid"
 cat "$log.sglang"
-"$PY" -m pytest -q -p no:cacheprovider -m "sglang and ($SELECT)" --durations=5 "$@"
-sgl=$?
+sgl=0
+if [ "$SELECT" = "scheduled" ]; then  # every SGLang pair test: the CPU pair's and its patches'
+  "$PY" -m pytest -q -p no:cacheprovider -m sglang --durations=5 "$@"
+  sgl=$?
+fi
 echo "== the other chain ended at $(since)"
 wait "$vllm_pid"
 trap - INT TERM
 echo "== the vLLM chain ($log)"
 cat "$log"
-sgl_setup=$(sed -n 's/^sglang_setup=//p' "$log.sglang"); wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
+sgl_setup=$(sed -n 's/^sglang_setup=\([0-9]*\).*/\1/p' "$log.sglang"); wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
 echo "test: exit $rest (the other tests), $src (vLLM's source), ${setup:-?} (setup vllm), ${pair:-?} (the vLLM pair's)," \
   "${own:-?} (the vLLM tests with servers of their own), ${sgl_setup:-?} (setup sglang), $sgl (the SGLang pair's), in $(since)"
 for rc in "${wheels:-1}" "${setup:-1}" "$rest" "$src" "${pair:-1}" "${own:-1}" "${sgl_setup:-1}" "$sgl"; do  # 5: that selection had no test

@@ -9,7 +9,10 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.own_servers]
+# scheduled: a 0.33.0 pair of its own (setup vllm --version 0.33.0, which the scheduled workflow runs)
+# and a restart per V2 patch; .ci/run's representatives are tests/test_vllm_v2.py (every point and
+# patch against each release's source)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.own_servers, pytest.mark.scheduled]
 
 from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
 
