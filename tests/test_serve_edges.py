@@ -363,8 +363,14 @@ def _start_serve(*flags):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", "--port", "0", *flags],
                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    line = p.stderr.readline()
-    m = re.search(r"http://(127\.0\.0\.1):(\d+)", line)
+    seen = ""
+    for line in p.stderr:  # a cold model cache prints its conversion's progress first
+        seen += line
+        m = re.search(r"http://(127\.0\.0\.1):(\d+)", line)
+        if m:
+            break
+    else:
+        m, line = None, seen
     if not m:
         p.kill()
         p.wait()
