@@ -25,6 +25,7 @@ import pytest
 
 from harness.agents import plan as planmod
 from harness.oracles import books as bookmod
+from harness.oracles import path_overlap
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
@@ -121,6 +122,19 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
+def overlap_on_row(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> str:
+    """Overlap on this row's requests alone, async on (harness.oracles.path_overlap): the line
+    when it is LOST there, else "" (its figures go to the report either way)."""
+    books = (pr.steps or {}).get(True)
+    if not books:
+        return ""  # the bare pair keeps no step books; the main pair's twin rows judge its paths
+    lost, line, mine = path_overlap.judge_row(row.name, books, [r for r in pr.reqs if row.name in r.paths], pr.reqs)
+    if record_property is not None:
+        record_property("path_overlap", f"{row.name}={mine.overlapped}/{mine.judged}")
+    print(line)
+    return line if lost else ""
+
+
 def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None) -> None:
     """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
     `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
@@ -133,7 +147,11 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
-    new, seen, gone = vllm_upstream.classify(row.name, row_findings(row, pr), known, both,
+    found = row_findings(row, pr)
+    lost = overlap_on_row(row, pr, record_property)
+    if lost:
+        found.insert(0, lost)
+    new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
                                   version if version is not None else pr.release)
     _report(row.name, new, seen, gone, record_property)
 

@@ -22,7 +22,19 @@ runs:
 
 The rule: overlap is LOST when more than EARLY_FRACTION of the judged waits (overlapped +
 early) were early, with at least MIN_JUDGED judged waits; a run that delivered no token is
-never judged effective. This module is imported inside the engine's processes: stdlib only.
+never judged effective.
+
+The same order is judged per request too (issue 36, item 4), because a run can overlap on every
+path but one: a wait on step N whose batch a request was in is, for that request,
+- overlapped: a later batch scheduled before the wait already continued it;
+- early: no later batch before the wait continued it, although each one scheduled before the
+  wait had room (token budget and a slot left), no pause held the engine, and the first batch
+  scheduled after the wait continues it, unpreempted. A request the engine could have scheduled
+  ahead, and scheduled only once step N's result was in;
+- neither: it did not continue in that next batch (finished, aborted, preempted), or a later
+  batch before the wait was full (the budget went to others: nothing was held back).
+The agent hands each request's verdict to a callback (the request's steps books), and the
+harness sums them by path. This module is imported inside the engine's processes: stdlib only.
 """
 from __future__ import annotations
 
@@ -45,16 +57,49 @@ class HostOrder:
         self.candidate: frozenset | None = None  # requests of a wait that came before any later batch
         self.next_step = 0
         self._wait_t: dict[int, int] = {}
+        # per request (issue 36, item 4): whether each in-flight batch had room for one more
+        # request, and the requests of a wait that no earlier-scheduled batch continued
+        self.on_request = None  # fn(request id, "overlapped" | "early", "prefill" | "decode"), set by the agent
+        self.room: dict[int, bool] = {}
+        self.prefills: dict[int, frozenset] = {}  # step -> its requests with more than one token (a prefill)
+        self.pending: dict = {}  # request id -> (the later batches before its wait all had room, phase)
+        self.preempted: set = set()  # preempted while a step of theirs was in flight
+        self.paused = False  # the last schedule found the engine paused
 
-    def scheduled(self, req_ids, tokens: int, t: int) -> int | None:
+    def _verdict(self, rid, kind: str, phase: str) -> None:
+        if self.on_request is not None:
+            self.on_request(rid, kind, phase)
+
+    def scheduled(self, req_ids, tokens: int, t: int, room: bool = True, preempted=(),
+                  paused: bool = False, prefills=()) -> int | None:
         """The host scheduled a batch with these requests, starting at `t` (monotonic_ns taken
-        before scheduling began); returns the batch's step number, None for an empty batch."""
+        before scheduling began); returns the batch's step number, None for an empty batch.
+        `room`: the batch left token budget and a slot unused; `preempted`: the requests this
+        schedule (or a reset since the last one) preempted; `paused`: the engine is paused;
+        `prefills`: the requests given more than one token (a prompt or a chunk of one): a wait on
+        their step is judged as a prefill's (a chunked prefill's path is its prefill steps)."""
+        for rid in preempted or ():
+            self.pending.pop(rid, None)  # preempted: its next step waits for a resume, not for us
+            self.preempted.add(rid)  # and the wait on its step in flight, still to come, is no verdict
+        if len(self.preempted) > RING:
+            self.preempted.clear()
+        self.paused = paused
+        if paused:
+            self.pending.clear()  # a pause holds every request back by design
         if not tokens:
             self.events.append(("schedule_empty", -1, t, 0))
             return None
         n = self.next_step
         self.next_step += 1
         ids = frozenset(req_ids)
+        if self.pending:
+            for rid, (had_room, phase) in self.pending.items():
+                if rid in ids and had_room:
+                    self._verdict(rid, "early", phase)
+            self.pending = {}  # not in this batch: it did not simply continue (finished, aborted...)
+        self.room[n] = bool(room)
+        if prefills:
+            self.prefills[n] = frozenset(prefills)
         if self.candidate is not None:
             self.counts["early" if self.candidate & ids else "single"] += 1
             self.candidate = None
@@ -67,6 +112,8 @@ class HostOrder:
         if n is None:
             return
         ids = self.inflight.pop(n, None)
+        self.room.pop(n, None)
+        prefills = self.prefills.pop(n, frozenset())
         if ids is None:
             return  # its result was already waited for (a second result() returns at once)
         t = time.monotonic_ns()
@@ -76,10 +123,20 @@ class HostOrder:
         if self.candidate is not None:  # the previous wait had no batch after it: one batch only
             self.counts["single"] += 1
             self.candidate = None
-        if any(m > n for m in self.inflight):
+        later = [m for m in self.inflight if m > n]
+        if later:
             self.counts["overlapped"] += 1
         else:
             self.candidate = ids
+        ahead = frozenset().union(*(self.inflight[m] for m in later)) if later else frozenset()
+        all_room = all(self.room.get(m, True) for m in later) and not self.paused
+        for rid in ids:
+            if rid in self.preempted:
+                self.preempted.discard(rid)
+            elif rid in ahead:
+                self._verdict(rid, "overlapped", "prefill" if rid in prefills else "decode")
+            else:
+                self.pending[rid] = (all_room, "prefill" if rid in prefills else "decode")
 
     def wait_end(self, n: int | None) -> None:
         t0 = self._wait_t.pop(n, None) if n is not None else None
@@ -154,3 +211,23 @@ def schedules_during_forwards(events, forwards) -> tuple[int, int]:
         m += 1
         k += any(a <= t <= b for a, b in fw)
     return k, m
+
+
+def judge_worker(now: dict | None, before: dict | None) -> tuple[bool | None, str]:
+    """The worker's own overlap over one run, from its "forward_copy" counts (now, and as the run
+    began; harness.agents.vllm.timing.model_forward): of the forwards whose step arrived while the
+    previous step's sampled ids were still being copied to the host, how many started only once
+    the copy had landed. Same rule as the engine core's waits."""
+    now, before = now or {}, before or {}
+    d = {k: int(now.get(k, 0)) - int(before.get(k, 0)) for k in ("judged", "after_copy")}
+    if d["judged"] < 0 or d["after_copy"] < 0:  # a restarted worker: its counts began at zero
+        d = {k: int(now.get(k, 0)) for k in ("judged", "after_copy")}
+    judged, late = d["judged"], d["after_copy"]
+    if judged < MIN_JUDGED:
+        return None, (f"worker: {judged} forward(s) began with the previous step's copy in flight, fewer than "
+                      f"{MIN_JUDGED}: not judged")
+    figs = f"{late} of {judged} forwards whose step arrived with the previous step's copy in flight began after it landed"
+    if late > EARLY_FRACTION * judged:
+        return False, (f"the worker began step N+1's forward only after step N's sampled ids reached the host: "
+                       f"{figs} (more than {EARLY_FRACTION:.0%})")
+    return True, f"worker: {figs}"

@@ -41,6 +41,7 @@ class GateResult:
     exit_code: int = 0
     seconds: float = 0.0
     paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
+    path_overlap: list = field(default_factory=list)  # "row=overlapped/judged": its waits, async on
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
@@ -87,7 +88,7 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "known_gone", "installed"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed"):
                 self.extra.append((report.nodeid, k, v))
         if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
             self.extra.append((report.nodeid, "known", report.wasxfail))
@@ -118,7 +119,7 @@ class _Collector:
                 res.hangs.append(msg)
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         res.collected = len(self.order)
-        slot = {"path_count": res.paths, "known": res.known, "known_gone": res.known_gone,
+        slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "known": res.known, "known_gone": res.known_gone,
                 "installed": res.installed, "na": res.na}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
@@ -326,6 +327,9 @@ def path_lines(res: GateResult) -> list[str]:
     out = []
     if res.paths:
         out.append("paths exercised (count async on/off): " + ", ".join(p.replace("=", " ") for p in res.paths))
+    if res.path_overlap:
+        out.append("overlap per path (waits overlapped of judged, async on): "
+                   + ", ".join(p.replace("=", " ") for p in res.path_overlap))
     if res.installed:
         out.append("logits processors installed in the target (vllm.logits_processors, each run async on vs off "
                    "with the placeholder repair on and off): " + ", ".join(res.installed))

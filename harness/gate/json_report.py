@@ -77,7 +77,8 @@ def report(res, target: str, verdict: str, release: str | None = None, adapted=(
            "verdict": verdict, "seconds": round(res.seconds, 1), "exit_code": res.exit_code,
            "suites": {s.suite: {"cases": s.cases, "passed": s.passed, "failed": s.failed, "skipped": s.skipped,
                                 "first_finding": s.first_failure} for s in res.suites.values()},
-           "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths), "known": list(res.known),
+           "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths),
+           "path_overlap": list(res.path_overlap), "known": list(res.known),
            "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs],
            # each death once (issue 36: the pair restarts after it and the gate goes on)
            "deaths": [{"kind": "HANG", "line": h.get("line", ""), "case": h.get("case", ""),

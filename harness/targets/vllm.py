@@ -398,6 +398,14 @@ class VllmTarget(ServedTarget):
                           "order of events)")
         effective, why = host_order.judge_process(e, before)
         workers = [w for w in facts if w.get("role") == "worker"]
+        # the worker's own clock (issue 36): its forwards against the previous step's copy
+        w_now = max(workers, key=lambda w: (w.get("forward_copy") or {}).get("judged", 0), default={})
+        w_before = next((b for b in before or () if b.get("role") == "worker" and b.get("pid") == w_now.get("pid")), {})
+        w_ok, w_why = host_order.judge_worker(w_now.get("forward_copy"), w_before.get("forward_copy"))
+        if w_ok is False:
+            effective, why = False, w_why
+        elif effective is not None:
+            why += f"; {w_why}"
         inline = any(w.get("forward_inline") for w in workers)
         evidence = f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
         if inline:

@@ -459,6 +459,10 @@ PATCH_SINCE = {
     # issue 36 (read from every cached wheel, as the rest)
     "pressure_preempt_drops_in_flight": "0.27.0", "abort_ignored_in_flight": "0.11.1",
     "admission_waits_for_in_flight": "0.31.0",
+    # issue 36, item 4. The chunked prefill's text is there from 0.17.0, but the request's
+    # num_in_flight_tokens it reads only from 0.26.0 (a server patched before that dies on its
+    # first chunk: a CRASH, never a quiet pass)
+    "chunked_prefill_waits_in_flight": "0.17.0", "worker_waits_previous_copy": "0.19.0",
 }
 
 

@@ -15,6 +15,7 @@ import threading
 
 from harness.agents.vllm import cuda_stubs, state
 from harness.agents.vllm.points import output_attrs
+from harness.agents.vllm import timing
 from harness.agents.vllm.timing import step_period
 
 
@@ -112,6 +113,7 @@ def output_copy(orig):
         if COPY is None:
             COPY = CopyEngine()
         dst, done, self._oh_buffer = COPY.start(src)
+        timing.LAST_COPY[0] = done  # what the next step's forward must not wait for
         setattr(self, ids_attr, dst)
         setattr(self, event_attr, done)
     return __init__

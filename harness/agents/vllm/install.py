@@ -58,6 +58,7 @@ PATCHES = {
     "engine_step_sync": timing.engine_step_sync,
     "runner_init": timing.runner_init,
     "worker_execute": timing.worker_execute,
+    "model_forward": timing.model_forward,
     "output_copy": copy_engine.output_copy,
     "before_wait": copy_engine.before_wait,
     "penalty_ids": faults.penalty_ids,

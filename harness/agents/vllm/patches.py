@@ -306,6 +306,51 @@ PATCHES.update({p.name: p for p in [
 ]})
 
 
+# -- overlap per path and in the worker (issue 36, item 4): no token, step or block changes; the
+# run as a whole still overlaps. Only the per-path share of overlapped waits (a chunked prefill's)
+# and the worker's own clock (its forwards against the previous step's copy) see them.
+OVERLAP_SUITE = "test_paths"  # the chunked prefill's row; the worker's is any run with a slow copy
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "chunked_prefill_waits_in_flight",
+        "while a request's prefill chunk is in flight the async scheduler schedules nothing (its next "
+        "chunk, it reasons, needs the KV the chunk in flight writes): the engine waits for that step with "
+        "nothing queued, so the chunked prefill's path loses its overlap while every other path keeps it; "
+        "no step is skipped and no request sits out a step (an empty schedule is no step)",
+        "chunked_prefill", OVERLAP_SUITE, SCHED,
+        "        if self._pause_state == PauseState.PAUSED_ALL:\n"
+        "            # Do not schedule any requests when paused.\n"
+        "            token_budget = 0\n",
+        "        if self._pause_state == PauseState.PAUSED_ALL or any(\n"
+        "            r.is_prefill_chunk and r.num_in_flight_tokens > 0 for r in self.running\n"
+        "        ):\n"
+        "            # Nothing while paused, nor while a prefill chunk is in flight (the next chunk\n"
+        "            # reads the KV that one writes).\n"
+        "            token_budget = 0\n",
+        ("RBLN-SW/vllm-rbln#951", "tenstorrent/vllm-tt-plugin#119")),
+    VllmPatch(
+        "worker_waits_previous_copy",
+        "the worker waits for the previous step's sampled ids to reach the host before each step (before "
+        "its inputs are built and its forward runs): the engine core still schedules step N+1 while step N "
+        "runs, but the worker's forward of N+1 starts only once N's copy has landed, so the copy is no "
+        "longer hidden behind the next forward",
+        "logprobs", "test_provoked_delays", RUNNER,
+        "            get_kv_transfer_group().handle_preemptions(kv_connector_metadata)\n",
+        "            get_kv_transfer_group().handle_preemptions(kv_connector_metadata)\n"
+        "        prev_copy = getattr(self, \"prev_step_copy_event\", None)\n"
+        "        if prev_copy is not None:\n"
+        "            # the previous step's sampled ids on the host before this step starts\n"
+        "            prev_copy.synchronize()\n",
+        ("vllm-project/vllm#23569", "vllm-project/vllm#34667"),
+        also=(("                async_output.sampled_token_ids_cpu,\n"
+               "                async_output.async_copy_ready_event,\n"
+               "            )\n",
+               "                async_output.sampled_token_ids_cpu, async_output.async_copy_ready_event\n"
+               "            )\n"
+               "            self.prev_step_copy_event = async_output.async_copy_ready_event\n"),)),
+]})
+
+
 def check_names(names, exc=ValueError) -> None:
     unknown = sorted(set(names) - set(PATCHES))
     if unknown:

@@ -49,6 +49,10 @@ POINTS = [
           "facts: the worker's use_async_scheduling", since="0.10.2", until="0.34.0", runner="v1"),
     Point("worker_execute", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
           "the worker's step; delay point", until="0.34.0", runner="v1"),
+    Point("model_forward", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward",
+          "the model's forward itself, inside the worker's step: did it start before the previous step's "
+          "sampled ids reached the host (the worker's own overlap, issue 36)", since="0.11.1", until="0.34.0",
+          runner="v1"),
     Point("output_copy", "vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput.__init__",
           "starts the device-to-host copy of the sampled ids with an event; on CPU the agent makes it "
           "a real asynchronous copy into a reused host buffer; delay point (inside the copy)", since="0.10.2", until="0.34.0", runner="v1"),

@@ -24,6 +24,11 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
 - `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
   the step left slots (running < max_num_seqs), token budget and KV blocks for its prompt free,
   no preemption and no pause in the step: admission is a result too (the oracle compares the arms).
+- `overlapped`, `early`: the host's waits on a step of the request that a batch scheduled
+  before the wait had already continued, and those that came first although the request could
+  have been continued ahead (harness.agents.host_order, per request; async on only), and the same
+  for its prefill steps alone (`overlapped_prefill`, `early_prefill`): the harness sums them by
+  path, so a path on which overlap stops shows while the rest of the run overlaps.
 Each request is keyed for the client by its prompt ids and max_tokens (request_key), which is
 what the suites know of it. The books live in their own facts file (role "steps"), the last
 KEEP requests.
@@ -36,7 +41,7 @@ from collections import OrderedDict
 KEEP = 2048  # requests kept in the books (a gate sends a few hundred to one server)
 ROLE = "steps"
 FIELDS = ("key", "scheduled", "sampled", "waited", "pending", "preempted", "finish", "evidence", "after_abort",
-          "admit_waits")
+          "admit_waits", "overlapped", "early", "overlapped_prefill", "early_prefill")
 # vLLM's function that called _preempt_request -> the path it stands for
 PREEMPT_PATHS = {"reset_prefix_cache": "reset", "schedule": "kv_pressure"}
 
@@ -60,7 +65,7 @@ class Books:
             if max_tokens is None:
                 max_tokens = getattr(getattr(r, "sampling_params", None), "max_tokens", None)
             rec = self.reqs[r.request_id] = [request_key(r.prompt_token_ids or (), max_tokens), 0, 0, 0, 0, 0, "",
-                                             {}, 0, 0]
+                                             {}, 0, 0, 0, 0, 0, 0]
             while len(self.reqs) > KEEP:
                 self.reqs.popitem(last=False)
         return rec
@@ -139,9 +144,24 @@ class Books:
         rec[4] = 0  # it sat out the step after its last token: that was no wait
         self.publish()  # the last request of a burst finishes after the last schedule
 
+    def overlap(self, rid, kind: str, phase: str = "decode") -> None:
+        """One of the host's waits on a step of request `rid`, as HostOrder judged it for it (and
+        apart, those on its prefill steps)."""
+        rec = self.reqs.get(rid)
+        if rec is not None:  # published with the next schedule
+            rec[10 if kind == "overlapped" else 11] += 1
+            if phase == "prefill":
+                rec[12 if kind == "overlapped" else 13] += 1
+
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
         self.facts(ROLE).set(requests={k: [*v[:7], dict(v[7]), *v[8:]] for k, v in self.reqs.items()})
+
+
+def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:
+    """HostOrder's per-request callback (harness.agents.vllm.timing)."""
+    if _BOOKS is not None:
+        _BOOKS.overlap(rid, kind, phase)
 
 
 def _count(rec, what: str) -> None:

@@ -15,7 +15,7 @@ from collections import deque
 
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
-from harness.agents.vllm import cuda_stubs, faults, state
+from harness.agents.vllm import cuda_stubs, faults, state, steps
 
 
 # -- async scheduling on CPU ---------------------------------------------------------------
@@ -94,14 +94,33 @@ def _time_host(core) -> None:
     core.batch_queue = _TimedQueue(core.batch_queue, maxlen=core.batch_queue.maxlen)
     schedule = core.scheduler.schedule
 
+    sched = core.scheduler
+    _HOST.on_request = steps.overlap_verdict  # each request's share of overlapped waits, in its books
+
     def timed_schedule(*a, **kw):
         t = time.monotonic_ns()
         out = schedule(*a, **kw)
-        step = _HOST.scheduled(out.num_scheduled_tokens.keys(), out.total_num_scheduled_tokens, t)
+        step = _HOST.scheduled(out.num_scheduled_tokens.keys(), out.total_num_scheduled_tokens, t,
+                               room=_has_room(sched, out), preempted=getattr(out, "preempted_req_ids", None) or (),
+                               paused=_paused(sched),
+                               prefills=[r for r, k in out.num_scheduled_tokens.items() if k > 1])
         if step is not None:
             _STEP_OF[id(out)] = step
         return out
     core.scheduler.schedule = timed_schedule
+
+
+def _has_room(sched, out) -> bool:
+    """The batch left token budget and a slot unused: a request it did not continue was held
+    back, not crowded out (harness.agents.host_order, per request)."""
+    budget = getattr(sched, "max_num_scheduled_tokens", None) or sched.scheduler_config.max_num_batched_tokens
+    slots = getattr(sched, "max_num_running_reqs", None) or sched.scheduler_config.max_num_seqs
+    return out.total_num_scheduled_tokens < budget and len(out.num_scheduled_tokens) < slots
+
+
+def _paused(sched) -> bool:
+    pause = getattr(sched, "_pause_state", None)
+    return pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED"
 
 
 def _delivered(core, outputs) -> None:
@@ -173,6 +192,10 @@ def worker_execute(orig):
             state.facts("worker").write(True)
         t = time.monotonic()
         t_ns = time.monotonic_ns()
+        last = LAST_COPY[0]
+        # the previous step's sampled ids still on their way to the host as this step arrives:
+        # an overlapped worker runs this step's forward meanwhile (judged at model_forward)
+        _FWD["pending"] = last if last is not None and not last.query() else None
         try:
             return orig(self, *a, **kw)
         finally:
@@ -185,6 +208,26 @@ def worker_execute(orig):
     return execute_model
 
 
+def model_forward(orig):
+    """The worker's own overlap (issue 36, item 4): a forward of step N+1 that starts only after
+    step N's sampled ids reached the host, although they were still in flight when step N+1
+    arrived, waited for them. Counted in the worker's facts ("forward_copy": judged forwards,
+    those after the copy) and judged by the target with the run's overlap."""
+    def _model_forward(self, *a, **kw):
+        pending = _FWD.pop("pending", None)
+        if pending is not None:
+            c = _FWD_COUNTS
+            c["judged"] += 1
+            if pending.query():
+                c["after_copy"] += 1
+            state.facts("worker").set(forward_copy=dict(c))
+        return orig(self, *a, **kw)
+    return _model_forward
+
+
+LAST_COPY: list = [None]  # the newest sampled-id copy's event (harness.agents.vllm.copy_engine)
+_FWD: dict = {}
+_FWD_COUNTS = {"judged": 0, "after_copy": 0}
 _FORWARDS: deque = deque(maxlen=64)
 # the worker's forward time (s), for delays given in steps. The forward, not the step period:
 # a held-back reader stretches the period, and a delay that followed it would feed on itself.
