@@ -124,6 +124,6 @@ def test_worker_forwards_after_the_copy_are_lost():
     assert judge_worker({"judged": 20, "after_copy": 20}, None)[0] is False
     assert judge_worker({"judged": 30, "after_copy": 22}, {"judged": 10, "after_copy": 2})[0] is False
     ok, why = judge_worker({"judged": 20, "after_copy": 1}, None)
-    assert ok is True and "1 of 20 forwards" in why, why
+    assert ok is True and "1 of 20 forwards" in why and "waited for that copy" in why, why
     assert judge_worker({"judged": 2, "after_copy": 2}, None)[0] is None
     assert judge_worker({"judged": 5, "after_copy": 5}, {"judged": 50, "after_copy": 0})[0] is False  # restarted

@@ -226,7 +226,8 @@ def judge_worker(now: dict | None, before: dict | None) -> tuple[bool | None, st
     if judged < MIN_JUDGED:
         return None, (f"worker: {judged} forward(s) began with the previous step's copy in flight, fewer than "
                       f"{MIN_JUDGED}: not judged")
-    figs = f"{late} of {judged} forwards whose step arrived with the previous step's copy in flight began after it landed"
+    figs = (f"{late} of {judged} forwards whose step arrived with the previous step's copy in flight waited for that "
+            "copy before the forward")
     if late > EARLY_FRACTION * judged:
         return False, (f"the worker began step N+1's forward only after step N's sampled ids reached the host: "
                        f"{figs} (more than {EARLY_FRACTION:.0%})")

@@ -12,8 +12,9 @@ A path is judged twice: over every wait of its requests, and over the waits on t
 steps alone (a chunked prefill loses its overlap on its chunks; its decode steps after would
 dilute that). The rule, per path and each way, async on: LOST when at least MIN_JUDGED of its requests' waits were judged,
 more than EARLY_FRACTION of them were early, and the path's share of overlapped waits is at
-least MIN_DROP below the share of the rest of the run (a run that loses overlap everywhere is
-the run-level oracle's). The figures go into the line either way.
+least MIN_DROP below the share of the rest of the run (a run that loses overlap everywhere, or a
+path whose requests are the whole run, is the run-level oracle's). The figures go into the line
+either way.
 """
 from __future__ import annotations
 
@@ -84,7 +85,9 @@ def judge(path: str, mine: Share, everyone: Share) -> tuple[bool | None, str]:
     figs = f"{mine.text()}; the rest of the run: {rest.text()}"
     if mine.judged < MIN_JUDGED:
         return None, f"overlap on {path}: not judged (fewer than {MIN_JUDGED} waits: {figs})"
-    rest_share = rest.share if rest.judged >= MIN_JUDGED else 1.0
+    if rest.judged < MIN_JUDGED:  # the path is (almost) the whole run: the run-level oracle's to judge
+        return None, f"overlap on {path}: not judged apart (its requests are the run: {figs})"
+    rest_share = rest.share
     if mine.early > EARLY_FRACTION * mine.judged and mine.share <= rest_share - MIN_DROP:
         return True, (f"overlap: LOST on {path} ({figs}: the host waited on its requests' steps before "
                       f"scheduling them again, with room in the batch)")

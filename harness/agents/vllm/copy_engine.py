@@ -29,6 +29,8 @@ class _CopyDone:
         pass
 
     def synchronize(self):
+        if not self._done.is_set():
+            timing.copy_wait_blocks()  # a step waiting on it before its forward: the worker's overlap lost
         self._done.wait()
 
     def query(self) -> bool:

@@ -313,19 +313,21 @@ OVERLAP_SUITE = "test_paths"  # the chunked prefill's row; the worker's is any r
 PATCHES.update({p.name: p for p in [
     VllmPatch(
         "chunked_prefill_waits_in_flight",
-        "while a request's prefill chunk is in flight the async scheduler schedules nothing (its next "
-        "chunk, it reasons, needs the KV the chunk in flight writes): the engine waits for that step with "
-        "nothing queued, so the chunked prefill's path loses its overlap while every other path keeps it; "
-        "no step is skipped and no request sits out a step (an empty schedule is no step)",
+        "while a resumed request's recompute chunk (a chunked prefill after a preemption) is in flight the "
+        "async scheduler schedules nothing (its next chunk, it reasons, needs the KV the chunk in flight "
+        "writes): the engine waits for that step with nothing queued, so the chunked prefill's path loses "
+        "its overlap while the run as a whole keeps it; no step is skipped and no request sits out a step "
+        "(an empty schedule is no step)",
         "chunked_prefill", OVERLAP_SUITE, SCHED,
         "        if self._pause_state == PauseState.PAUSED_ALL:\n"
         "            # Do not schedule any requests when paused.\n"
         "            token_budget = 0\n",
         "        if self._pause_state == PauseState.PAUSED_ALL or any(\n"
-        "            r.is_prefill_chunk and r.num_in_flight_tokens > 0 for r in self.running\n"
+        "            r.is_prefill_chunk and r.num_preemptions and r.num_in_flight_tokens > 0\n"
+        "            for r in self.running\n"
         "        ):\n"
-        "            # Nothing while paused, nor while a prefill chunk is in flight (the next chunk\n"
-        "            # reads the KV that one writes).\n"
+        "            # Nothing while paused, nor while a resumed request's recompute chunk is in\n"
+        "            # flight (its next chunk reads the KV that one writes).\n"
         "            token_budget = 0\n",
         ("RBLN-SW/vllm-rbln#951", "tenstorrent/vllm-tt-plugin#119")),
     VllmPatch(

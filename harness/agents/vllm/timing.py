@@ -196,6 +196,7 @@ def worker_execute(orig):
         # the previous step's sampled ids still on their way to the host as this step arrives:
         # an overlapped worker runs this step's forward meanwhile (judged at model_forward)
         _FWD["pending"] = last if last is not None and not last.query() else None
+        _FWD["thread"], _FWD["blocked"] = threading.get_ident(), False
         try:
             return orig(self, *a, **kw)
         finally:
@@ -210,19 +211,32 @@ def worker_execute(orig):
 
 def model_forward(orig):
     """The worker's own overlap (issue 36, item 4): a forward of step N+1 that starts only after
-    step N's sampled ids reached the host, although they were still in flight when step N+1
-    arrived, waited for them. Counted in the worker's facts ("forward_copy": judged forwards,
-    those after the copy) and judged by the target with the run's overlap."""
+    step N's sampled ids reached the host because the step waited for them. Judged: the forwards
+    whose step arrived with the previous step's copy still in flight; of those, the ones whose
+    thread blocked on a sampled-id copy between the step's arrival and the forward (the copy
+    engine's event says so: harness.agents.vllm.copy_engine). Not "the copy had landed by the
+    forward": on CPU the copy thread often lands it while the step's inputs are built, by the
+    GIL's turns, with nobody waiting. Counted in the worker's facts ("forward_copy") and judged
+    by the target with the run's overlap (host_order.judge_worker)."""
     def _model_forward(self, *a, **kw):
         pending = _FWD.pop("pending", None)
+        blocked = _FWD.pop("blocked", False)
+        _FWD.pop("thread", None)
         if pending is not None:
             c = _FWD_COUNTS
             c["judged"] += 1
-            if pending.query():
+            if blocked:
                 c["after_copy"] += 1
             state.facts("worker").set(forward_copy=dict(c))
         return orig(self, *a, **kw)
     return _model_forward
+
+
+def copy_wait_blocks() -> None:
+    """A sampled-id copy's event is about to block its caller: noted when the caller is a worker
+    step that has not reached its forward yet (copy_engine._CopyDone.synchronize)."""
+    if _FWD.get("thread") == threading.get_ident():
+        _FWD["blocked"] = True
 
 
 LAST_COPY: list = [None]  # the newest sampled-id copy's event (harness.agents.vllm.copy_engine)
