@@ -25,6 +25,7 @@ import pytest
 
 from harness.agents import plan as planmod
 from harness.oracles import books as bookmod
+from harness.oracles import effects
 from harness.oracles import path_overlap
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
@@ -51,9 +52,12 @@ def path_run(target, tok, oh_options):
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         cnt[overlap] = vp.delta(before, vp.counts(facts))
         stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+    # every parameter had an effect (issue 36, item 3): each request that sets one, again without
+    # it, async off; after the counts were read, so the path counters are the workload's alone
+    eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=release_in_force(target),
-                      steps=stepbooks)
+                      steps=stepbooks, effects=eff)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +150,12 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
         if c <= 0:
             pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                         f"{', '.join(row.counters)})", pytrace=False)
+    if pr.effects is not None:  # the bare pair's rows: their twins on the main pair judge it
+        exercised, line = effects.row_verdict(row.name, pr.reqs, pr.effects)
+        if exercised is False:
+            pytest.fail(line, pytrace=False)
+        if line:
+            print(line)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
     found = row_findings(row, pr)
     lost = overlap_on_row(row, pr, record_property)

@@ -221,6 +221,7 @@ class PathRun:
     books: dict = field(default_factory=dict)  # overlap -> the engine's books at idle (VllmTarget.idle_books)
     release: str | None = None  # the vLLM release the servers ran (known upstream is per release)
     steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
+    effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
 
 
 def bare_rows() -> list[PathRow]:

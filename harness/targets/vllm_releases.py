@@ -463,6 +463,7 @@ PATCH_SINCE = {
     # num_in_flight_tokens it reads only from 0.26.0 (a server patched before that dies on its
     # first chunk: a CRASH, never a quiet pass)
     "chunked_prefill_waits_in_flight": "0.17.0", "worker_waits_previous_copy": "0.19.0",
+    "presence_penalty_dropped": "0.10.0",  # issue 36, item 3
 }
 
 

@@ -72,7 +72,10 @@ def build(tok, seed: int = 0) -> list[Request]:
                          ["preemption", "preemption_in_flight", "prefix_cache_hit", "chunked_prefill",
                           "pause_resume", "prefix_cache_reset"], arrival=4, ignore_eos=True))
     reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=3,
-                     repetition_penalty=1.3, presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))
+                     repetition_penalty=1.3, frequency_penalty=0.6, ignore_eos=True))
+    # presence alone: beside repetition and frequency on pen0 it changed no token (issue 36, item 3)
+    reqs.append(_req("pen2", _ids(tok, words(8)), 32, ["penalties"], arrival=3, presence_penalty=1.5,
+                     ignore_eos=True))
     reqs.append(_req("pen1", long_prefix + _ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"],
                      arrival=6, frequency_penalty=0.8, ignore_eos=True))
     reqs.append(_req("bw0", _ids(tok, words(6)), 24, ["bad_words"], arrival=3,
@@ -120,7 +123,8 @@ def build(tok, seed: int = 0) -> list[Request]:
                    vllm_xargs={"oh_no_repeat_cli": 1}, ignore_eos=True),
               _req("lpb0", list(echo[0]), 16, ["logits_processor_batch_entry_point"], arrival=1,
                    vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
-              _req("lpbc0", list(echo[1]), 16, ["logits_processor_batch_cli"], arrival=1,
+              # the "ha" prompt: on the "0" one the processor changed no token (issue 36, item 3)
+              _req("lpbc0", list(echo[0]), 16, ["logits_processor_batch_cli"], arrival=1,
                    vllm_xargs={"oh_batch_no_repeat_cli": 1}, ignore_eos=True),
               *(_req(f"inst{i}", list(e), 16, ["installed_logits_processors"], arrival=2, ignore_eos=True)
                 for i, e in enumerate(echo))):

@@ -23,6 +23,7 @@ ASYNC_SCHED = "v1/core/sched/async_scheduler.py"
 SCHED_UTILS = "v1/core/sched/utils.py"
 RUNNER = "v1/worker/gpu_model_runner.py"
 BATCH = "v1/worker/gpu_input_batch.py"
+SAMPLER = "v1/sample/sampler.py"
 
 
 class PatchError(RuntimeError):
@@ -350,6 +351,22 @@ PATCHES.update({p.name: p for p in [
                "                async_output.sampled_token_ids_cpu, async_output.async_copy_ready_event\n"
                "            )\n"
                "            self.prev_step_copy_event = async_output.async_copy_ready_event\n"),)),
+]})
+
+
+# -- every parameter had an effect (issue 36, item 3): a parameter the workload never exercised
+# hides a bug on it. Before item 3 the penalties row's presence penalty changed no token (pen0 set
+# it beside repetition and frequency), so dropping it passed; item 3 said "not exercised" on stock
+# and the workload got a request that sets it alone (pen2)
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "presence_penalty_dropped",
+        "the sampler applies the repetition and frequency penalties but drops the presence penalty (zeros "
+        "in its place): a request that sets it decodes as if it had not",
+        "penalties", PATHS_SUITE, SAMPLER,
+        "            sampling_metadata.presence_penalties,\n",
+        "            torch.zeros_like(sampling_metadata.presence_penalties),\n",
+        ("vllm-project/vllm#50767", "tenstorrent/tt-inference-server#1287")),
 ]})
 
 
