@@ -27,6 +27,7 @@ from harness.agents import plan as planmod
 from harness.oracles import books as bookmod
 from harness.oracles import effects
 from harness.oracles import path_overlap
+from harness.oracles import surface
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
@@ -55,9 +56,11 @@ def path_run(target, tok, oh_options):
     # every parameter had an effect (issue 36, item 3): each request that sets one, again without
     # it, async off; after the counts were read, so the path counters are the workload's alone
     eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
+    print(surface.summary(reqs, runs[False], runs[True]))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=release_in_force(target),
-                      steps=stepbooks, effects=eff)
+                      steps=stepbooks, effects=eff,
+                      surface=surface.findings(reqs, runs[False], runs[True], getattr(tok, "decode", None)))
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,8 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     for lab, run in (("on", pr.on), ("off", pr.off)):  # a record that is not its token's: a race
         mine = [o for o in run.outputs if o[0].split("#")[0] in rids]
         out += [f"async {lab}: {p}" for p in record_problems(mine, run_logprobs(run))]
+    for rid in sorted(rids):  # the other fields of its responses (issue 36, item 2)
+        out += [f"request {rid}: {w}" for w in pr.surface.get(rid, ())]
     if row.name == "max_tokens_1_2":
         for k in (1, 2):
             on, off = pr.counts_on.get(f"sampled_max{k}", 0), pr.counts_off.get(f"sampled_max{k}", 0)

@@ -102,6 +102,7 @@ class ServedTarget(Target):
         self.restarts = 0  # pair restarts after a death
         self._sent = 0
         self.facts_before: list[dict] = []  # the agent's facts as the last run began
+        self.surface: dict = {}  # rid -> the response's other fields (text, usage, ...), until its run returns
 
     # -- what a subclass says ----------------------------------------------------------
     def server_command(self, overlap: bool, port: int) -> list[str]:
@@ -278,10 +279,15 @@ class ServedTarget(Target):
         if resp.status_code != 200:
             raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {_error_message(resp)}")
         out = []
-        for c in sorted(resp.json()["choices"], key=lambda c: c["index"]):
+        data = resp.json()
+        for c in sorted(data["choices"], key=lambda c: c["index"]):
             ids, lps = _ids_and_logprobs(c.get("logprobs") or {})
-            rid = r.rid if len(resp.json()["choices"]) == 1 else f"{r.rid}#{c['index']}"
+            rid = r.rid if len(data["choices"]) == 1 else f"{r.rid}#{c['index']}"
             out.append((rid, ids, c.get("finish_reason"), lps))
+            # what else comes back, for the request-surface oracle (harness.oracles.surface)
+            self.surface[rid] = {"text": c.get("text"), "stop_reason": c.get("stop_reason"),
+                                 "prompt_logprobs": c.get("prompt_logprobs"), "usage": data.get("usage"),
+                                 "request": r.rid, "choices": len(data["choices"])}
         return out
 
     stream_path = "/v1/completions"
@@ -547,6 +553,7 @@ class ServedTarget(Target):
                   summary={"target": self.name, "overlap": overlap, "seconds": time.monotonic() - t0,
                            "facts": facts, "facts_before": self.facts_before, "logs": self.logs()})
         run.logprobs = {rid: lps for rid, _, _, lps in results}
+        run.surface = {rid: self.surface.pop(rid) for rid, _, _, _ in results if rid in self.surface}
         return run
 
 

@@ -222,6 +222,7 @@ class PathRun:
     release: str | None = None  # the vLLM release the servers ran (known upstream is per release)
     steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
     effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
+    surface: dict = field(default_factory=dict)  # rid -> what is wrong with its other response fields (harness.oracles.surface)
 
 
 def bare_rows() -> list[PathRow]:

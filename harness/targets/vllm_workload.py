@@ -56,7 +56,8 @@ def build(tok, seed: int = 0) -> list[Request]:
         r = _req(f"s{i}", _ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
         r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
         reqs.append(r)
-    r = _req("sx0", _ids(tok, words(90)), 12, ["seeded_partial_prefill"], ignore_eos=True)
+    # prompt logprobs over a prompt prefilled in chunks (issue 36, item 2: compared like output logprobs)
+    r = _req("sx0", _ids(tok, words(90)), 12, ["seeded_partial_prefill"], ignore_eos=True, prompt_logprobs=2)
     r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
     reqs.append(r)
     r = _req("n0", _ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
@@ -88,7 +89,7 @@ def build(tok, seed: int = 0) -> list[Request]:
                          stop_token_ids=[period], logit_bias={str(period): 100.0}))
     common = tok.encode(" the")[-1], tok.encode(" and")[-1]
     reqs.append(_req("lb0", _ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
-                     logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
+                     logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True, prompt_logprobs=2))
     reqs.append(_req("st0", _ids(tok, "Write a list of short sentences about the slot table."), 40, ["stop"],
                      arrival=3, stop_token_ids=[period]))
     r = _req("st1", _ids(tok, "Name three things, separated by commas:"), 40, ["stop"], arrival=4)
@@ -210,4 +211,5 @@ def run_with_controls(target, reqs, overlap: bool):
     last = target.run(phase["last"], overlap=overlap)
     merged = Run(runs["first"].outputs + run.outputs + last.outputs, summary=run.summary)
     merged.logprobs = {**runs["first"].logprobs, **run.logprobs, **last.logprobs}
+    merged.surface = {k: v for x in (runs["first"], run, last) for k, v in (getattr(x, "surface", {}) or {}).items()}
     return merged, got

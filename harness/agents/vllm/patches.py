@@ -369,6 +369,26 @@ PATCHES.update({p.name: p for p in [
         ("vllm-project/vllm#50767", "tenstorrent/tt-inference-server#1287")),
 ]})
 
+# -- the request surface (issue 36, item 2): a field other than the token ids goes wrong; tokens,
+# steps and books stay right, so only the surface oracle (harness.oracles.surface) sees it
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "length_cap_reported_as_stop",
+        "a request capped by max_tokens whose last token arrives while the step is still counted in "
+        "flight (async scheduling, always) is finished as STOPPED: the client reads finish_reason "
+        "\"stop\" for a cut-off answer (the async-off arm says \"length\")",
+        "max_tokens_1_2", PATHS_SUITE, SCHED_UTILS,
+        "        request.status = RequestStatus.FINISHED_LENGTH_CAPPED\n"
+        "        return True\n",
+        "        request.status = (\n"
+        "            RequestStatus.FINISHED_STOPPED  # the step in flight ended it\n"
+        "            if request.num_output_placeholders > 0\n"
+        "            else RequestStatus.FINISHED_LENGTH_CAPPED\n"
+        "        )\n"
+        "        return True\n",
+        ("vllm-project/vllm#58228", "PaddlePaddle/FastDeploy#4543")),
+]})
+
 
 def check_names(names, exc=ValueError) -> None:
     unknown = sorted(set(names) - set(PATCHES))
