@@ -464,7 +464,7 @@ PATCH_SINCE = {
     # first chunk: a CRASH, never a quiet pass)
     "chunked_prefill_waits_in_flight": "0.17.0", "worker_waits_previous_copy": "0.19.0",
     "presence_penalty_dropped": "0.10.0",  # issue 36, item 3
-    "length_cap_reported_as_stop": "0.10.0",  # issue 36, item 2
+    "stop_id_lost_in_flight": "0.10.0",  # issue 36, item 2
 }
 
 

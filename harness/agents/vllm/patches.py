@@ -373,19 +373,15 @@ PATCHES.update({p.name: p for p in [
 # steps and books stay right, so only the surface oracle (harness.oracles.surface) sees it
 PATCHES.update({p.name: p for p in [
     VllmPatch(
-        "length_cap_reported_as_stop",
-        "a request capped by max_tokens whose last token arrives while the step is still counted in "
-        "flight (async scheduling, always) is finished as STOPPED: the client reads finish_reason "
-        "\"stop\" for a cut-off answer (the async-off arm says \"length\")",
-        "max_tokens_1_2", PATHS_SUITE, SCHED_UTILS,
-        "        request.status = RequestStatus.FINISHED_LENGTH_CAPPED\n"
-        "        return True\n",
-        "        request.status = (\n"
-        "            RequestStatus.FINISHED_STOPPED  # the step in flight ended it\n"
-        "            if request.num_output_placeholders > 0\n"
-        "            else RequestStatus.FINISHED_LENGTH_CAPPED\n"
-        "        )\n"
-        "        return True\n",
+        "stop_id_lost_in_flight",
+        "a request that stops on one of its stop_token_ids while its step is still counted in flight "
+        "(async scheduling, always) is finished without its stop_reason: the client reads stop_reason "
+        "null where the async-off arm names the id (finish reason, tokens, steps and books unchanged)",
+        "stop", PATHS_SUITE, SCHED_UTILS,
+        "        request.status = RequestStatus.FINISHED_STOPPED\n"
+        "        request.stop_reason = last_token_id\n",
+        "        request.status = RequestStatus.FINISHED_STOPPED\n"
+        "        request.stop_reason = last_token_id if not request.num_output_placeholders else None\n",
         ("vllm-project/vllm#58228", "PaddlePaddle/FastDeploy#4543")),
 ]})
 
