@@ -1,0 +1,61 @@
+"""The request-surface oracle (issue 36, item 2; harness.oracles.surface) without vLLM: each
+field's fault caught (a stop reason lost, usage miscounted, text not the ids', prompt logprobs
+short or with another best token) and the correct responses quiet. Against real vLLM every path
+row judges it (equivalence/test_paths.py)."""
+from types import SimpleNamespace
+
+from harness.oracles import surface
+from harness.targets import vllm_workload
+
+
+def _req(rid, n, **extra):
+    return vllm_workload._req(rid, [5, 6, 7], n, ["stop"], **extra)
+
+
+def _run(rows):
+    """rows: (rid, ids, finish, fields)"""
+    run = SimpleNamespace(outputs=[(rid, ids, fin) for rid, ids, fin, _ in rows])
+    run.surface = {rid: f for rid, _, _, f in rows}
+    return run
+
+
+def _decode(ids):
+    return "".join(f"<{i}>" for i in ids)
+
+
+def _fields(ids, stop_reason=None, usage=None, text=None, plp=None):
+    return {"text": _decode(ids) if text is None else text, "stop_reason": stop_reason, "prompt_logprobs": plp,
+            "usage": usage if usage is not None else {"prompt_tokens": 3, "completion_tokens": len(ids)}}
+
+
+PLP = [None, {"token_id:9": {"logprob": -0.1}, "token_id:8": {"logprob": -2.0}},
+       {"token_id:4": {"logprob": -0.5}, "token_id:3": {"logprob": -1.5}}]
+
+
+def test_correct_responses_are_quiet():
+    reqs = [_req("a", 4), _req("b", 4, stop_token_ids=[3], prompt_logprobs=2)]
+    rows = [("a", [1, 2, 3, 4], "length", _fields([1, 2, 3, 4])),
+            ("b", [1, 3], "stop", _fields([1, 3], stop_reason=3, text=_decode([1]), plp=PLP))]
+    assert surface.findings(reqs, _run(rows), _run(rows), _decode) == {}
+
+
+def test_each_fields_fault_is_caught():
+    reqs = [_req("a", 4), _req("b", 4, stop_token_ids=[3], prompt_logprobs=2)]
+    off = [("a", [1, 2, 3, 4], "length", _fields([1, 2, 3, 4])),
+           ("b", [1, 3], "stop", _fields([1, 3], stop_reason=3, text=_decode([1]), plp=PLP))]
+    bad_plp = [None, {"token_id:8": {"logprob": -0.1}, "token_id:9": {"logprob": -2.0}}, PLP[2]]
+    on = [("a", [1, 2, 3, 4], "length", _fields([1, 2, 3, 4], usage={"prompt_tokens": 3, "completion_tokens": 5},
+                                                 text="<1><2><3><5>")),
+          ("b", [1, 3], "stop", _fields([1, 3], stop_reason=None, text=_decode([1]), plp=bad_plp))]
+    got = surface.findings(reqs, _run(off), _run(on), _decode)
+    a, b = " | ".join(got["a"]), " | ".join(got["b"])
+    assert "usage.completion_tokens 5, 4 ids returned" in a and "is not its detokenized ids" in a, a
+    assert "stop_reason None async on, 3 off" in b and "prompt_logprobs position 1: best token_id:8" in b, b
+    short = [("b", [1, 3], "stop", _fields([1, 3], stop_reason=3, text=_decode([1]), plp=PLP[:2]))]
+    assert "2 prompt_logprobs entries for 3 prompt tokens" in " ".join(
+        surface.findings(reqs[1:], _run(off[1:]), _run(short), _decode)["b"])
+    none = [("b", [1, 3], "stop", _fields([1, 3], stop_reason=3, text=_decode([1])))]
+    assert "no prompt_logprobs although the request asked" in " ".join(
+        surface.findings(reqs[1:], _run(none), _run(none), _decode)["b"])
+    capped = [("a", [1, 2], "length", _fields([1, 2]))]
+    assert "finish_reason length with 2 of 4 ids" in " ".join(surface.findings(reqs[:1], _run(capped), _run(capped))["a"])
