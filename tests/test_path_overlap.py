@@ -127,3 +127,18 @@ def test_worker_forwards_after_the_copy_are_lost():
     assert ok is True and "1 of 20 forwards" in why and "waited for that copy" in why, why
     assert judge_worker({"judged": 2, "after_copy": 2}, None)[0] is None
     assert judge_worker({"judged": 5, "after_copy": 5}, {"judged": 50, "after_copy": 0})[0] is False  # restarted
+
+
+def test_stress_sums_each_feature_over_the_run_and_says_lost():
+    """stress: each drawn feature's share over the run (harness.search.served_search.overlap_lines)."""
+    from types import SimpleNamespace
+    from harness.search.served_search import overlap_lines
+    r = SimpleNamespace(feature_overlap={"chunked_prefill": {"all": po.Share(30, 2), "prefill": po.Share(4, 10)},
+                                         "penalties": {"all": po.Share(40, 0), "prefill": po.Share(5, 0)}},
+                        overlap_total={"all": po.Share(300, 2), "prefill": po.Share(60, 10)})
+    lines = overlap_lines(r)
+    assert lines[0].startswith("overlap per feature") and "chunked_prefill 30/32 (prefill 4/14)" in lines[0]
+    assert lines[1].startswith("overlap: LOST on chunked_prefill (its prefill steps) (4 of 14"), lines
+    r.feature_overlap["chunked_prefill"]["prefill"] = po.Share(14, 0)
+    r.overlap_total["prefill"] = po.Share(70, 0)
+    assert len(overlap_lines(r)) == 1  # stock: every feature kept

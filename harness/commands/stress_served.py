@@ -134,7 +134,9 @@ def cmd_stress_served(a, bad, term) -> int:
                                      "repro": x.repro, "replay_same": x.replay_same, "replays": x.replays,
                                      "missed_once": x.flaky} for x in res.found],
                        "interrupted": res.interrupted, "error": res.error}, f, indent=1)
+        lost = [x for x in lines if x.startswith("overlap: LOST on ")]  # per feature, over the run (issue 36)
         verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
+                   f"FAIL: {lost[0]} (judged over the whole run: no single case reproduces it)" if lost else
                    "PASS: no new finding" + (f" ({len(res.known)} known upstream)" if res.known else ""))
         if res.interrupted:
             verdict = ("terminated" if term else "interrupted") + f" ({verdict})"
@@ -143,7 +145,7 @@ def cmd_stress_served(a, bad, term) -> int:
         return EXIT_TERMINATED if term else EXIT_INTERRUPTED
     if res.error:
         return EXIT_BAD_INPUT if not res.runs else EXIT_FOUND
-    return EXIT_FOUND if res.found else 0
+    return EXIT_FOUND if res.found or lost else 0
 
 
 def cmd_replay_served(a, bad) -> int:

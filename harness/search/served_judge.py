@@ -47,6 +47,9 @@ class Verdict:
     # a known-upstream entry needs to claim it)
     evidence: dict = field(default_factory=dict)
     refused: str = ""  # the server refused a request (a case we should not have drawn): not judged
+    # feature -> {"all": Share, "prefill": Share}: its requests' waits, async on (issue 36, item 4)
+    feature_overlap: dict = field(default_factory=dict)
+    overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> Share of every request of the case
     seconds: float = 0.0
 
     @property
@@ -146,6 +149,8 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence)
+        if agent:
+            v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
     else:
         v.new += errors
@@ -155,6 +160,22 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     _classify(v, version)
     v.seconds = time.monotonic() - t0
     return v
+
+
+def feature_overlap(case, books: dict) -> dict:
+    """(feature -> its share, the whole case's share): each drawn feature's share of overlapped
+    waits in this case, async on, over every wait of the requests that drew it and over their
+    prefill steps (harness.oracles.path_overlap)."""
+    from harness.oracles import path_overlap as po
+    from harness.search.served_case import features
+    keys = {ph: po.by_key(books, ph) for ph in po.PHASES}
+    out: dict = {}
+    for r in case.requests:
+        for f in features(r):
+            acc = out.setdefault(f, {ph: po.Share() for ph in po.PHASES})
+            for ph in po.PHASES:
+                acc[ph] = acc[ph].add(po.share_of([r], keys[ph]))
+    return out, {ph: po.share_of(case.requests, keys[ph]) for ph in po.PHASES}
 
 
 def restart_lost(target) -> None:

@@ -56,6 +56,8 @@ class ServedStressResult:
     known: dict = field(default_factory=dict)  # known id -> [runs, first what]
     features: dict = field(default_factory=dict)  # feature -> cases that drew it
     rows: dict = field(default_factory=dict)  # path row -> [runs counted on, runs counted off, count on, count off]
+    feature_overlap: dict = field(default_factory=dict)  # feature -> {"all"/"prefill": Share}, summed over cases
+    overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> every request's Share, summed
     interrupted: bool = False
     error: str = ""
 
@@ -110,6 +112,12 @@ class ServedStress:
         for kid, what in v.known:
             k = r.known.setdefault(kid, [0, what])
             k[0] += 1
+        for ph, sh in getattr(v, "overlap_total", {}).items():
+            r.overlap_total[ph] = r.overlap_total[ph].add(sh) if ph in r.overlap_total else sh
+        for f, shares in getattr(v, "feature_overlap", {}).items():
+            acc = r.feature_overlap.setdefault(f, {})
+            for ph, sh in shares.items():
+                acc[ph] = acc[ph].add(sh) if ph in acc else sh
 
     def _condition(self, case: ServedCase) -> bool:
         from harness.search.shrink import _Stop
@@ -270,6 +278,7 @@ def summary_lines(s: ServedStress) -> list[str]:
             both = row.arm == "both"
             mark = "" if ron and (roff or not both) else "   <- not exercised"
             out.append(f"  {name:<36} runs {ron}/{roff if both else '-'}  counts {con}/{coff}{mark}")
+    out += overlap_lines(r)
     for kid, (n, what) in sorted(r.known.items()):
         out.append(f"KNOWN UPSTREAM {kid}: in {n} run(s), first: {what[:200]}")
     for i, f in enumerate(r.found, 1):
@@ -284,4 +293,23 @@ def summary_lines(s: ServedStress) -> list[str]:
         out.append(f"{r.duplicates} more run(s) failed as an earlier finding did")
     if r.error:
         out.append(f"stopped: {r.error}")
+    return out
+
+
+def overlap_lines(r) -> list[str]:
+    """Each feature's share of overlapped waits over the run, async on, and `overlap: LOST on
+    <feature> ...` where it falls well below the rest of the run (harness.oracles.path_overlap,
+    over every wait and over prefill steps; issue 36, item 4)."""
+    from harness.oracles import path_overlap as po
+    if not r.feature_overlap:
+        return []
+    out = ["overlap per feature (async on: waits overlapped of judged; prefill steps apart): " + ", ".join(
+        f"{f} {sh['all'].overlapped}/{sh['all'].judged} (prefill {sh['prefill'].overlapped}/{sh['prefill'].judged})"
+        for f, sh in sorted(r.feature_overlap.items()))]
+    for f, sh in sorted(r.feature_overlap.items()):
+        for ph in po.PHASES:
+            lost, line = po.judge(f if ph == "all" else f"{f} (its prefill steps)", sh[ph], r.overlap_total[ph])
+            if lost:
+                out.append(line)
+                break
     return out
