@@ -203,3 +203,69 @@ def test_books_at_idle(path_run, record_property):
     bad = bookmod.findings(on, off)
     if bad:
         pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
+
+
+# -- SGLang's overlap paths (harness.targets.sglang_paths): the same judgement, SGLang's counters --
+@pytest.fixture(scope="module")
+def sglang_path_run(target, tok):
+    """The SGLang path workload once on each arm of the gate's pair (the default model's pair runs
+    the path setting), with the counts, SGLang's own books at idle and the step books."""
+    from harness.targets import sglang_paths as sp
+    if target.name != "sglang" or not getattr(target, "paths", False):
+        pytest.skip(f"the SGLang path table needs the SGLang pair of the default model; target {target.name}")
+    reqs = sp.build(tok, seed=0)
+    runs, cnt, books, stepbooks = {}, {}, {}, {}
+    for overlap in (False, True):
+        target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        before, books_before = sp.counts(facts), steps.books_of(facts)
+        runs[overlap] = target.run(reqs, overlap=overlap)
+        books[overlap] = target.idle_books(overlap)  # waits for SGLang's own idle check
+        time.sleep(0.3)  # the agent flushes its counters every 0.1 s
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        cnt[overlap] = sp.delta(before, sp.counts(facts))
+        stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
+                      release=getattr(target, "version", None), steps=stepbooks)
+
+
+def _sglang_rows():
+    from harness.targets.sglang_paths import PATHS
+    return PATHS
+
+
+@pytest.mark.parametrize("row", _sglang_rows(), ids=lambda r: f"sglang-{r.name}")
+def test_sglang_path(target, row, record_property, request):
+    if target.name != "sglang":
+        pytest.skip(f"SGLang's path table; target {target.name}")
+    if row.cpu_reason and getattr(target, "device", "") == "cpu":
+        pytest.skip(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}")
+    pr = request.getfixturevalue("sglang_path_run")
+    judge(row, pr, record_property, known=[])  # no SGLang entry is known to reproduce here yet
+
+
+def test_sglang_steps(sglang_path_run, record_property):
+    judge_steps(sglang_path_run, record_property, known=[])
+
+
+def test_sglang_books_at_idle(sglang_path_run, record_property):
+    """SGLang's own idle check on both arms after the path workload (retractions and aborts with a
+    step in flight among it): every req_to_token row back, no pool leak reported."""
+    lines, bad = [], []
+    for overlap, arm in ((True, "on"), (False, "off")):
+        bk = sglang_path_run.books.get(overlap) or {}
+        e = bk.get("engine")
+        lines.append(f"overlap {arm}: " + ("not read: " + str(bk.get("engine_error")) if e is None else
+                                           f"{e['req_rows_total'] - e['req_rows_held']} of {e['req_rows_total']} "
+                                           f"rows free, {e['pool_leaks']} leak(s)"))
+        if e is None:
+            bad.append(f"overlap {arm}: SGLang's books were not read ({bk.get('engine_error')})")
+        elif e["req_rows_held"] or e["pool_leaks"]:
+            bad.append(f"overlap {arm}: {e['req_rows_held']} req_to_token row(s) held at idle, {e['pool_leaks']} "
+                       f"pool leak(s): {bk.get('first_leak', '')}")
+    record_property("books", "; ".join(lines))
+    for what in ("path_abort_in_flight", "path_retraction"):
+        if sglang_path_run.counts_on.get(what, 0) <= 0:
+            pytest.fail(f"not exercised: {what} (overlap on) before the books were read", pytrace=False)
+    if bad:
+        pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)

@@ -176,6 +176,9 @@ class Scheduler:
     def abort_request(self, recv_req):
         pass
 
+    def launch_batch_sample_if_needed(self, batch_result, cur_batch):
+        pass
+
     def _apply_war_barrier(self):
         self.schedule_stream.wait_event(self.model_worker.last_shared_read_runner.shared_read_done_event)
 

@@ -100,6 +100,9 @@ def stand_ins(log):
         def abort_request(self, recv_req):
             log.append(("orig_abort", recv_req))
 
+        def launch_batch_sample_if_needed(self, batch_result, cur_batch):
+            log.append(("orig_delayed_sample", batch_result))
+
         def process_batch_result(self, batch, result):
             log.append(("orig_process", result))
             if getattr(result, "copy_done", None) is not None:

@@ -98,9 +98,15 @@ POINTS = [
           ("self", "batch"), ("result_queue", "next_output_finishes_by_length"),
           "the finish check one step late: requests whose queued (in-flight) result finishes them by "
           "length are left out of the next step"),
+    Point("delayed_sample", "sglang.srt.managers.scheduler", "Scheduler.launch_batch_sample_if_needed",
+          ("self", "batch_result"), ("delay_sample_func", "_copy_result_to_cpu"),
+          "the overlap loop's delayed sampling (grammar): the step was launched before the previous token "
+          "reached the grammar, and is sampled here once it has; counted when there is a sample to launch"),
     Point("abort", "sglang.srt.managers.scheduler", "Scheduler.abort_request", ("self", "recv_req"),
           ("chunked_req", "waiting_queue", "to_finish"),
-          "an abort; one that names a request of the step in flight is the abort-with-a-step-in-flight path"),
+          "an abort; one that names a request of the running batch or of a launched step is an abort of a "
+          "running request (path_abort_running), one of a step whose result is still queued (result_queue) "
+          "is the abort-with-a-step-in-flight path"),
     Point("books_idle", "sglang.srt.managers.scheduler_components.invariant_checker",
           "SchedulerInvariantChecker._check_req_pool", ("self",), ("req_to_token_pool", "free_slots"),
           "SGLang's own books at idle: the req_to_token rows, checked each time the scheduler is fully "
