@@ -48,7 +48,9 @@ PRESETS = {
 }
 
 
-def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
+def _check(target, tok, reqs, kw, where: str, record_property=None) -> list[str]:
+    """Fails on a divergence; returns the lines of those a known upstream entry claims (SGLang's:
+    harness.targets.sglang_upstream, each with its mechanism counted for that request)."""
     # a target that cannot seed its sampling (SGLang here) runs the sampled requests beside the
     # greedy ones but compares only the greedy ones' tokens; no greedy request: "not exercised"
     skip = not_exercised(target, reqs, record_property, where)
@@ -63,8 +65,12 @@ def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
     # overlap on vs off, then both vs the absolute reference (each request alone), which sees a
     # bug that corrupts overlap on and off alike
     found = without(divergences(off, on, absolute_reference(target, reqs, **kw)), skip)
+    known = []
+    if getattr(target, "name", "") == "sglang":
+        from harness.targets import sglang_upstream
+        found, known = sglang_upstream.claim(reqs, on, found)
     if not found:
-        return
+        return known
     detok = getattr(tok, "decode", None)
     if record_property is not None:
         record_property("divergences", "\n".join(report(d, detok) for _, _, d in found))
@@ -77,13 +83,22 @@ def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
         pytest.fail(f"{where}: request {first.rid} diverges with {under} from {reference} at token "
                     f"{first.position} ({first.verdict}); {len(bad)} request(s) differ\n{report(bad, detok)}",
                     pytrace=False)
+    return known
+
+
+def _known_xfail(known: list[str]) -> None:
+    """Reported apart, never a pass: the case is an xfail naming the entry."""
+    if known:
+        pytest.xfail(known[0] + (f" (+{len(known) - 1} more)" if len(known) > 1 else ""))
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_overlap_on_equals_off(target, tok, oh_options, preset, record_property):
     make, kw = PRESETS[preset]
+    known = []
     for seed in range(oh_options.seeds or 2):
-        _check(target, tok, make(tok, seed), kw, f"seed {seed}", record_property)
+        known += _check(target, tok, make(tok, seed), kw, f"seed {seed}", record_property)
+    _known_xfail(known)
 
 
 @pytest.mark.parametrize("spec", [pytest.param(False, id="plain"), pytest.param(True, id="spec")])
@@ -98,7 +113,10 @@ def test_generated_workloads_overlap_on_equals_off(target, tok, oh_options, spec
               phases=[Phase.explicit, Phase.generate],  # no shrinking here: stress shrinks
               suppress_health_check=list(HealthCheck))
     @given(strategies.workloads(tok, max_requests=5, spec=spec))
+    known = []
+
     def check(w):
         reqs, kw = w
-        _check(target, tok, reqs, kw, f"workload {kw} with {len(reqs)} request(s)", record_property)
+        known.extend(_check(target, tok, reqs, kw, f"workload {kw} with {len(reqs)} request(s)", record_property))
     check()
+    _known_xfail(known)

@@ -29,7 +29,7 @@ from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
-from harness.targets import vllm_upstream
+from harness.targets import sglang_upstream, vllm_upstream
 from harness.targets import vllm_workload
 from harness.targets.vllm_releases import release_in_force
 
@@ -121,7 +121,7 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
-def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None) -> None:
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None, evidence=None) -> None:
     """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
     `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
     c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
@@ -134,7 +134,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
                         f"{', '.join(row.counters)})", pytrace=False)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
     new, seen, gone = vllm_upstream.classify(row.name, row_findings(row, pr), known, both,
-                                  version if version is not None else pr.release)
+                                  version if version is not None else pr.release, evidence=evidence)
     _report(row.name, new, seen, gone, record_property)
 
 
@@ -225,8 +225,10 @@ def sglang_path_run(target, tok):
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         cnt[overlap] = sp.delta(before, sp.counts(facts))
         stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+    on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
+    stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
-                      release=getattr(target, "version", None), steps=stepbooks)
+                      release=getattr(target, "version", None), steps=stepbooks, controls={"stale": stale})
 
 
 def _sglang_rows():
@@ -241,7 +243,8 @@ def test_sglang_path(target, row, record_property, request):
     if row.cpu_reason and getattr(target, "device", "") == "cpu":
         pytest.skip(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}")
     pr = request.getfixturevalue("sglang_path_run")
-    judge(row, pr, record_property, known=[])  # no SGLang entry is known to reproduce here yet
+    judge(row, pr, record_property, known=sglang_upstream.KNOWN,
+          evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
 
 
 def test_sglang_steps(sglang_path_run, record_property):

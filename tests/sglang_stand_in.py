@@ -132,6 +132,9 @@ class ScheduleBatch:
     def retract_decode(self):  # never called here: nothing runs out of KV
         return [], 0.0, []
 
+    def cumulate_penalty_output_tokens(self):  # never called here: no penalties
+        pass
+
 
 class Scheduler:
     def __init__(self, overlap):

@@ -180,41 +180,58 @@ def test_steps_overlap_never_adds_one(sglang, tok, patch):
         assert any("past max_tokens" in f for f in v.findings), (patch, steps.summary_line(v))
 
 
-# a pair of its own for the paths: a KV pool that cannot hold every request (retraction), prompt
-# chunks of 32 tokens (chunked prefill); with penalties, a shared prefix and aborts in the workload
-PATHS_ARGS = ["--max-total-tokens", "512", "--chunked-prefill-size", "32", "--max-running-requests", "16"]
-COUNTED = ("path_chunked_prefill", "path_prefix_hit", "path_relay_decode", "path_penalties", "path_retraction",
-           "path_abort_in_flight")
+# the paths: the pair of the default model runs the path setting (harness.targets.sglang_paths: a pool
+# the path workload outgrows, so retraction; chunks of 64 tokens), so the path workload needs no
+# pair of its own; every row the CPU can run must count on the arms it names
+def _path_counts(t, reqs):
+    import time
+    from harness.agents import plan as planmod
+    from harness.targets import sglang_paths as sp
+    runs, counts, books = {}, {}, {}
+    for ov in (False, True):
+        before = sp.counts(planmod.read_facts(str(t.facts_dir(ov))))
+        runs[ov] = t.run(reqs, overlap=ov)
+        books[ov] = t.idle_books(ov)
+        time.sleep(0.3)  # the agent flushes its counters every 0.1 s
+        counts[ov] = sp.delta(before, sp.counts(planmod.read_facts(str(t.facts_dir(ov)))))
+    return runs, counts, books
 
 
-def _paths_workload(tok):
-    from harness.engine.request import Request
-    system = tok.encode(workloads.SYSTEM * 3)  # a prompt of several chunks, shared (prefix hits)
-    reqs = []
-    for i in range(12):
-        r = Request(rid=f"p{i}", prompt_ids=system + tok.encode(f" Question {i}: what comes next?"),
-                    max_new_tokens=64, arrival=i // 4)
-        r.temperature, r.ignore_eos = 0.0, True
-        if i % 3 == 1:
-            r.repetition_penalty = 1.3
-        if i % 6 == 5:
-            r.abort_after = 4
-        reqs.append(r)
-    return reqs
-
-
-@pytest.mark.scheduled  # a second pair: minutes to start (fast representative: test_overlap_on_equals_off)
-def test_every_counted_path_runs_on_both_arms(sglang_pair):
-    from harness import targets
-    t = targets.make_target("sglang", pair="paths", extra_args=PATHS_ARGS)
-    tok = t.tokenizer()
-    reqs = _paths_workload(tok)
-    runs = {ov: t.run(reqs, overlap=ov) for ov in (False, True)}
-    for ov, run in runs.items():
-        got, was = _sched(run), _sched(run, before=True)
-        missing = [k for k in COUNTED if got.get(k, 0) <= was.get(k, 0)]
-        assert not missing, f"overlap {ov}: not exercised: {missing} ({got})"
-    on = _sched(runs[True])
-    assert on.get("path_finish_in_flight", 0) > 0, on
+@pytest.mark.scheduled  # two runs of the 22-request path workload (fast representative: test_overlap_on_equals_off)
+def test_every_counted_path_runs_on_both_arms(sglang, tok):
+    from harness.targets import sglang_paths as sp
+    reqs = sp.build(tok)
+    runs, counts, books = _path_counts(sglang, reqs)
+    for row in sp.PATHS:
+        if row.cpu_reason and sglang.device == "cpu":
+            continue
+        arms = (True, False) if row.arm == "both" else (True,)
+        missing = [ov for ov in arms if sp.row_count(row, counts[ov]) <= 0]
+        assert not missing, f"not exercised: {row.name} (overlap {missing}): {counts}"
     bad = _clear(runs[False], runs[True])
     assert not bad, bad[0].describe(tok.decode)
+    for ov in (True, False):
+        assert books[ov]["engine"] is not None and books[ov]["engine"]["req_rows_held"] == 0, books[ov]
+        assert books[ov]["engine"]["pool_leaks"] == 0, books[ov]
+
+
+@pytest.mark.scheduled
+def test_reservation_one_window_short_is_caught(sglang, tok):
+    """sglang_decode_reservation_short: the decode capacity check one window short on the overlap-on
+    server; the path workload outgrows the pool, where stock SGLang retracts (the test above) the
+    patched one schedules a step the pool cannot hold and its scheduler dies ('Out of memory')."""
+    from harness import targets
+    from harness.targets import sglang_paths as sp
+    from harness.targets.base import TargetError, TargetUnavailable
+    reqs = sp.build(tok)
+    off = sglang.run(reqs, overlap=False)
+    t = targets.make_target("sglang", {"sglang_decode_reservation_short"})
+    try:
+        on = t.run(reqs, overlap=True)
+    except (TargetError, TargetUnavailable) as e:
+        assert "Out of memory" in str(e) or "CRASH" in str(e), e
+        return print(f"caught: {str(e)[:300]}")
+    finally:
+        targets.make_target("sglang", ())
+    assert _clear(off, on) or record_problems(on.outputs, run_logprobs(on)), \
+        "sglang_decode_reservation_short went unnoticed"

@@ -397,6 +397,27 @@ class SglangAgent:
                 return orig(self, pool_name, token_msg, *a, **kw)
             return _report_leak
 
+        def penalty_cumulate(orig):
+            def cumulate_penalty_output_tokens(self, *a, **kw):
+                # the token each request's penalties take in now is req.output_ids[-1]: one step old
+                # when the previous step's token is still in flight (its result not processed yet),
+                # i.e. when the request's tokens so far do not exceed what its KV already covers
+                try:
+                    seq = [int(x) for x in self.seq_lens_cpu.tolist()]
+                    for r, n in zip(self.reqs, seq):
+                        if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
+                            facts.add("penalty_stale_tokens")
+                            key = _request_key(r)
+                            if key:
+                                with facts._lock:  # the flusher serialises facts.data on its thread
+                                    by = facts.data.setdefault("penalty_stale_by_req", {})
+                                    if key in by or len(by) < 4096:
+                                        by[key] = by.get(key, 0) + 1
+                except (AttributeError, TypeError, ValueError):
+                    pass
+                return orig(self, *a, **kw)
+            return cumulate_penalty_output_tokens
+
         def delayed_sample(orig):
             def launch_batch_sample_if_needed(self, batch_result, *a, **kw):
                 if batch_result is not None and getattr(batch_result, "delay_sample_func", None) is not None:
@@ -404,7 +425,7 @@ class SglangAgent:
                 return orig(self, batch_result, *a, **kw)
             return launch_batch_sample_if_needed
 
-        for name, make in (("forward", forward), ("delayed_sample", delayed_sample), ("result_copy", result_copy),
+        for name, make in (("forward", forward), ("delayed_sample", delayed_sample), ("penalty_cumulate", penalty_cumulate), ("result_copy", result_copy),
                            ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
                            ("relay_stash", relay_stash), ("retract", retract),
@@ -415,6 +436,14 @@ class SglangAgent:
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self
+
+
+def _request_key(r) -> str:
+    """The request as the client knows it (prompt ids, max_new_tokens): harness.agents.vllm.steps."""
+    from harness.agents.vllm.steps import request_key
+    max_new = getattr(getattr(r, "sampling_params", None), "max_new_tokens", None)
+    ids = list(getattr(r, "origin_input_ids", ()) or ())
+    return request_key(ids, max_new) if ids else ""
 
 
 class _TimedDone:

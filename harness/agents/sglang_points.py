@@ -98,6 +98,11 @@ POINTS = [
           ("self", "batch"), ("result_queue", "next_output_finishes_by_length"),
           "the finish check one step late: requests whose queued (in-flight) result finishes them by "
           "length are left out of the next step"),
+    Point("penalty_cumulate", "sglang.srt.managers.schedule_batch", "ScheduleBatch.cumulate_penalty_output_tokens",
+          ("self",), ("output_ids", "origin_input_ids", "penalizer_orchestrator", "cumulate_output_tokens"),
+          "where the penalties take in each request's newest token before a decode step (req.output_ids[-1]): "
+          "the agent counts, per request, each time that token is one step old (the previous step's result "
+          "not processed yet: the overlap loop), the evidence of KNOWN sglang-penalty-one-step-old"),
     Point("delayed_sample", "sglang.srt.managers.scheduler", "Scheduler.launch_batch_sample_if_needed",
           ("self", "batch_result"), ("delay_sample_func", "_copy_result_to_cpu"),
           "the overlap loop's delayed sampling (grammar): the step was launched before the previous token "

@@ -33,8 +33,9 @@ PATHS = [
             ("path_relay_entry0",), arm="on", cpu_reason=ENTRY0_CPU),
     PathRow("one_step_old_result", "step N's result is taken after step N+1 was launched (the overlap loop)",
             ("path_one_step_old",), arm="on"),
-    PathRow("retraction", f"ten requests of 128 tokens after a shared prompt need ~1400 tokens of a "
-            f"{POOL_TOKENS}-token pool: SGLang admits by an estimate and retracts decodes that no longer fit",
+    PathRow("retraction", f"ten requests of 128 tokens (min_new_tokens 128) after a shared prompt need ~1400 "
+            f"tokens of a {POOL_TOKENS}-token pool: SGLang admits them on an estimate of their new tokens and "
+            "retracts decodes that no longer fit",
             ("path_retraction",)),
     PathRow("chunked_prefill", f"prompts over {CHUNK} tokens, the chunk size", ("path_chunked_prefill",)),
     PathRow("finish_in_flight", "a request its in-flight result finishes by length is left out of the next "
@@ -85,13 +86,14 @@ def build(tok, seed: int = 0) -> list[Request]:
         return " ".join(rng.choice(WORDS) for _ in range(k))
     prefix = _ids(tok, PREFIX)
     reqs = []
-    for i in range(10):
+    for i in range(10):  # min_new_tokens, not ignore_eos: SGLang admits an ignore_eos request on all of its
+        # new tokens (so it never has to retract it), any other on the decaying estimate
         reqs.append(_req(f"p{i}", prefix + _ids(tok, words(3)), 128, ["retraction", "chunked_prefill",
                          "prefix_cache_hit", "relay_decode", "one_step_old_result", "finish_in_flight"],
-                         arrival=i // 4, ignore_eos=True))
+                         arrival=i // 4, min_new_tokens=128))
     reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=1, repetition_penalty=1.3,
                      presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))
-    reqs.append(_req("pen1", prefix + _ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"], arrival=3,
+    reqs.append(_req("pen1", prefix + _ids(tok, words(3)), 32, ["penalties"], arrival=3,
                      frequency_penalty=0.8, ignore_eos=True))
     reqs.append(_req("g0", _ids(tok, "The id is"), 16, ["grammar", "grammar_delayed_sample"], arrival=1,
                      regex=" [a-z]{3,8}-[0-9]{2,4}"))
