@@ -108,13 +108,12 @@ def test_generated_workloads_overlap_on_equals_off(target, tok, oh_options, spec
         pytest.skip(f"speculative decoding on {target.name}: its servers run without a drafter")
     _spec_or_skip(spec)
     n = oh_options.seeds or 6
+    known = []
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=True,
               phases=[Phase.explicit, Phase.generate],  # no shrinking here: stress shrinks
               suppress_health_check=list(HealthCheck))
     @given(strategies.workloads(tok, max_requests=5, spec=spec))
-    known = []
-
     def check(w):
         reqs, kw = w
         known.extend(_check(target, tok, reqs, kw, f"workload {kw} with {len(reqs)} request(s)", record_property))
