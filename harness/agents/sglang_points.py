@@ -149,6 +149,9 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
     ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
     ("sglang.srt.arg_groups.fields.model", "context_length"),
+    # the path setting's (harness.targets.sglang_paths.SERVER_ARGS)
+    ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
+    ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),
 ]
 
 
