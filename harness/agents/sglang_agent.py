@@ -31,6 +31,7 @@ import zlib
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
+from harness.agents.sglang_steps import client_key
 from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
 
@@ -407,7 +408,7 @@ class SglangAgent:
                     for r, n in zip(self.reqs, seq):
                         if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
                             facts.add("penalty_stale_tokens")
-                            key = _request_key(r)
+                            key = client_key(r)
                             if key:
                                 with facts._lock:  # the flusher serialises facts.data on its thread
                                     by = facts.data.setdefault("penalty_stale_by_req", {})
@@ -436,14 +437,6 @@ class SglangAgent:
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self
-
-
-def _request_key(r) -> str:
-    """The request as the client knows it (prompt ids, max_new_tokens): harness.agents.vllm.steps."""
-    from harness.agents.vllm.steps import request_key
-    max_new = getattr(getattr(r, "sampling_params", None), "max_new_tokens", None)
-    ids = list(getattr(r, "origin_input_ids", ()) or ())
-    return request_key(ids, max_new) if ids else ""
 
 
 class _TimedDone:
