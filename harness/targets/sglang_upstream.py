@@ -23,8 +23,10 @@ KNOWN: list[KnownUpstream] = [
         "min_new_tokens) take in each request's newest token as req.output_ids[-1], but the previous "
         "step's result is not processed yet, so they take the token of the step before it (at the first "
         "decode step: the last prompt token); penalised greedy requests diverge, overlap on vs off",
-        "none found in sgl-project/sglang's issues and pull requests (searched: penalties with the overlap "
-        "scheduler); sgl-project/sglang#22049 feeds the spec-v2 overlap path's penalties the same way",
+        "the mechanism is upstream for custom logit processors (sgl-project/sglang#8056, open: they read "
+        "req.output_ids one step old in the overlap loop; sgl-project/sglang#20026 works around it in "
+        "one processor); none found for the built-in penalties (searched sgl-project/sglang's issues and "
+        "pull requests; sgl-project/sglang#22049 feeds the spec-v2 path's penalties the same way)",
         "fixtures/sglang_upstream/penalty_one_step_old.json",
         match=lambda f: " diverges " in f, request_evidence=PENALTY_STALE),
 ]
