@@ -5,8 +5,6 @@ caught while stock SGLang stays quiet.
 
 Needs `overlap-harness setup sglang`; elsewhere these tests skip with the reason, and with
 OVERLAP_HARNESS_REQUIRE_SGLANG=1 a missing setup fails them."""
-import os
-
 import pytest
 
 from harness.oracles.divergence import record_problems, run_logprobs
@@ -14,42 +12,22 @@ from harness.oracles.reference import divergences
 from harness.workloads import presets as workloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
-REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_SGLANG") == "1"
-
-
-def _unavailable(why: str):
-    if REQUIRED:
-        pytest.fail(f"SGLang is required here (OVERLAP_HARNESS_REQUIRE_SGLANG=1) but {why}", pytrace=False)
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
 def sglang_pair():
     from harness import targets
-    from harness.targets import sglang_setup
-    from harness.targets.base import TargetUnavailable
-    why = sglang_setup.ready()
-    if why:
-        _unavailable(why)
-    try:
-        t = targets.make_target("sglang")
-        t.start()
-    except TargetUnavailable as e:
-        _unavailable(str(e))
-    yield t
+    from tests.served_pair import start_pair
+    yield start_pair("sglang")
     targets.close_served()
 
 
 @pytest.fixture
 def sglang(sglang_pair):
-    """The pair, handed back stock, and a server that died under a test started again when next
-    used (one test's crash fails that test only)."""
-    from harness import targets
-    from harness.search.served_judge import restart_lost
+    """The pair handed back stock, a server that died started again (tests/served_pair.hand_back)."""
+    from tests.served_pair import hand_back
     yield sglang_pair
-    if sglang_pair.faults:
-        targets.make_target("sglang", ())
-    restart_lost(sglang_pair)
+    hand_back(sglang_pair, "sglang")
 
 
 @pytest.fixture(scope="module")
