@@ -98,12 +98,19 @@ def without(found, rids) -> list[tuple[str, str, list]]:
     return out
 
 
-def not_exercised(target, reqs, record_property=None, where: str = "") -> set:
-    """unjudged() for a case: skips it as "not exercised: why" when no request is left to judge,
-    else records how many were left out (the gate lists it) and returns their ids."""
+class NothingToJudge(Exception):
+    """Every request of one workload is sampled on a target that cannot compare sampled tokens."""
+
+
+def not_exercised(target, reqs, record_property=None, where: str = "", skip: bool = True) -> set:
+    """unjudged() for a case: skips it as "not exercised: why" when no request is left to judge
+    (`skip=False`: raises NothingToJudge instead, for one example of many), else records how many
+    were left out (the gate lists it) and returns their ids."""
     import pytest
     rids, why = unjudged(target, reqs)
     if rids and len(rids) == len({r.rid for r in reqs}):
+        if not skip:
+            raise NothingToJudge(why)
         pytest.skip(f"not exercised: every request {where or 'here'} is sampled: {why}")
     if rids and record_property is not None:
         record_property("not_exercised", f"sampled requests are left out of the token comparison on "
