@@ -186,7 +186,12 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
         arms = (True, False) if row.arm == "both" else (True,)
         missing = [ov for ov in arms if sp.row_count(row, counts[ov]) <= 0]
         assert not missing, f"not exercised: {row.name} (overlap {missing}): {counts}"
-    bad = _clear(runs[False], runs[True])
+    # the penalised requests diverge on stock 0.5.23 (KNOWN sglang-penalty-one-step-old): claimed only
+    # with the agent's per-request evidence; anything else fails
+    from harness.targets import sglang_upstream
+    left, known = sglang_upstream.claim(reqs, runs[True], divergences(runs[False], runs[True]))
+    print("\n".join(known))
+    bad = [d for _, _, divs in left for d in divs if not d.near_tie]
     assert not bad, bad[0].describe(tok.decode)
     for ov in (True, False):
         assert books[ov]["engine"] is not None and books[ov]["engine"]["req_rows_held"] == 0, books[ov]
