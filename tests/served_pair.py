@@ -16,7 +16,7 @@ def vllm_unavailable(why: str):
 
 
 @pytest.fixture(scope="session")
-def vllm_pair():
+def vllm_pair(tmp_path_factory):
     from harness import targets
     from harness.targets import vllm_setup as setup_cmd
     from harness.targets.base import TargetUnavailable
@@ -24,7 +24,9 @@ def vllm_pair():
     if why:
         vllm_unavailable(why)
     try:
-        t = targets.make_target("vllm")
+        # what a HANG or CRASH report points to is kept under pytest's temporary folders, not
+        # left in /tmp as the work folder (a test that provokes a hang on purpose still leaves one)
+        t = targets.make_target("vllm", out_dir=str(tmp_path_factory.mktemp("vllm-kept")))
         t.start()
     except TargetUnavailable as e:
         vllm_unavailable(str(e))
