@@ -24,8 +24,10 @@ def vllm_unavailable(why: str):
     unavailable("vllm", why)
 
 
-def start_pair(engine: str):
-    """The engine's pair of the default model, started (or a skip / failure with the reason)."""
+def start_pair(engine: str, out_dir: str | None = None):
+    """The engine's pair of the default model, started (or a skip / failure with the reason).
+    `out_dir`: where what a HANG or CRASH report points to is kept (pytest's temporary folders),
+    not left in /tmp as the work folder (a test that provokes a crash on purpose still leaves one)."""
     from harness import targets
     from harness.targets.base import TargetUnavailable
     if engine == "vllm":
@@ -36,7 +38,7 @@ def start_pair(engine: str):
     if why:
         unavailable(engine, why)
     try:
-        t = targets.make_target(engine)
+        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}))
         t.start()
     except TargetUnavailable as e:
         unavailable(engine, str(e))
@@ -55,9 +57,9 @@ def hand_back(pair, engine: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_pair():
+def vllm_pair(tmp_path_factory):
     from harness import targets
-    yield start_pair("vllm")
+    yield start_pair("vllm", str(tmp_path_factory.mktemp("vllm-kept")))
     targets.close_served()
 
 

@@ -15,10 +15,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def sglang_pair():
+def sglang_pair(tmp_path_factory):
     from harness import targets
     from tests.served_pair import start_pair
-    yield start_pair("sglang")
+    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")))
     targets.close_served()
 
 
@@ -94,13 +94,12 @@ def test_a_slow_result_copy_keeps_tokens(sglang, tok):
 @pytest.mark.scheduled
 @pytest.mark.parametrize("patch,delays", [("sglang_decode_reads_before_copy", SLOW_COPY),
                                           ("sglang_relay_entry_padded_row", None)])
-def test_each_source_patch_is_caught(sglang, tok, patch, delays, tmp_path):
+def test_each_source_patch_is_caught(sglang, tok, patch, delays):
     from harness import targets
     from harness.targets.base import TargetError
     reqs = _workload(tok)
     off = sglang.run(reqs, overlap=False)
     t = targets.make_target("sglang", {patch})
-    kept, t.out_dir = t.out_dir, tmp_path  # a crash's log is kept here, not in a work folder left in /tmp
     try:
         on = t.run(reqs, overlap=True, delays=delays)
     except TargetError as e:  # a crash of the patched engine counts only with its own traceback
@@ -108,7 +107,6 @@ def test_each_source_patch_is_caught(sglang, tok, patch, delays, tmp_path):
             raise
         return print(f"{patch}: {e}")
     finally:
-        t.out_dir = kept
         targets.make_target("sglang", ())
     assert _clear(off, on) or record_problems(on.outputs, run_logprobs(on)), f"{patch} went unnoticed"
 
@@ -201,7 +199,7 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
 
 
 @pytest.mark.scheduled
-def test_reservation_one_window_short_is_caught(sglang, tok, tmp_path):
+def test_reservation_one_window_short_is_caught(sglang, tok):
     """sglang_decode_reservation_short: the decode capacity check one window short on the overlap-on
     server; the path workload outgrows the pool, where stock SGLang retracts (the test above) the
     patched one schedules a step the pool cannot hold and its scheduler dies ('Out of memory')."""
@@ -211,14 +209,12 @@ def test_reservation_one_window_short_is_caught(sglang, tok, tmp_path):
     reqs = sp.build(tok)
     off = sglang.run(reqs, overlap=False)
     t = targets.make_target("sglang", {"sglang_decode_reservation_short"})
-    kept, t.out_dir = t.out_dir, tmp_path  # the crash's log is kept here, not in a work folder left in /tmp
     try:
         on = t.run(reqs, overlap=True)
     except (TargetError, TargetUnavailable) as e:
         assert "Out of memory" in str(e) or "CRASH" in str(e), e
         return print(f"caught: {str(e)[:300]}")
     finally:
-        t.out_dir = kept
         targets.make_target("sglang", ())
     from harness.targets import sglang_upstream  # stock's own divergence (penalties) is not this patch's
     left, _ = sglang_upstream.claim(reqs, on, divergences(off, on))
