@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from harness.workloads import strategies, presets as workloads
 from harness.oracles.divergence import record_problems, report, run_logprobs
-from harness.oracles.reference import absolute_reference, batch_invariant, divergences
+from harness.oracles.reference import (NothingToJudge, absolute_reference, batch_invariant, divergences,
+                                       not_exercised, without)
 from harness.engine.config import EngineConfig
 
 # ---- speculative decoding ----------------------------------------------------------------
@@ -48,7 +49,13 @@ PRESETS = {
 }
 
 
-def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
+def _check(target, tok, reqs, kw, where: str, record_property=None, skip_case: bool = True) -> list[str]:
+    """Fails on a divergence; returns the lines of those a known upstream entry claims (SGLang's:
+    harness.targets.sglang_upstream, each with its mechanism counted for that request)."""
+    # a target that cannot seed its sampling (SGLang here) runs the sampled requests beside the
+    # greedy ones but compares only the greedy ones' tokens; no greedy request: "not exercised"
+    # (the case is skipped; one generated example of many raises NothingToJudge: the next one runs)
+    skip = not_exercised(target, reqs, record_property, where, skip=skip_case)
     off = target.run(reqs, overlap=False, **kw)
     on = target.run(reqs, overlap=True, **kw)
     # a logprob record must belong to the token returned with it, whatever the tokens say
@@ -59,9 +66,13 @@ def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
                     f"the host buffers); first: {stale[0]}", pytrace=False)
     # overlap on vs off, then both vs the absolute reference (each request alone), which sees a
     # bug that corrupts overlap on and off alike
-    found = divergences(off, on, absolute_reference(target, reqs, **kw))
+    found = without(divergences(off, on, absolute_reference(target, reqs, **kw)), skip)
+    known = []
+    if getattr(target, "name", "") == "sglang":
+        from harness.targets import sglang_upstream
+        found, known = sglang_upstream.claim(reqs, on, found)
     if not found:
-        return
+        return known
     detok = getattr(tok, "decode", None)
     if record_property is not None:
         record_property("divergences", "\n".join(report(d, detok) for _, _, d in found))
@@ -74,13 +85,22 @@ def _check(target, tok, reqs, kw, where: str, record_property=None) -> None:
         pytest.fail(f"{where}: request {first.rid} diverges with {under} from {reference} at token "
                     f"{first.position} ({first.verdict}); {len(bad)} request(s) differ\n{report(bad, detok)}",
                     pytrace=False)
+    return known
+
+
+def _known_xfail(known: list[str]) -> None:
+    """Reported apart, never a pass: the case is an xfail naming the entry."""
+    if known:
+        pytest.xfail(known[0] + (f" (+{len(known) - 1} more)" if len(known) > 1 else ""))
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_overlap_on_equals_off(target, tok, oh_options, preset, record_property):
     make, kw = PRESETS[preset]
+    known = []
     for seed in range(oh_options.seeds or 2):
-        _check(target, tok, make(tok, seed), kw, f"seed {seed}", record_property)
+        known += _check(target, tok, make(tok, seed), kw, f"seed {seed}", record_property)
+    _known_xfail(known)
 
 
 @pytest.mark.parametrize("spec", [pytest.param(False, id="plain"), pytest.param(True, id="spec")])
@@ -90,6 +110,7 @@ def test_generated_workloads_overlap_on_equals_off(target, tok, oh_options, spec
         pytest.skip(f"speculative decoding on {target.name}: its servers run without a drafter")
     _spec_or_skip(spec)
     n = oh_options.seeds or 6
+    known, unjudged = [], []
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=True,
               phases=[Phase.explicit, Phase.generate],  # no shrinking here: stress shrinks
@@ -97,5 +118,14 @@ def test_generated_workloads_overlap_on_equals_off(target, tok, oh_options, spec
     @given(strategies.workloads(tok, max_requests=5, spec=spec))
     def check(w):
         reqs, kw = w
-        _check(target, tok, reqs, kw, f"workload {kw} with {len(reqs)} request(s)", record_property)
+        try:
+            known.extend(_check(target, tok, reqs, kw, f"workload {kw} with {len(reqs)} request(s)",
+                                record_property, skip_case=False))
+        except NothingToJudge as e:
+            unjudged.append(str(e))
     check()
+    if unjudged and len(unjudged) >= n:
+        pytest.skip(f"not exercised: every generated workload's requests are sampled: {unjudged[0]}")
+    if unjudged:
+        print(f"{len(unjudged)} of the generated workloads had only sampled requests (not exercised)")
+    _known_xfail(known)

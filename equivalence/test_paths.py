@@ -32,7 +32,7 @@ from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
 from harness.targets import vllm_paths as vp
-from harness.targets import vllm_upstream
+from harness.targets import sglang_upstream, vllm_upstream
 from harness.targets import vllm_workload
 from harness.targets.vllm_releases import release_in_force
 
@@ -144,7 +144,7 @@ def overlap_on_row(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> str
     return line if lost else ""
 
 
-def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None) -> None:
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None, evidence=None) -> None:
     """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
     `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
     c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
@@ -167,7 +167,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     if lost:
         found.insert(0, lost)
     new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
-                                  version if version is not None else pr.release)
+                                  version if version is not None else pr.release, evidence=evidence)
     _report(row.name, new, seen, gone, record_property)
 
 
@@ -209,6 +209,8 @@ def test_steps(path_run, record_property):
 
 @pytest.mark.parametrize("row", vp.PATHS, ids=lambda r: r.name)
 def test_path(target, row, record_property, request):
+    if target.name != "vllm" or not getattr(target, "paths", False):  # before its CPU reasons: vLLM's
+        pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     if row.cpu_reason:
         pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
     version = getattr(target, "version", None)
@@ -234,5 +236,74 @@ def test_books_at_idle(path_run, record_property):
             pytest.fail(f"not exercised: no request {what.split('_')[0]} with a step in flight (async on)",
                         pytrace=False)
     bad = bookmod.findings(on, off)
+    if bad:
+        pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
+
+
+# -- SGLang's overlap paths (harness.targets.sglang_paths): the same judgement, SGLang's counters --
+@pytest.fixture(scope="module")
+def sglang_path_run(target, tok):
+    """The SGLang path workload once on each arm of the gate's pair (the default model's pair runs
+    the path setting), with the counts, SGLang's own books at idle and the step books."""
+    from harness.targets import sglang_paths as sp
+    if target.name != "sglang" or not getattr(target, "paths", False):
+        pytest.skip(f"the SGLang path table needs the SGLang pair of the default model; target {target.name}")
+    reqs = sp.build(tok, seed=0)
+    runs, cnt, books, stepbooks = {}, {}, {}, {}
+    for overlap in (False, True):
+        target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        before, books_before = sp.counts(facts), steps.books_of(facts)
+        runs[overlap] = target.run(reqs, overlap=overlap)
+        books[overlap] = target.idle_books(overlap)  # waits for SGLang's own idle check
+        time.sleep(0.3)  # the agent flushes its counters every 0.1 s
+        facts = planmod.read_facts(str(target.facts_dir(overlap)))
+        cnt[overlap] = sp.delta(before, sp.counts(facts))
+        stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+    on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
+    stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
+                      release=getattr(target, "version", None), steps=stepbooks, controls={"stale": stale})
+
+
+def _sglang_rows():
+    from harness.targets.sglang_paths import PATHS
+    return PATHS
+
+
+@pytest.mark.parametrize("row", _sglang_rows(), ids=lambda r: f"sglang-{r.name}")
+def test_sglang_path(target, row, record_property, request):
+    if target.name != "sglang":
+        pytest.skip(f"SGLang's path table; target {target.name}")
+    if row.cpu_reason and getattr(target, "device", "") == "cpu":
+        pytest.skip(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}")
+    pr = request.getfixturevalue("sglang_path_run")
+    judge(row, pr, record_property, known=sglang_upstream.KNOWN,
+          evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
+
+
+def test_sglang_steps(sglang_path_run, record_property):
+    judge_steps(sglang_path_run, record_property, known=[])
+
+
+def test_sglang_books_at_idle(sglang_path_run, record_property):
+    """SGLang's own idle check on both arms after the path workload (retractions and aborts with a
+    step in flight among it): every req_to_token row back, no pool leak reported."""
+    lines, bad = [], []
+    for overlap, arm in ((True, "on"), (False, "off")):
+        bk = sglang_path_run.books.get(overlap) or {}
+        e = bk.get("engine")
+        lines.append(f"overlap {arm}: " + ("not read: " + str(bk.get("engine_error")) if e is None else
+                                           f"{e['req_rows_total'] - e['req_rows_held']} of {e['req_rows_total']} "
+                                           f"rows free, {e['pool_leaks']} leak(s)"))
+        if e is None:
+            bad.append(f"overlap {arm}: SGLang's books were not read ({bk.get('engine_error')})")
+        elif e["req_rows_held"] or e["pool_leaks"]:
+            bad.append(f"overlap {arm}: {e['req_rows_held']} req_to_token row(s) held at idle, {e['pool_leaks']} "
+                       f"pool leak(s): {bk.get('first_leak', '')}")
+    record_property("books", "; ".join(lines))
+    for what in ("path_abort_in_flight", "path_retraction"):
+        if sglang_path_run.counts_on.get(what, 0) <= 0:
+            pytest.fail(f"not exercised: {what} (overlap on) before the books were read", pytrace=False)
     if bad:
         pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)

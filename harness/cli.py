@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness.commands.run import cmd_run
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     stopping.install()  # SIGTERM (a CI cancellation, `timeout`) ends every command as Ctrl-C does
     try:
         a = make_parser().parse_args(argv)
-        return a.fn(a) or 0
+        rc = a.fn(a) or 0
+        sys.stdout.flush()  # a closed pipe is found here, inside the handler below, not at exit
+        return rc
     except UsageError as e:
         print(f"overlap-harness: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -76,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         if served is not None:  # before the exit handlers: no server outlives the message
             served.stop_all()
         return stopping.exit_code()
+    except BrokenPipeError:
+        # the reader of our output went away (`... --json | head`): not an error of ours; the
+        # servers stop as on Ctrl-C, and stdout is pointed at /dev/null so that the interpreter's
+        # final flush does not print a second traceback
+        served = sys.modules.get("harness.targets.server_process")
+        if served is not None:
+            served.stop_all()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

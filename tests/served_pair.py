@@ -1,48 +1,72 @@
-"""The vLLM server pair the vLLM tests share: one per test process (scripts/test.sh runs the
-vLLM tests in one), for the whole session, since a start costs most of a minute and every module
-restarting it cost minutes of CI. `vllm_unavailable` skips with the reason, or fails under
-OVERLAP_HARNESS_REQUIRE_VLLM=1 (.ci/run), so CI cannot pass with the real engine silently skipped."""
+"""The real-engine server pairs the tests share, one per test process (scripts/test.sh runs each
+engine's tests in one), since a start costs a minute (vLLM) to several (SGLang on these CPUs) and
+every module restarting one cost minutes of CI: vLLM's for the session (conftest.py imports these
+fixtures everywhere), SGLang's for tests/test_sglang_pair.py. A missing setup skips with the reason,
+or fails under OVERLAP_HARNESS_REQUIRE_VLLM=1 / OVERLAP_HARNESS_REQUIRE_SGLANG=1 (.ci/run), so CI
+cannot pass with a real engine silently skipped."""
 import os
 
 import pytest
 
-REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
+REQUIRE = {"vllm": "OVERLAP_HARNESS_REQUIRE_VLLM", "sglang": "OVERLAP_HARNESS_REQUIRE_SGLANG"}
+REQUIRED = os.environ.get(REQUIRE["vllm"]) == "1"
 
 
-def vllm_unavailable(why: str):
-    if REQUIRED:
-        pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
+def unavailable(engine: str, why: str):
+    var = REQUIRE[engine]
+    if os.environ.get(var) == "1":
+        pytest.fail(f"{'vLLM' if engine == 'vllm' else 'SGLang'} is required here ({var}=1) but {why}",
+                    pytrace=False)
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
-def vllm_pair():
+def vllm_unavailable(why: str):
+    unavailable("vllm", why)
+
+
+def start_pair(engine: str, out_dir: str | None = None):
+    """The engine's pair of the default model, started (or a skip / failure with the reason).
+    `out_dir`: where what a HANG or CRASH report points to is kept (pytest's temporary folders),
+    not left in /tmp as the work folder (a test that provokes a crash on purpose still leaves one)."""
     from harness import targets
-    from harness.targets import vllm_setup as setup_cmd
     from harness.targets.base import TargetUnavailable
-    why = setup_cmd.ready()
+    if engine == "vllm":
+        from harness.targets import vllm_setup as setup
+    else:
+        from harness.targets import sglang_setup as setup
+    why = setup.ready()
     if why:
-        vllm_unavailable(why)
+        unavailable(engine, why)
     try:
-        t = targets.make_target("vllm")
+        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}))
         t.start()
     except TargetUnavailable as e:
-        vllm_unavailable(str(e))
-    yield t
+        unavailable(engine, str(e))
+    return t
+
+
+def hand_back(pair, engine: str) -> None:
+    """The pair as the next test expects it whatever this one did: stock faults, and a server the
+    watchdog stopped or that died started again when next used (a test that leaves a hang behind
+    fails itself, not every test after it)."""
+    from harness import targets
+    from harness.search.served_judge import restart_lost
+    if pair.faults:
+        targets.make_target(engine, ())
+    restart_lost(pair)
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(tmp_path_factory):
+    from harness import targets
+    yield start_pair("vllm", str(tmp_path_factory.mktemp("vllm-kept")))
     targets.close_served()
 
 
 @pytest.fixture
 def vllm(vllm_pair):
-    """The shared pair, handed back as the next test expects it whatever this one did: stock
-    faults, and a server the watchdog stopped or that died started again when next used (a test
-    that leaves a hang behind fails itself, not every test after it)."""
-    from harness import targets
-    from harness.search.served_judge import restart_lost
     yield vllm_pair
-    if vllm_pair.faults:
-        targets.make_target("vllm", ())
-    restart_lost(vllm_pair)
+    hand_back(vllm_pair, "vllm")
 
 
 @pytest.fixture(scope="session")

@@ -132,6 +132,9 @@ class ScheduleBatch:
     def retract_decode(self):  # never called here: nothing runs out of KV
         return [], 0.0, []
 
+    def cumulate_penalty_output_tokens(self):  # never called here: no penalties
+        pass
+
 
 class Scheduler:
     def __init__(self, overlap):
@@ -174,6 +177,9 @@ class Scheduler:
         return []
 
     def abort_request(self, recv_req):
+        pass
+
+    def launch_batch_sample_if_needed(self, batch_result, cur_batch):
         pass
 
     def _apply_war_barrier(self):

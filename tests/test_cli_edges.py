@@ -394,3 +394,19 @@ def test_bad_input_in_a_subprocess_leaves_no_process(tmp_path):
     assert p.returncode == 2 and err.strip().splitlines() == [
         "overlap-harness: error: bad policy 'delay:forward:-1': the delay must be a finite number of ms >= 0, got -1"]
     assert not ps.is_running() or ps.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback():
+    """`overlap-harness ... | head`: the pipe closes before we wrote everything. Without the
+    handler Python printed a BrokenPipeError traceback (and another at exit); now the command
+    ends as a shell's SIGPIPE would, quietly, with 141."""
+    import os
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write
+    try:
+        p = subprocess.run(CLI + ["faults", "--target", "vllm"], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr

@@ -100,6 +100,9 @@ def stand_ins(log):
         def abort_request(self, recv_req):
             log.append(("orig_abort", recv_req))
 
+        def launch_batch_sample_if_needed(self, batch_result, cur_batch):
+            log.append(("orig_delayed_sample", batch_result))
+
         def process_batch_result(self, batch, result):
             log.append(("orig_process", result))
             if getattr(result, "copy_done", None) is not None:
@@ -119,6 +122,9 @@ def stand_ins(log):
     class ScheduleBatch:
         def retract_decode(self):
             return [], 0.0, []
+
+        def cumulate_penalty_output_tokens(self):
+            log.append(("orig_cumulate", len(self.reqs)))
 
     class SchedulerInvariantChecker:
         def _check_req_pool(self):
@@ -317,3 +323,23 @@ def test_host_order_records_launch_and_wait_and_restores_copy_done(tmp_path):
     s2.process_batch_result(batch, s2.run_batch(batch))
     assert off.host is None
     off.uninstall()
+
+
+def test_a_penalty_token_one_step_old_is_counted_per_request(tmp_path):
+    """The evidence of KNOWN sglang-penalty-one-step-old: a request whose tokens so far do not exceed
+    what its KV covers (its newest token still in flight) has its penalties take an old token."""
+    import torch
+    from harness.agents.vllm.steps import request_key
+    agent, ops, *_, facts = make_agent(tmp_path)
+    B = agent.resolve("sglang.srt.managers.schedule_batch").ScheduleBatch
+    sp = types.SimpleNamespace(max_new_tokens=8)
+    late = types.SimpleNamespace(origin_input_ids=[1, 2, 3], output_ids=[], sampling_params=sp)
+    fresh = types.SimpleNamespace(origin_input_ids=[4, 5], output_ids=[9], sampling_params=sp)
+    b = B()
+    b.reqs = [late, fresh]
+    b.seq_lens_cpu = torch.tensor([3, 2])  # late: 3 prompt tokens, none of its own yet; fresh: 2 + 1
+    b.cumulate_penalty_output_tokens()
+    assert ("orig_cumulate", 2) in ops.log
+    assert facts.data["penalty_stale_tokens"] == 1
+    assert facts.data["penalty_stale_by_req"] == {request_key([1, 2, 3], 8): 1}
+    agent.uninstall()

@@ -31,6 +31,7 @@ import zlib
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
+from harness.agents.sglang_steps import client_key
 from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
 
@@ -104,6 +105,7 @@ class SglangAgent:
         self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
         self.tokens = progress.TokenClock()
         self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
+        self.last_step: int | None = None  # the newest step the overlap loop launched (host order)
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -138,7 +140,10 @@ class SglangAgent:
         reqs = getattr(batch, "reqs", None) or ()
         extend = getattr(getattr(batch, "forward_mode", None), "is_extend", None)
         tokens = (getattr(batch, "extend_num_tokens", None) if extend is not None and extend() else None) or len(reqs)
-        return self.host.scheduled([getattr(r, "rid", id(r)) for r in reqs], tokens if reqs else 0, t)
+        step = self.host.scheduled([getattr(r, "rid", id(r)) for r in reqs], tokens if reqs else 0, t)
+        if step is not None:
+            self.last_step = step
+        return step
 
     def taken(self, reqs, before: int) -> None:
         """A step's result was processed: the tokens it appended to its requests are progress."""
@@ -270,6 +275,8 @@ class SglangAgent:
                 done = getattr(result, "copy_done", None)
                 if step is not None:
                     host.wait_start(step)
+                    if agent.last_step is not None and agent.last_step > step:
+                        facts.add("path_one_step_old")  # step N's result taken after N+1 was launched
                     if done is not None:  # the wait ends when the copy-done event is passed
                         result.copy_done = _TimedDone(done, host, step)
                 try:
@@ -318,6 +325,11 @@ class SglangAgent:
 
         def relay_stash(orig):
             def stash(self, future_indices, payload, *a, **kw):
+                try:  # entry 0 is the padding row's (CUDA-graph padded batches)
+                    if bool((future_indices == 0).any()):
+                        facts.add("path_relay_entry0")
+                except (TypeError, AttributeError, RuntimeError):
+                    pass
                 if not fault("sglang_relay_read_before_write"):
                     return orig(self, future_indices, payload, *a, **kw)
                 side = ops.side_stream()
@@ -352,10 +364,14 @@ class SglangAgent:
         def abort(orig):
             def abort_request(self, recv_req, *a, **kw):
                 rid = getattr(recv_req, "rid", None)
-                queued = getattr(self, "result_queue", None) or ()
-                in_flight = [b for b, _ in queued] + [getattr(self, "running_batch", None)]
-                if rid and any(str(getattr(r, "rid", "")).startswith(rid) for b in in_flight if b is not None
-                               for r in (getattr(b, "reqs", None) or ())):
+                queued = [b for b, _ in (getattr(self, "result_queue", None) or ())]
+
+                def holds(batches):
+                    return bool(rid) and any(str(getattr(r, "rid", "")).startswith(rid) for b in batches
+                                             if b is not None for r in (getattr(b, "reqs", None) or ()))
+                if holds(queued + [getattr(self, "running_batch", None)]):
+                    facts.add("path_abort_running")
+                if holds(queued):  # a launched step whose result is not processed yet: in flight
                     facts.add("path_abort_in_flight")
                 return orig(self, recv_req, *a, **kw)
             return abort_request
@@ -382,7 +398,36 @@ class SglangAgent:
                 return orig(self, pool_name, token_msg, *a, **kw)
             return _report_leak
 
-        for name, make in (("forward", forward), ("result_copy", result_copy), ("run_batch", run_batch),
+        def penalty_cumulate(orig):
+            def cumulate_penalty_output_tokens(self, *a, **kw):
+                # the token each request's penalties take in now is req.output_ids[-1]: one step old
+                # when the previous step's token is still in flight (its result not processed yet),
+                # i.e. when the request's tokens so far do not exceed what its KV already covers
+                try:
+                    seq = [int(x) for x in self.seq_lens_cpu.tolist()]
+                    for r, n in zip(self.reqs, seq):
+                        if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
+                            facts.add("penalty_stale_tokens")
+                            key = client_key(r)
+                            if key:
+                                with facts._lock:  # the flusher serialises facts.data on its thread
+                                    by = facts.data.setdefault("penalty_stale_by_req", {})
+                                    if key in by or len(by) < 4096:
+                                        by[key] = by.get(key, 0) + 1
+                except (AttributeError, TypeError, ValueError):
+                    pass
+                return orig(self, *a, **kw)
+            return cumulate_penalty_output_tokens
+
+        def delayed_sample(orig):
+            def launch_batch_sample_if_needed(self, batch_result, *a, **kw):
+                if batch_result is not None and getattr(batch_result, "delay_sample_func", None) is not None:
+                    facts.add("path_delayed_sample")  # sampled after the previous token reached the grammar
+                return orig(self, batch_result, *a, **kw)
+            return launch_batch_sample_if_needed
+
+        for name, make in (("forward", forward), ("delayed_sample", delayed_sample), ("penalty_cumulate", penalty_cumulate), ("result_copy", result_copy),
+                           ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
                            ("relay_stash", relay_stash), ("retract", retract),
                            ("finish_in_flight", finish_in_flight), ("abort", abort),

@@ -16,6 +16,7 @@ from harness.agents.sglang_points import WRITTEN_AGAINST
 RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
 SCHED = "srt/managers/scheduler.py"
+BATCH = "srt/managers/schedule_batch.py"
 
 
 class PatchError(RuntimeError):
@@ -44,6 +45,7 @@ class SglangPatch:
 
 EQUIV = "test_overlap_equivalence"
 STEPS = "test_steps"  # tests/test_sglang_pair.py: the steps oracle (harness.oracles.steps) over both arms
+PATHS = "test_paths"  # equivalence/test_paths.py's SGLang rows: a pool the path workload outgrows
 
 PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
     SglangPatch(
@@ -97,6 +99,27 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         "            return []\n",
         # the class: overlap schedulers that decode a finished request once more
         ("sgl-project/sglang#25361", "sgl-project/mini-sglang#111")),
+    SglangPatch(
+        "sglang_decode_reservation_short",
+        "a reservation one window short: overlap on, the capacity check before a decode step "
+        "(ScheduleBatch.new_tokens_required_next_decode, plain decoding) counts the window the step in "
+        "flight already allocated as the next step's, so it reserves one token a request too few: when "
+        "the pool runs short the step is scheduled anyway and its allocation fails (SGLang's 'Out of "
+        "memory', the scheduler dies) where stock SGLang retracts a request first",
+        PATHS, BATCH,
+        "            new_pages = sum(\n"
+        "                1 for r in requests if r.kv.kv_committed_len % page_size == 0\n"
+        "            )\n"
+        "            return new_pages * page_size + num_beam_member_rows(requests)\n",
+        "            new_pages = sum(\n"
+        "                1 for r in requests if r.kv.kv_committed_len % page_size == 0\n"
+        "            )\n"
+        "            if self.enable_overlap:\n"
+        "                new_pages = max(0, new_pages - len(requests))\n"
+        "            return new_pages * page_size + num_beam_member_rows(requests)\n",
+        # the class: the two-window reservation of speculative decoding's overlap (eagle_prepare_for_decode,
+        # get_alloc_reserve_per_decode's 2x) and the out-of-memory crashes of a short one
+        ("sgl-project/sglang#14972", "sgl-project/sglang#13741", "sgl-project/sglang#14645")),
 ]}
 
 

@@ -98,9 +98,20 @@ POINTS = [
           ("self", "batch"), ("result_queue", "next_output_finishes_by_length"),
           "the finish check one step late: requests whose queued (in-flight) result finishes them by "
           "length are left out of the next step"),
+    Point("penalty_cumulate", "sglang.srt.managers.schedule_batch", "ScheduleBatch.cumulate_penalty_output_tokens",
+          ("self",), ("output_ids", "origin_input_ids", "penalizer_orchestrator", "cumulate_output_tokens"),
+          "where the penalties take in each request's newest token before a decode step (req.output_ids[-1]): "
+          "the agent counts, per request, each time that token is one step old (the previous step's result "
+          "not processed yet: the overlap loop), the evidence of KNOWN sglang-penalty-one-step-old"),
+    Point("delayed_sample", "sglang.srt.managers.scheduler", "Scheduler.launch_batch_sample_if_needed",
+          ("self", "batch_result"), ("delay_sample_func", "_copy_result_to_cpu"),
+          "the overlap loop's delayed sampling (grammar): the step was launched before the previous token "
+          "reached the grammar, and is sampled here once it has; counted when there is a sample to launch"),
     Point("abort", "sglang.srt.managers.scheduler", "Scheduler.abort_request", ("self", "recv_req"),
           ("chunked_req", "waiting_queue", "to_finish"),
-          "an abort; one that names a request of the step in flight is the abort-with-a-step-in-flight path"),
+          "an abort; one that names a request of the running batch or of a launched step is an abort of a "
+          "running request (path_abort_running), one of a step whose result is still queued (result_queue) "
+          "is the abort-with-a-step-in-flight path"),
     Point("books_idle", "sglang.srt.managers.scheduler_components.invariant_checker",
           "SchedulerInvariantChecker._check_req_pool", ("self",), ("req_to_token_pool", "free_slots"),
           "SGLang's own books at idle: the req_to_token rows, checked each time the scheduler is fully "
@@ -138,6 +149,9 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
     ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
     ("sglang.srt.arg_groups.fields.model", "context_length"),
+    # the path setting's (harness.targets.sglang_paths.SERVER_ARGS)
+    ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
+    ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),
 ]
 
 

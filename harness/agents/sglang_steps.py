@@ -59,3 +59,10 @@ class StepBooks:
     def publish(self, force: bool = False) -> None:
         self.facts.set(requests=dict(self.reqs))
         self.facts.write(force)
+
+
+def client_key(r) -> str:
+    """An SGLang request as the client knows it (prompt ids, max_new_tokens), "" without a prompt."""
+    max_new = getattr(getattr(r, "sampling_params", None), "max_new_tokens", None)
+    ids = list(getattr(r, "origin_input_ids", ()) or ())
+    return request_key(ids, max_new) if ids else ""

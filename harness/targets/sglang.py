@@ -38,8 +38,18 @@ DEFAULT_DELAYS = {"forward": {"p": 0.5, "ms": 3.0}, "result_copy": {"p": 0.5, "m
 INSTALL_HINT = "run `overlap-harness setup sglang` (SGLang 0.5.23 in its own venv, on the CPU or a CUDA GPU)"
 # the CPU's memory is shared with the other server (and, here, other engineers' servers): a KV pool
 # of 4096 tokens, 64 requests at once and 2048 positions a request keep one scheduler near 1 GB
-# (SGLang's CPU defaults, 2048 requests of 8192 positions, took 1.5 GB, and the OOM killer)
+# (SGLang's CPU defaults, 2048 requests of 8192 positions, took 1.5 GB, and the OOM killer). The
+# default model's pair runs the path attack's setting instead (harness.targets.sglang_paths: a
+# smaller pool, so retraction; chunked prefill), so the gate's pair serves the path table too
 CPU_LIMITS = {"--max-total-tokens": "4096", "--max-running-requests": "64", "--context-length": "2048"}
+# why a sampled request's tokens cannot be compared across the arms (checked against 0.5.23's source:
+# SamplingBatchInfo builds the per-request seeds only when deterministic inference is on, else the
+# sampler draws from the process's generator; and --enable-deterministic-inference accepts only the
+# attention backends of DETERMINISTIC_ATTENTION_BACKEND_CHOICES, which has no torch_native, the
+# CPU's): the suites judge greedy requests and report sampled ones "not exercised" with this line
+UNSEEDED = ("SGLang {v} honours sampling_seed only under --enable-deterministic-inference{where}: each arm "
+            "samples a sampled request afresh, so its tokens cannot be compared across the arms")
+ARITH_ARGS = {"--max-total-tokens": "16384", "--max-running-requests": "64", "--context-length": "512"}
 
 
 def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
@@ -83,8 +93,11 @@ class SglangTarget(ServedTarget):
             if why and self.device == "cpu":
                 raise TargetUnavailable(why)
             python = None if why else str(venv_python(self.home))
-        if not model or model == "smollm2":
-            model = str(sglang_setup.model_dir(self.home))
+        # the default model's pair runs the path attack's setting (harness.targets.sglang_paths)
+        self.paths = not model or model == "smollm2"
+        self.arith = model == "arith"
+        if self.paths or self.arith:
+            model = str(sglang_setup.model_dir(self.home, "arith" if self.arith else None))
             if check_env and not Path(model, "config.json").is_file():
                 raise TargetUnavailable(f"no model directory in {model}: run `overlap-harness setup sglang`")
         super().__init__(**kw)
@@ -99,6 +112,23 @@ class SglangTarget(ServedTarget):
             why = sglang_unavailable_reason(self.python, self.device)
             if why:
                 raise TargetUnavailable(why)
+
+    @property
+    def unseeded_sampling(self) -> str:
+        """Why sampled requests cannot be compared across the arms here ("" where they can)."""
+        if self.deterministic:
+            return ""
+        from harness.agents.sglang_points import WRITTEN_AGAINST
+        where = (", which has no attention backend for the CPU (torch_native is not among "
+                 "DETERMINISTIC_ATTENTION_BACKEND_CHOICES)") if self.device == "cpu" else ", which this pair runs without"
+        return UNSEEDED.format(v=WRITTEN_AGAINST, where=where)
+
+    def provoke_plans(self) -> list[dict]:
+        """test_provoked_delays' plans in SGLang's own points (sglang_points.DELAY_POINTS): the forward
+        held back before it reads req_to_token, the result copy held back past the host's next launch."""
+        return [{"result_copy": {"p": 1.0, "ms": 150.0}},
+                {"forward": {"p": 0.5, "ms": 20.0}, "result_copy": {"p": 0.5, "ms": 60.0}},
+                {"forward": {"p": 1.0, "ms": 5.0}, "result_copy": {"p": 0.3, "ms": 300.0}}]
 
     # -- what ServedTarget asks of a subclass ------------------------------------------------
     def model_name(self) -> str:
@@ -179,16 +209,27 @@ class SglangTarget(ServedTarget):
             # the CPU backend without AMX: SGLang's plain PyTorch attention, float32 (as the vLLM
             # target), and a KV pool sized in tokens (a RAM fraction would take half the machine)
             cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
-            for flag, value in CPU_LIMITS.items():
+            for flag, value in self.limits().items():
                 if not any(a.startswith(flag) for a in self.extra_args):
                     cmd += [flag, value]
-        elif not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
-            cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
+        else:
+            if not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
+                cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
+            if self.paths:  # the path attack's pool and chunk, on a GPU as on the CPU
+                for flag, value in self.limits().items():
+                    if not any(a.startswith(flag) for a in self.extra_args):
+                        cmd += [flag, value]
         if self.deterministic:
             cmd.append("--enable-deterministic-inference")
         if not overlap:
             cmd.append("--disable-overlap-schedule")
         return cmd + self.extra_args
+
+    def limits(self) -> dict:
+        """The pool and batch flags: the path setting for the default model, room for 64 arith
+        questions at once for the GSM8K pair, CPU_LIMITS for a model of the user's."""
+        from harness.targets import sglang_paths
+        return sglang_paths.SERVER_ARGS if self.paths else ARITH_ARGS if self.arith else CPU_LIMITS
 
     def server_env(self, overlap: bool) -> dict:
         from harness.targets import sglang_setup
@@ -296,8 +337,10 @@ class SglangTarget(ServedTarget):
             sp["stop"] = list(r.stop)[:MAX_STOP_COUNT]
         if r.repetition_penalty != 1.0:
             sp["repetition_penalty"] = r.repetition_penalty
-        if getattr(r, "ignore_eos", False):
+        extra = dict(getattr(r, "extra", None) or {})  # SGLang's own sampling parameters (regex, penalties...)
+        if extra.pop("ignore_eos", False) or getattr(r, "ignore_eos", False):
             sp["ignore_eos"] = True
+        sp.update(extra)
         n = max(1, int(getattr(r, "n", 1) or 1))
         ids = list(r.prompt_ids)
         return {"input_ids": ids if n == 1 else [ids] * n, "sampling_params": sp if n == 1 else [sp] * n,

@@ -1,5 +1,5 @@
 """A private, patched copy of the installed SGLang package, for the overlap-on server of a pair
-(as harness.targets.vllm_copy does for vLLM, whose notes on hard links apply here too):
+(built by harness.targets.vllm_copy.build_copy, as vLLM's is; its notes on hard links apply here too):
 
     <cache>/sglang/patched/<patch>[+<patch>...]/sglang/...
 
@@ -9,16 +9,11 @@ written. A stamp of the patched files' hashes rebuilds a stale copy.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
 from pathlib import Path
 
 from harness.agents.sglang_patches import PATCHES, PatchError, apply
 from harness.targets import sglang_setup
-from harness.targets.vllm_copy import _link_tree
-
-STAMP = "patched.json"
+from harness.targets.vllm_copy import build_copy
 
 
 def installed_package(home: Path | None = None) -> Path:
@@ -60,29 +55,6 @@ def ensure_copy(names, home: Path | None = None) -> Path:
         raise ValueError("ensure_copy needs at least one patch")
     home = home or sglang_setup.sglang_home()
     pkg = installed_package(home)
-    sources = patched_sources(names, pkg)
-    root = home / "patched" / "+".join(names)
-    want = _fingerprint(names, pkg)
-    try:
-        if json.loads((root / STAMP).read_text()) == want and (root / "sglang" / "__init__.py").exists():
-            return root
-    except (OSError, ValueError):
-        pass
-    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        _link_tree(pkg, tmp / "sglang")
-        for rel, text in sources.items():
-            target = tmp / "sglang" / rel
-            os.unlink(target)  # drop the link first: writing through it would change the install
-            target.write_text(text)
-            cache = target.parent / "__pycache__"
-            for pyc in (cache.glob(f"{target.stem}.*.pyc") if cache.is_dir() else ()):
-                os.unlink(pyc)
-        (tmp / STAMP).write_text(json.dumps(want, indent=1))
-        shutil.rmtree(root, ignore_errors=True)
-        os.replace(tmp, root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
+    return build_copy(pkg, home / "patched" / "+".join(names), sources, _fingerprint(names, pkg),
+                      f"SGLang patch {'+'.join(names)}", PatchError)

@@ -62,8 +62,10 @@ def sglang_home(root: Path | None = None) -> Path:
     return (root or cache_root()) / "sglang"
 
 
-def model_dir(home: Path) -> Path:
-    return home / "models" / MODEL
+def model_dir(home: Path, name: str | None = None) -> Path:
+    """SmolLM2 (the default), or "arith": our fixture in Hugging Face form (harness.targets.hf_export),
+    which answers GSM8K-format questions, so the GSM8K gate can see SGLang's accuracy move."""
+    return home / "models" / ("arith" if name == "arith" else MODEL)
 
 
 def cpu_env(env: dict) -> dict:
@@ -136,6 +138,9 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         write_model_dir(md)
     else:
         print(f"[4/{n}] model directory ready: {md}", file=sys.stderr)
+    from harness.targets.hf_export import arith_dir_current, write_arith_dir
+    if force or not arith_dir_current(model_dir(home, "arith")):  # the GSM8K gate's pair (a few MB)
+        write_arith_dir(model_dir(home, "arith"))
     stamp["model_dir"] = str(md)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
     return stamp

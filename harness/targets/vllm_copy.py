@@ -83,10 +83,17 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
     home = home or setup_cmd.vllm_home()
     pkg = Path(pkg) if pkg else installed_package(home)
     sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
-    root = home / "patched" / "+".join(names)
-    want = _fingerprint(names, pkg)
+    return build_copy(pkg, home / "patched" / "+".join(names), sources, _fingerprint(names, pkg),
+                      f"vLLM patch {'+'.join(names)}", PatchError)
+
+
+def build_copy(pkg: Path, root: Path, sources: dict[str, str], want: dict, label: str, error=PatchError) -> Path:
+    """`root`/<package> as a linked copy of the installed package `pkg` with `sources` (file relative
+    to the package -> its patched text) written as real files; reused while its stamp equals `want`.
+    One builder for every engine's patched copy (vLLM here, SGLang: harness.targets.sglang_copy)."""
+    package = pkg.name
     try:
-        if json.loads((root / STAMP).read_text()) == want and (root / "vllm" / "__init__.py").exists():
+        if json.loads((root / STAMP).read_text()) == want and (root / package / "__init__.py").exists():
             return root
     except (OSError, ValueError):
         pass
@@ -94,16 +101,16 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _link_tree(pkg, tmp / "vllm")
+        _link_tree(pkg, tmp / package)
         for rel, text in sources.items():
-            target = tmp / "vllm" / rel
+            target = tmp / package / rel
             os.unlink(target)  # drop the link first: writing through it would change the install
             target.write_text(text)
             cache = target.parent / "__pycache__"
             for pyc in (cache.glob(f"{target.stem}.*.pyc") if cache.is_dir() else ()):
                 os.unlink(pyc)  # the installed module's bytecode: recompiled from the patched text
             if (pkg / rel).read_text() == text:
-                raise PatchError(f"vLLM patch {'+'.join(names)}: vllm/{rel} unchanged")
+                raise error(f"{label}: {package}/{rel} unchanged")
         (tmp / STAMP).write_text(json.dumps(want, indent=1))
         shutil.rmtree(root, ignore_errors=True)
         os.replace(tmp, root)

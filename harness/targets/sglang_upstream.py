@@ -1,0 +1,77 @@
+"""Divergences of unmodified SGLang (overlap on vs off) that the project found, as
+harness.targets.vllm_upstream keeps vLLM's: each with the row that shows it, the upstream report
+(or the search that found none), its reproducer in fixtures/sglang_upstream/, and the mechanism the
+agent counts per request, without which it claims no finding (a divergence that only looks like it
+is new). The gate reports a claimed finding as KNOWN UPSTREAM, never as a pass.
+"""
+from __future__ import annotations
+
+import re
+
+from harness.agents.vllm.steps import request_key
+from harness.targets.vllm_upstream import KnownUpstream
+
+PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (sglang_agent: point penalty_cumulate)
+
+KNOWN: list[KnownUpstream] = [
+    # read in 0.5.23's source: ScheduleBatch.prepare_for_decode calls cumulate_penalty_output_tokens,
+    # which takes req.output_ids[-1] (origin_input_ids[-1] before any output) as the newest token; the
+    # overlap loop prepares step N+1 before it processes step N's result, so that token is step N-1's
+    KnownUpstream(
+        "sglang-penalty-one-step-old", "penalties",
+        "SGLang's overlap loop: before each decode step the penalties (repetition, frequency, presence, "
+        "min_new_tokens) take in each request's newest token as req.output_ids[-1], but the previous "
+        "step's result is not processed yet, so they take the token of the step before it (at the first "
+        "decode step: the last prompt token); penalised greedy requests diverge, overlap on vs off",
+        "the mechanism is upstream for custom logit processors (sgl-project/sglang#8056, open: they read "
+        "req.output_ids one step old in the overlap loop; sgl-project/sglang#20026 works around it in "
+        "one processor); none found for the built-in penalties (searched sgl-project/sglang's issues and "
+        "pull requests; sgl-project/sglang#22049 feeds the spec-v2 path's penalties the same way)",
+        "fixtures/sglang_upstream/penalty_one_step_old.json",
+        match=lambda f: " diverges " in f, request_evidence=PENALTY_STALE),
+]
+
+
+def stale_by_request(facts: list[dict], before: list[dict] | None = None) -> dict[str, int]:
+    """request key -> how often its penalties took a token one step old (schedulers summed, a run's delta)."""
+    def total(fs):
+        out: dict[str, int] = {}
+        for f in fs or ():
+            for k, n in (f.get("penalty_stale_by_req") or {}).items():
+                out[k] = out.get(k, 0) + int(n)
+        return out
+    now, was = total(facts), total(before)
+    return {k: n - was.get(k, 0) for k, n in now.items() if n - was.get(k, 0) > 0}
+
+
+def evidence_for(reqs, stale: dict[str, int]):
+    """fn(finding) -> {mechanism: count} for the request the finding names (classify's `evidence`)."""
+    by_rid = {r.rid: stale.get(request_key(r.prompt_ids, r.max_new_tokens), 0) for r in reqs}
+
+    def evidence(finding: str) -> dict:
+        m = re.search(r"request (\S+) diverges", finding)
+        rid = m.group(1).split("#")[0] if m else ""
+        return {PENALTY_STALE: by_rid.get(rid, 0)}
+    return evidence
+
+
+def claim(reqs, on_run, found) -> tuple[list, list[str]]:
+    """`divergences`' result (overlap on vs off first) split into what is left and the lines of the
+    divergences a KNOWN entry claims: only the overlap-on comparison's, and only for a request whose
+    mechanism the agent counted in that run."""
+    s = on_run.summary or {}
+    ev = evidence_for(reqs, stale_by_request(s.get("facts") or [], s.get("facts_before") or []))
+    left, lines = [], []
+    for ref, under, divs in found:
+        keep = []
+        for d in divs:
+            line = f"request {d.rid} diverges at token {d.position} ({d.verdict})"
+            k = next((k for k in KNOWN if k.match(line) and ev(line).get(k.request_evidence, 0) > 0), None)
+            if k is not None and under == "overlap on":
+                lines.append(f"KNOWN UPSTREAM {k.id}: {line}; its penalties took a token one step old "
+                             f"{ev(line)[k.request_evidence]} time(s), overlap on")
+            else:
+                keep.append(d)
+        if keep:
+            left.append((ref, under, keep))
+    return left, lines
