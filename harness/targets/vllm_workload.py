@@ -89,7 +89,7 @@ def build(tok, seed: int = 0) -> list[Request]:
                          stop_token_ids=[period], logit_bias={str(period): 100.0}))
     common = tok.encode(" the")[-1], tok.encode(" and")[-1]
     reqs.append(_req("lb0", _ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
-                     logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True, prompt_logprobs=2))
+                     logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
     reqs.append(_req("st0", _ids(tok, "Write a list of short sentences about the slot table."), 40, ["stop"],
                      arrival=3, stop_token_ids=[period]))
     r = _req("st1", _ids(tok, "Name three things, separated by commas:"), 40, ["stop"], arrival=4)
@@ -117,7 +117,10 @@ def build(tok, seed: int = 0) -> list[Request]:
     # prompts whose greedy continuation repeats a token at once: a no-repeat processor (a team's
     # installed one acts on every request) changes them, so a placeholder read shows as tokens
     echo = (_ids(tok, "ha ha ha ha ha ha ha ha ha ha ha ha"), _ids(tok, "0 0 0 0 0 0 0 0 0 0 0 0 0 0"))
-    for r in (_req("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True),
+    # prompt logprobs in a batch of its own too (on lb0, in the main run, async on returned 1 entry of 5
+    # once in 5 runs on stock 0.32.0: not understood yet, see docs/vllm-paths.md "The request surface")
+    for r in (_req("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True,
+                   prompt_logprobs=2),
               _req("lpe2", colours, 16, ["logits_processor_entry_point"], arrival=1,
                    vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True),
               _req("lpc1", list(colours), 16, ["logits_processor_cli_value"], arrival=1,
