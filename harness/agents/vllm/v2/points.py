@@ -36,6 +36,9 @@ POINTS = [
     _p("v2_worker_execute", RUNNER, "GPUModelRunner.execute_model",
        "the worker's step (request states updated, inputs built, forward); delay point worker_execute; "
        "the forward's times, for the overlap verdict; the worker's books after it"),
+    _p("v2_sample_tokens", RUNNER, "GPUModelRunner.sample_tokens",
+       "the second half of the worker's step (logits, sample, the sampled-id copy started): the step's "
+       "time and the forward's recorded end run to its return"),
     _p("v2_output_copy", ASYNC, "AsyncOutput.__init__",
        "starts the device-to-host copy of the sampled ids on the copy stream and records copy_event; "
        "on CPU (no-op streams and events, a synchronous copy) the agent makes it a real asynchronous "
@@ -76,6 +79,20 @@ POINTS = [
        "interpreter, vLLM's PyTorch masking instead of the Triton kernel the interpreter cannot run"),
     _p("v2_topk_topp_states", f"{SAMPLE}.states", "apply_top_k_top_p",
        "(imported by name) the same masking where processed logprobs are asked for"),
+    # a declared CPU adaptation (harness.agents.vllm.v2.kernels): under Triton's interpreter on
+    # CPU tensors, our PyTorch for the sampling kernels that hold no state across steps (they were
+    # most of a V2 step here); the state the overlap races on stays vLLM's own kernels
+    _p("v2_gumbel_sample", f"{SAMPLE}.sampler", "gumbel_sample",
+       "(imported by name) the Gumbel-max sample: our PyTorch under the interpreter (noise hashed from "
+       "seed, position and token id as vLLM's kernel draws it)"),
+    _p("v2_temperature", f"{SAMPLE}.states", "apply_temperature",
+       "(imported by name) logits divided by each row's temperature: our PyTorch under the interpreter"),
+    _p("v2_token_logprobs", f"{SAMPLE}.logprob", "compute_token_logprobs",
+       "logprobs of chosen tokens (log-softmax, gathered): our PyTorch under the interpreter"),
+    _p("v2_prompt_token_logprobs", f"{SAMPLE}.prompt_logprob", "compute_token_logprobs",
+       "(imported by name) the same for prompt logprobs"),
+    _p("v2_ranks_kernel", f"{SAMPLE}.logprob", "_ranks_kernel",
+       "the sampled token's rank among the logits: our PyTorch under the interpreter"),
     # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
     _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
        "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
