@@ -146,3 +146,28 @@ def test_our_kernels_agree_with_vllms_in_the_interpreter(version):
         assert sum(x == y for x, y in zip(a, b)) >= 7, (at, a, b)
     assert out["temperature"] < 1e-5 and out["logprobs"] < 1e-4, out
     assert out["ranks"][0] == out["ranks"][1]
+
+
+def test_the_grammar_mask_bans_the_zero_bits_of_each_mapped_row(monkeypatch):
+    """Bit v of a bitmask row allows token v; the row maps to (request, position) by
+    mapping // MASK_STRIDE and mapping % MASK_STRIDE, and a position past the request's logits is
+    skipped (written from the kernel's description, checked with a plain loop)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    vocab, stride = 70, 2
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, vocab, generator=g)
+    cu = torch.tensor([0, 1, 3, 4], dtype=torch.int32)  # request 1 has two logits rows (a draft)
+    mapping = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)  # req 0 pos 0/1, req 1 pos 0/1, req 2 pos 0
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, 3), generator=g, dtype=torch.int64).to(torch.int32)
+    want = logits.clone()
+    for b, m in enumerate(mapping.tolist()):
+        req, pos = divmod(m, stride)
+        if pos >= int(cu[req + 1] - cu[req]):
+            continue  # request 0 has one row: its position 1 is not written
+        for v in range(vocab):
+            if not (int(bitmask[b, v // 32]) >> (v % 32)) & 1:
+                want[int(cu[req]) + pos, v] = float("-inf")
+    launch = kernels.grammar_kernel(None)[(5, 1)]
+    launch(logits, logits.stride(0), mapping, cu, bitmask, bitmask.stride(0), vocab, MASK_STRIDE=stride, BLOCK_SIZE=8192)
+    assert torch.equal(logits, want)
+    assert torch.isinf(want).any() and not torch.isinf(want).all()

@@ -20,12 +20,12 @@ runners) and calls install() here when the worker runs V2. What it does on V2, p
 """
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 import weakref
 
 from harness.agents.vllm.v2 import kernels, shared
+from harness.agents.vllm.points import patch_at
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
 
 _plan, _facts = shared.plan, shared.facts
@@ -35,27 +35,8 @@ class V2AgentError(RuntimeError):
     pass
 
 
-def resolve(point: str):
-    p = POINTS_BY_NAME[point]
-    try:
-        mod = importlib.import_module(p.module)
-    except ImportError as e:
-        raise V2AgentError(f"overlap-harness agent (V2 runner): {p.module} does not import ({e})") from None
-    owner = mod
-    parts = p.qualname.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part, None)
-        if owner is None:
-            break
-    if owner is None or not hasattr(owner, parts[-1]):
-        raise V2AgentError(f"overlap-harness agent (V2 runner): no {p.module}.{p.qualname} (point {point!r})")
-    return owner, parts[-1]
-
-
 def patch(point: str, make) -> None:
-    owner, attr = resolve(point)
-    orig = owner.__dict__.get(attr, getattr(owner, attr))
-    setattr(owner, attr, make(orig))
+    patch_at(POINTS_BY_NAME[point], make, lambda detail: V2AgentError(f"overlap-harness agent (V2 runner): {detail}"))
 
 
 # -- the runner and its step ------------------------------------------------------------------

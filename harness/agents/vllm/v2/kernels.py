@@ -174,3 +174,42 @@ def ranks_kernel(orig):
 PATCHES = {"v2_gumbel_sample": gumbel_sample, "v2_temperature": apply_temperature,
            "v2_token_logprobs": token_logprobs, "v2_prompt_token_logprobs": token_logprobs,
            "v2_ranks_kernel": ranks_kernel}
+
+
+class _GrammarLaunch:
+    """Stands where vLLM launches its grammar bitmask kernel. Triton's interpreter cannot run it
+    (its store's mask, built from the unpacked bits, has a dtype the interpreter refuses: "mask has
+    unsupported dtype"), which killed the engine on the first structured-output request, async on
+    and off. Under the interpreter on CPU tensors: for each bitmask row, the logits row it maps to
+    (request `mapping // MASK_STRIDE`, its position `mapping % MASK_STRIDE`, skipped past that
+    request's logits) gets -inf wherever the token's bit is 0."""
+
+    def __init__(self, orig):
+        self.orig = orig
+
+    def __getitem__(self, grid):
+        def launch(logits, logits_stride, logits_indices, cu_num_logits, bitmask, bitmask_stride, vocab_size,
+                   *a, MASK_STRIDE=1, **kw):
+            if a or not interpreted(logits):
+                return self.orig[grid](logits, logits_stride, logits_indices, cu_num_logits, bitmask,
+                                       bitmask_stride, vocab_size, *a, MASK_STRIDE=MASK_STRIDE, **kw)
+            _count("grammar_bitmask")
+            n = grid[0]
+            mapping = logits_indices[:n].to(torch.int64)
+            req, position = mapping // MASK_STRIDE, mapping % MASK_STRIDE
+            cu = cu_num_logits.to(torch.int64)
+            start = cu[req]
+            active = position < (cu[req + 1] - start)
+            tokens = torch.arange(vocab_size)
+            words = bitmask[:n].to(torch.int64)[:, tokens // 32]  # [n, vocab]
+            banned = ((words >> (tokens % 32)) & 1) == 0
+            for b in torch.nonzero(active).flatten().tolist():
+                logits[int(start[b] + position[b]), :vocab_size].masked_fill_(banned[b], float("-inf"))
+        return launch
+
+
+def grammar_kernel(orig):
+    return _GrammarLaunch(orig)
+
+
+PATCHES["v2_grammar_kernel"] = grammar_kernel

@@ -93,6 +93,10 @@ POINTS = [
        "(imported by name) the same for prompt logprobs"),
     _p("v2_ranks_kernel", f"{SAMPLE}.logprob", "_ranks_kernel",
        "the sampled token's rank among the logits: our PyTorch under the interpreter"),
+    _p("v2_grammar_kernel", "vllm.v1.worker.gpu.structured_outputs", "_apply_grammar_bitmask_kernel",
+       "the structured-output bitmask applied to the logits: Triton's interpreter cannot run this kernel "
+       "(its store's mask has a dtype the interpreter refuses: the engine died on the first grammar "
+       "request, async on and off); our PyTorch under the interpreter"),
     # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
     _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
        "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
@@ -127,28 +131,7 @@ def points_in(version: str | None) -> list[Point]:
 def check_source(site_packages, version: str | None = None) -> list[str]:
     """One line per V2 point (or attribute) the vLLM source under `site_packages` lacks, read with
     `ast` (no import of vLLM); with a `version`, only the points that release should have."""
-    import ast
-    from pathlib import Path
-
-    from harness.agents.sglang_contract import _find, _parse
-    from harness.agents.vllm.points import _imports
-    root, cache, problems = Path(site_packages), {}, []
-    for p in points_in(version):
-        tree = _parse(root, p.module, cache)
-        if tree is None:
-            problems.append(f"{p.module}: no such module (V2 point {p.name})")
-            continue
-        if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
-            problems.append(f"{p.module}.{p.qualname}: not found (V2 point {p.name}: {p.why[:60]})")
-            continue
-        cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
-        node = _find(tree, cls) if cls else None
-        if cls and node is None:
-            problems.append(f"{p.module}.{cls}: not found (V2 point {p.name})")
-        elif cls:
-            assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
-                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                        if isinstance(t, ast.Attribute)}
-            problems += [f"{p.module}.{cls}.{a}: never assigned (V2 point {p.name})" for a in attrs
-                         if a not in assigned]
-    return problems
+    from harness.agents.vllm import points as v1points
+    return v1points.check_source(site_packages, version, points=points_in(version),
+                                 attrs=lambda name: ATTRIBUTES.get(name, (None, ())), label="V2 point",
+                                 class_missing=True)
