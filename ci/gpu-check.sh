@@ -15,7 +15,12 @@
 #   7. `overlap-harness sanitize -- overlap-harness run --device cuda ...` (memcheck), when
 #      compute-sanitizer is found (PATH, $CUDA_HOME/bin, the nvidia-cuda-sanitizer-api wheel);
 #   8. the SGLang smoke (tests/test_sglang_target.py, a real overlap on/off server pair), when
-#      sglang is importable and OVERLAP_HARNESS_SGLANG_MODEL names a model.
+#      sglang is importable and OVERLAP_HARNESS_SGLANG_MODEL names a model;
+#   9. the vLLM gate on vLLM's V2 model runner: `check --target vllm --vllm-python PY` against the
+#      vLLM a GPU image already has (OVERLAP_HARNESS_VLLM_PYTHON, else this venv's python when it
+#      imports vllm). On a CUDA build V2 is vLLM's default runner: no Triton interpreter, no
+#      overlay, none of our CPU adaptations (docs/vllm-v2.md); the step fails unless the gate
+#      passes, its JSON names the V2 runner from the servers' logs, and no interpreter ran.
 # It ends with one line per step (PASS / FAIL / SKIP and why) and a verdict; exits non-zero if
 # any step fails. Everything is also logged to ${OUT:-/tmp/gpu-check}/gpu-check.log.
 # Steps 1-5 take 1-3 minutes on an H200 with a system CUDA torch (no downloads); 6 several more.
@@ -198,6 +203,31 @@ elif timeout 1500 "$VPY" -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml 
   pass "$OUTDIR/sglang.xml"
 else
   fail "SGLang smoke (exit $?)"
+fi
+
+# -- 9. the vLLM gate on the V2 model runner ----------------------------------------------------
+step "vLLM gate on the V2 runner (the image's vLLM)"
+VLLM_PY=${OVERLAP_HARNESS_VLLM_PYTHON:-}
+if [ -z "$VLLM_PY" ] && "$VPY" -c 'import vllm' >/dev/null 2>&1; then VLLM_PY=$VPY; fi
+if [ -z "$VLLM_PY" ]; then
+  skip "no vLLM here: set OVERLAP_HARNESS_VLLM_PYTHON to a python whose vllm is a CUDA build (pip install vllm)"
+elif "$VLLM_PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  # auto: the runner that build runs for its users (V2 wherever vLLM counts Triton usable)
+  if timeout 2400 "${OH[@]}" check --target vllm --vllm-python "$VLLM_PY" --json "$OUTDIR/vllm-v2.json" \
+       --junit "$OUTDIR/vllm-v2.xml" --out "$OUTDIR/vllm-v2-out"; then
+    if "$VPY" - "$OUTDIR/vllm-v2.json" <<'EOF'
+import json, sys
+v = json.load(open(sys.argv[1])).get("vllm") or {}
+print("gpu-check: ran:", v.get("ran"))
+ok = v.get("runner") == ["v2"] and "interpreter" not in (v.get("ran") or "") and v.get("source") == "user"
+sys.exit(0 if ok else 1)
+EOF
+    then pass "$OUTDIR/vllm-v2.json"; else fail "the gate passed but not on the image's vLLM with V2 (see $OUTDIR/vllm-v2.json)"; fi
+  else
+    fail "check --target vllm --vllm-python $VLLM_PY (exit $?; $OUTDIR/vllm-v2.json)"
+  fi
+else
+  skip "$VLLM_PY's torch sees no CUDA device: not a GPU build of vLLM"
 fi
 
 finish

@@ -168,6 +168,9 @@ def test_gpu_check_commands_exist_and_it_is_valid_bash():
     subs = {c[0] for c in cmds}
     assert {"run", "check", "sanitize"} <= subs, subs
     assert cli_problems(cmds) == []
+    # the V2 gate step attacks the image's own vLLM (no overlay, no interpreter: docs/vllm-v2.md)
+    v2 = [c for c in cmds if c[:1] == ["check"] and "--vllm-python" in c]
+    assert v2 and all(c[c.index("--target") + 1] == "vllm" and "--vllm-version" not in c for c in v2), v2
 
 
 def test_gpu_check_says_no_gpu_on_a_cpu_machine(tmp_path):

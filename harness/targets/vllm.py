@@ -216,7 +216,8 @@ class VllmTarget(ServedTarget):
                 sorted({e for _, e in self.ran.values() if e})) + ")"
         else:
             runner = f"{self.runner.upper()} runner (chosen: {self.runner_why}; no server log read yet)"
-        extra = " with Triton's interpreter (TRITON_INTERPRET=1, HAS_TRITON kept true)" if self.triton_shim else ""
+        extra = (" with Triton's interpreter (TRITON_INTERPRET=1, HAS_TRITON kept true; the sampling, top-k/top-p "
+                 "and grammar-mask kernels in our PyTorch: docs/vllm-v2.md)") if self.triton_shim else ""
         return f"{head}; {runner}{extra}; from {b.where()}"
 
     def payload(self, r, overlap: bool) -> dict:

@@ -12,43 +12,24 @@ written to the "error" facts and raised (vLLM then does not start).
 """
 from __future__ import annotations
 
-import importlib
-
 from harness.agents import plan as planmod
 from harness.agents import progress
 from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, state, steps, timing
-from harness.agents.vllm.points import POINTS_BY_NAME, WRITTEN_AGAINST, points_in
+from harness.agents.vllm.points import POINTS_BY_NAME, WRITTEN_AGAINST, patch_at, points_in
 from harness.agents.vllm.state import AgentError
 from harness.agents.vllm.workarounds import MODULES as WORKAROUND_MODULES
 
 _INSTALLED = False
 
 
-def _resolve(point: str):
-    p = POINTS_BY_NAME[point]
-    try:
-        mod = importlib.import_module(p.module)
-    except ImportError as e:
-        raise AgentError(f"overlap-harness agent: {p.module} does not import ({e}); the agent was written "
-                         f"against vLLM {WRITTEN_AGAINST}") from None
-    owner = mod
-    parts = p.qualname.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part, None)
-        if owner is None:
-            break
-    if owner is None or not hasattr(owner, parts[-1]):
-        import vllm
-        raise AgentError(f"overlap-harness agent: vLLM {getattr(vllm, '__version__', '?')} has no "
-                         f"{p.module}.{p.qualname} (patch point {point!r}, written against vLLM "
-                         f"{WRITTEN_AGAINST})")
-    return owner, parts[-1]
+def _error(detail: str) -> AgentError:
+    import vllm
+    return AgentError(f"overlap-harness agent: vLLM {getattr(vllm, '__version__', '?')}: {detail}; the agent was "
+                      f"written against vLLM {WRITTEN_AGAINST}")
 
 
 def patch(point: str, make):
-    owner, attr = _resolve(point)
-    orig = owner.__dict__.get(attr, getattr(owner, attr))
-    setattr(owner, attr, make(orig))
+    patch_at(POINTS_BY_NAME[point], make, _error)
 
 
 PATCHES = {

@@ -244,31 +244,62 @@ def points_in(version: str | None, runner: str | None = None) -> list[Point]:
     return [p for p in POINTS if p.exists_in(version) and (runner is None or p.runner in ("", runner))]
 
 
-def check_source(site_packages, version: str | None = None) -> list[str]:
+def check_source(site_packages, version: str | None = None, points=None, attrs=None,
+                 label: str = "point", class_missing: bool = False) -> list[str]:
     """One line per patch point (or attribute) the vLLM source under `site_packages` lacks,
     found with `ast`, without importing vLLM; with a `version`, the points that release should
-    have (a point from a later release is not looked for)."""
+    have (a point from a later release is not looked for). `points`, `attrs` (name -> (class,
+    attributes)) and `label` default to V1's; V2's check (harness.agents.vllm.v2.points) passes
+    its own, and counts a class it reads that is missing (class_missing)."""
     import ast
     from pathlib import Path
 
     from harness.agents.sglang_contract import _find, _parse
     root, cache, problems = Path(site_packages), {}, []
-    for p in points_in(version):
+    for p in (points_in(version) if points is None else points):
         tree = _parse(root, p.module, cache)
         if tree is None:
-            problems.append(f"{p.module}: no such module (point {p.name})")
+            problems.append(f"{p.module}: no such module ({label} {p.name})")
             continue
         if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
-            problems.append(f"{p.module}.{p.qualname}: not found (point {p.name}: {p.why[:60]})")
+            problems.append(f"{p.module}.{p.qualname}: not found ({label} {p.name}: {p.why[:60]})")
             continue
-        cls, attrs = attributes(p.name, version)
+        cls, want = attributes(p.name, version) if attrs is None else attrs(p.name)
         node = _find(tree, cls) if cls else None
-        if cls and node is not None:
+        if cls and node is None and class_missing:
+            problems.append(f"{p.module}.{cls}: not found ({label} {p.name})")
+        elif cls and node is not None:
             assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
                         for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
                         if isinstance(t, ast.Attribute)}
-            problems += [f"{p.module}.{cls}.{a}: never assigned (point {p.name})" for a in attrs if a not in assigned]
+            problems += [f"{p.module}.{cls}.{a}: never assigned ({label} {p.name})" for a in want if a not in assigned]
     return problems
+
+
+def resolve(p: Point, error):
+    """(owner, attribute) where point `p` lives in the running vLLM, imported; `error(detail)`
+    makes the exception raised where it does not (each runner's agent words its own)."""
+    import importlib
+    try:
+        mod = importlib.import_module(p.module)
+    except ImportError as e:
+        raise error(f"{p.module} does not import ({e})") from None
+    owner = mod
+    parts = p.qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            break
+    if owner is None or not hasattr(owner, parts[-1]):
+        raise error(f"no {p.module}.{p.qualname} (point {p.name!r})")
+    return owner, parts[-1]
+
+
+def patch_at(p: Point, make, error) -> None:
+    """Replace what lives at point `p` with make(original)."""
+    owner, attr = resolve(p, error)
+    orig = owner.__dict__.get(attr, getattr(owner, attr))
+    setattr(owner, attr, make(orig))
 
 
 def _imports(tree, name: str) -> bool:

@@ -20,12 +20,12 @@ runners) and calls install() here when the worker runs V2. What it does on V2, p
 """
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 import weakref
 
-from harness.agents.vllm.v2 import shared
+from harness.agents.vllm.v2 import kernels, shared
+from harness.agents.vllm.points import patch_at
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
 
 _plan, _facts = shared.plan, shared.facts
@@ -35,27 +35,8 @@ class V2AgentError(RuntimeError):
     pass
 
 
-def resolve(point: str):
-    p = POINTS_BY_NAME[point]
-    try:
-        mod = importlib.import_module(p.module)
-    except ImportError as e:
-        raise V2AgentError(f"overlap-harness agent (V2 runner): {p.module} does not import ({e})") from None
-    owner = mod
-    parts = p.qualname.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part, None)
-        if owner is None:
-            break
-    if owner is None or not hasattr(owner, parts[-1]):
-        raise V2AgentError(f"overlap-harness agent (V2 runner): no {p.module}.{p.qualname} (point {point!r})")
-    return owner, parts[-1]
-
-
 def patch(point: str, make) -> None:
-    owner, attr = resolve(point)
-    orig = owner.__dict__.get(attr, getattr(owner, attr))
-    setattr(owner, attr, make(orig))
+    patch_at(POINTS_BY_NAME[point], make, lambda detail: V2AgentError(f"overlap-harness agent (V2 runner): {detail}"))
 
 
 # -- the runner and its step ------------------------------------------------------------------
@@ -80,10 +61,15 @@ def _worker_execute(orig):
             f.set(forward_inline=threading.get_ident() == shared.engine_thread())
             f.write(True)
         t, t_ns = time.monotonic(), time.monotonic_ns()
+        out = None
         try:
-            return orig(self, scheduler_output, *a, **kw)
+            out = orig(self, scheduler_output, *a, **kw)
+            return out
         finally:
-            shared.measured(time.monotonic() - t)
+            if out is not None:  # no sample_tokens follows: the step ends here
+                shared.measured(time.monotonic() - t)
+            else:  # the step ends when sample_tokens returns (v2_sample_tokens)
+                self._oh_step_start = t
             shared.forwards().append((t_ns, time.monotonic_ns()))
             f.set(forwards=[list(x) for x in shared.forwards()])
             try:
@@ -93,6 +79,25 @@ def _worker_execute(orig):
                 f.set(books_error=f"worker (v2): {e}")
             f.write()
     return execute_model
+
+
+def _sample_tokens(orig):
+    """V2's step is execute_model (inputs, forward) then sample_tokens (logits, sampling, the
+    sampled-id copy): the step's time, for delays given in steps, and the forward's recorded end
+    run to the end of the sample."""
+    def sample_tokens(self, *a, **kw):
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            t = getattr(self, "_oh_step_start", None)
+            if t is not None:
+                self._oh_step_start = None
+                shared.measured(time.monotonic() - t)
+                fw = shared.forwards()
+                if fw:
+                    fw[-1] = (fw[-1][0], time.monotonic_ns())
+                    _facts("worker").set(forwards=[list(x) for x in fw])
+    return sample_tokens
 
 
 def worker_books(runner) -> dict:
@@ -254,8 +259,9 @@ COUNTERS = {"v2_penalties": _penalties, "v2_bad_words": _bad_words, "v2_logit_bi
             "v2_sampler": _sampler, "v2_grammar": _grammar, "v2_postprocess": _postprocess,
             "v2_combine": _combine, "v2_add_request": _add_request}
 PATCHES = {"v2_runner_init": _runner_init, "v2_worker_execute": _worker_execute,
+           "v2_sample_tokens": _sample_tokens,
            "v2_output_copy": _output_copy, "v2_before_wait": _before_wait,
-           "v2_topk_topp": _topk_topp, "v2_topk_topp_states": _topk_topp}
+           "v2_topk_topp": _topk_topp, "v2_topk_topp_states": _topk_topp, **kernels.PATCHES}
 
 
 def install(version: str | None) -> list[str]:

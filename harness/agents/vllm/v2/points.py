@@ -36,6 +36,9 @@ POINTS = [
     _p("v2_worker_execute", RUNNER, "GPUModelRunner.execute_model",
        "the worker's step (request states updated, inputs built, forward); delay point worker_execute; "
        "the forward's times, for the overlap verdict; the worker's books after it"),
+    _p("v2_sample_tokens", RUNNER, "GPUModelRunner.sample_tokens",
+       "the second half of the worker's step (logits, sample, the sampled-id copy started): the step's "
+       "time and the forward's recorded end run to its return"),
     _p("v2_output_copy", ASYNC, "AsyncOutput.__init__",
        "starts the device-to-host copy of the sampled ids on the copy stream and records copy_event; "
        "on CPU (no-op streams and events, a synchronous copy) the agent makes it a real asynchronous "
@@ -76,6 +79,24 @@ POINTS = [
        "interpreter, vLLM's PyTorch masking instead of the Triton kernel the interpreter cannot run"),
     _p("v2_topk_topp_states", f"{SAMPLE}.states", "apply_top_k_top_p",
        "(imported by name) the same masking where processed logprobs are asked for"),
+    # a declared CPU adaptation (harness.agents.vllm.v2.kernels): under Triton's interpreter on
+    # CPU tensors, our PyTorch for the sampling kernels that hold no state across steps (they were
+    # most of a V2 step here); the state the overlap races on stays vLLM's own kernels
+    _p("v2_gumbel_sample", f"{SAMPLE}.sampler", "gumbel_sample",
+       "(imported by name) the Gumbel-max sample: our PyTorch under the interpreter (noise hashed from "
+       "seed, position and token id as vLLM's kernel draws it)"),
+    _p("v2_temperature", f"{SAMPLE}.states", "apply_temperature",
+       "(imported by name) logits divided by each row's temperature: our PyTorch under the interpreter"),
+    _p("v2_token_logprobs", f"{SAMPLE}.logprob", "compute_token_logprobs",
+       "logprobs of chosen tokens (log-softmax, gathered): our PyTorch under the interpreter"),
+    _p("v2_prompt_token_logprobs", f"{SAMPLE}.prompt_logprob", "compute_token_logprobs",
+       "(imported by name) the same for prompt logprobs"),
+    _p("v2_ranks_kernel", f"{SAMPLE}.logprob", "_ranks_kernel",
+       "the sampled token's rank among the logits: our PyTorch under the interpreter"),
+    _p("v2_grammar_kernel", "vllm.v1.worker.gpu.structured_outputs", "_apply_grammar_bitmask_kernel",
+       "the structured-output bitmask applied to the logits: Triton's interpreter cannot run this kernel "
+       "(its store's mask has a dtype the interpreter refuses: the engine died on the first grammar "
+       "request, async on and off); our PyTorch under the interpreter"),
     # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
     _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
        "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
@@ -110,28 +131,7 @@ def points_in(version: str | None) -> list[Point]:
 def check_source(site_packages, version: str | None = None) -> list[str]:
     """One line per V2 point (or attribute) the vLLM source under `site_packages` lacks, read with
     `ast` (no import of vLLM); with a `version`, only the points that release should have."""
-    import ast
-    from pathlib import Path
-
-    from harness.agents.sglang_contract import _find, _parse
-    from harness.agents.vllm.points import _imports
-    root, cache, problems = Path(site_packages), {}, []
-    for p in points_in(version):
-        tree = _parse(root, p.module, cache)
-        if tree is None:
-            problems.append(f"{p.module}: no such module (V2 point {p.name})")
-            continue
-        if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
-            problems.append(f"{p.module}.{p.qualname}: not found (V2 point {p.name}: {p.why[:60]})")
-            continue
-        cls, attrs = ATTRIBUTES.get(p.name, (None, ()))
-        node = _find(tree, cls) if cls else None
-        if cls and node is None:
-            problems.append(f"{p.module}.{cls}: not found (V2 point {p.name})")
-        elif cls:
-            assigned = {t.attr for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
-                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                        if isinstance(t, ast.Attribute)}
-            problems += [f"{p.module}.{cls}.{a}: never assigned (V2 point {p.name})" for a in attrs
-                         if a not in assigned]
-    return problems
+    from harness.agents.vllm import points as v1points
+    return v1points.check_source(site_packages, version, points=points_in(version),
+                                 attrs=lambda name: ATTRIBUTES.get(name, (None, ())), label="V2 point",
+                                 class_missing=True)
