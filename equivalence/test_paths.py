@@ -59,7 +59,7 @@ def path_run(target, tok, oh_options):
     print(surface.summary(reqs, runs[False], runs[True]))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=release_in_force(target),
-                      steps=stepbooks, effects=eff,
+                      runner=getattr(target, "runner", None), steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], getattr(tok, "decode", None)))
 
 
@@ -88,7 +88,7 @@ def bare_run(target, tok, oh_options):
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
-                      release=release_in_force(t))
+                      release=release_in_force(t), runner=getattr(t, "runner", None))
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
@@ -167,7 +167,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     if lost:
         found.insert(0, lost)
     new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
-                                  version if version is not None else pr.release, evidence=evidence)
+                                  version if version is not None else pr.release, evidence=evidence,
+                                  runner=pr.runner)
     _report(row.name, new, seen, gone, record_property)
 
 
@@ -198,7 +199,8 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
     if v.length_capped == 0:
         pytest.fail(f"not exercised: steps: no request capped by max_tokens was compared ({line})", pytrace=False)
     # a known entry claims a step finding only with its mechanism counted for that request (issue 36)
-    new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release, evidence=v.evidence.get)
+    new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release, evidence=v.evidence.get,
+                                             runner=pr.runner)
     _report("steps", new, seen, gone, record_property)
     return line
 

@@ -209,6 +209,24 @@ def test_known_upstream_claims_only_its_own_findings():
     assert v.new == [bare]
 
 
+def test_known_upstream_is_per_runner():
+    """V1-runner entries (a generator rewound on the host, placeholders repaired in InputBatch) have
+    no code on V2: there the same-looking finding is new, and the gate does not call the entry
+    gone (the 0.33.0/0.34.0 V2 gates printed "cpu-seeded-partial-prefill: no longer reproduces")."""
+    from harness.targets import vllm_upstream
+    seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
+                     "preempted async on)", ("divergence",))
+    for runner, claimed in (("v1", True), (None, True), ("v2", False)):
+        v = Verdict(new=[seeded], evidence={seeded.summary: {"stale_dropped:reset": 1}})
+        _classify(v, "0.33.0", runner)
+        assert (v.new == []) is claimed, (runner, v.new)
+    row = "seeded_partial_prefill"
+    assert vllm_upstream.classify(row, [], version="0.33.0", runner="v1")[2] == ["cpu-seeded-partial-prefill"]
+    assert vllm_upstream.classify(row, [], version="0.33.0", runner="v2")[2] == []
+    crash = "RuntimeError: CPU Generator does not use offset"
+    assert vllm_upstream.classify(row, [crash], version="0.33.0", runner="v2")[0] == [crash]
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--target", "vllm", "--url", "http://x"], "--url / --url-off apply to --target openai only"),
     (["--target", "openai", "--url", "http://x"], "needs --url (overlap on) and --url-off"),

@@ -157,7 +157,7 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         for a in arms.values():
             if "counts" in a:
                 v.counts_on = a["counts"]
-    _classify(v, version)
+    _classify(v, version, getattr(target, "runner", None))
     v.seconds = time.monotonic() - t0
     return v
 
@@ -253,7 +253,7 @@ def _sampled_preempted(case, on: dict) -> set:
             and (books.get(request_key(r.prompt_ids, r.max_new_tokens)) or [0] * 5)[4] > 0}
 
 
-def _classify(v: Verdict, version: str | None) -> None:
+def _classify(v: Verdict, version: str | None, runner: str | None = None) -> None:
     """Move the findings a known-upstream entry claims (live in `version`) to v.known; note the
     entries the agent worked around. The bare pair's entries (vllm#52461) cannot show on the main
     pair (a CLI processor turns vLLM's repair on), so they never claim a finding here."""
@@ -263,13 +263,13 @@ def _classify(v: Verdict, version: str | None) -> None:
     rows = sorted({k.row for k in vllm_upstream.KNOWN_UPSTREAM
                    if k.row not in vp.PATHS_BY_NAME or vp.PATHS_BY_NAME[k.row].pair == "main"})
     for row in rows:
-        _, seen, _ = vllm_upstream.classify(row, [], counts=both, version=version)
+        _, seen, _ = vllm_upstream.classify(row, [], counts=both, version=version, runner=runner)
         v.known += seen
     new = []
     for f in v.new:
         hit, said = None, f.summary
         for row in rows:
-            found, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version,
+            found, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version, runner=runner,
                                          evidence=lambda s: v.evidence.get(s, {}))
             hit = next((kid for kid, what in seen if what == f.summary), None)
             if hit:

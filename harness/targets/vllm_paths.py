@@ -220,6 +220,7 @@ class PathRun:
     installed: list = field(default_factory=list)  # "name = module:attr" of every vllm.logits_processors entry point
     books: dict = field(default_factory=dict)  # overlap -> the engine's books at idle (VllmTarget.idle_books)
     release: str | None = None  # the vLLM release the servers ran (known upstream is per release)
+    runner: str | None = None  # the model runner they ran ("v1" / "v2"; known upstream is per runner too)
     steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
     effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
     surface: dict = field(default_factory=dict)  # rid -> what is wrong with its other response fields (harness.oracles.surface)

@@ -43,6 +43,10 @@ class KnownUpstream:
     # a regex on the engine's exception line when the bug kills the async-on engine: such a CRASH
     # says "CRASH (KNOWN UPSTREAM <id>)" in the release range (known_crash); it stays a CRASH
     crash_on: str = ""
+    # the model runner whose code holds the bug ("v1": V1's GPUModelRunner / InputBatch; "": code
+    # both runners share, the scheduler's): on the other runner the entry neither claims a finding
+    # nor is said to be gone (V2 has no generator to rewind and no placeholder to repair)
+    runner: str = ""
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -77,7 +81,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
                   match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
-                  engine_exception=True,
+                  engine_exception=True, runner="v1",
                   introduced="", fixed=""),
     # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose
     # last token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
@@ -180,7 +184,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
     "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
     match=lambda f: "a sampled request preempted async on" in f, request_evidence="stale_dropped:reset",
-    introduced="0.10.0"))
+    introduced="0.10.0", runner="v1"))
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
 # point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
@@ -196,7 +200,7 @@ _52461 = dict(
          "reads -1 placeholders instead of the newest output ids: vLLM repairs them only when a processor "
          "was given with --logits-processors (logitsprocs_need_output_token_ids = bool(CLI processors))",
     upstream="vllm-project/vllm#52461 (open; proposed fixes #38199, #52698)",
-    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1")
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1", runner="v1")
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#52461", "logits_processor_entry_point_bare", **_52461, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#52461", "logits_processor_batch_entry_point_bare", **_52461,
@@ -214,6 +218,7 @@ _26467 = dict(
          "processors read it: nothing repairs it before 0.11.1",
     upstream="vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
     reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1",
+    runner="v1",
     # a repetition penalty indexes the logits with the placeholder (the 0.11.0 sweep's penalty case)
     crash_on=r"index -1 is out of bounds for dimension 1 with size \d+")
 KNOWN_UPSTREAM += [
@@ -263,8 +268,8 @@ def _claims(k: KnownUpstream, f: str, counts, evidence) -> bool:
     return not (k.request_evidence and (evidence(f) if evidence else {}).get(k.request_evidence, 0) <= 0)
 
 
-def classify(row: str, findings: list[str], known=None, counts=None,
-             version: str | None = None, evidence=None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def classify(row: str, findings: list[str], known=None, counts=None, version: str | None = None,
+             evidence=None, runner: str | None = None) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Split a row's findings into (new ones, [(known id, finding)], known ids of this row that did
     not reproduce), for the release in force (`version`; None: not known, every entry counts).
     Only an entry live in that release (KnownUpstream.live_in) is KNOWN UPSTREAM: outside its range
@@ -272,8 +277,10 @@ def classify(row: str, findings: list[str], known=None, counts=None,
     known entry never hides a finding it does not match; one the agent works around reproduced
     when its counter (in `counts`) is above 0. An entry with `request_evidence` claims a finding
     only when `evidence(finding)` (the mechanisms the agent counted for the finding's request,
-    async on) holds it: a finding that only looks like the entry's says so and is new."""
-    entries = [k for k in (KNOWN_UPSTREAM if known is None else known) if k.row == row]
+    async on) holds it: a finding that only looks like the entry's says so and is new. `runner`
+    (the model runner that ran; None: not known) leaves out the entries of the other runner's code."""
+    entries = [k for k in (KNOWN_UPSTREAM if known is None else known)
+               if k.row == row and not (runner and k.runner and k.runner != runner)]  # None: any runner
     live = [k for k in entries if k.live_in(version)]
     new, seen = [], []
     for k in live:

@@ -72,6 +72,10 @@ def build(tok, seed: int = 0) -> list[Request]:
         reqs.append(_req(f"p{i}", long_prefix + _ids(tok, words(3)), 80 + 4 * i,
                          ["preemption", "preemption_in_flight", "prefix_cache_hit", "chunked_prefill",
                           "pause_resume", "prefix_cache_reset"], arrival=4, ignore_eos=True))
+    # the newest (the first victim) with a frequency penalty: a resumed request's output counts must
+    # survive its preemption (V2 rebuilds them on resume: v2_penalty_counts_lost_on_resume)
+    reqs[-1].extra["frequency_penalty"] = 0.5
+    reqs[-1].paths.add("penalties")
     reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=3,
                      repetition_penalty=1.3, frequency_penalty=0.6, ignore_eos=True))
     # presence alone: beside repetition and frequency on pen0 it changed no token (issue 36, item 3)
