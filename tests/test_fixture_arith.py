@@ -85,3 +85,12 @@ def test_accuracy_through_engine():
     s = E.score(probs, outs)
     assert s["strict"] >= 0.85, (s, [o for o in outs[:4]])
     assert elapsed < 60
+
+
+def test_the_served_model_directory_is_stamped_with_the_shipped_checksum():
+    """`setup vllm` / `setup sglang` stamp the arith model directory they write with the fixture's
+    checksum (to rebuild it when the fixture changes): the stamp is the line SHA256SUMS ships.
+    (A refactor once left this call pointing at a helper that was gone: the cold setup died.)"""
+    from harness.targets.hf_export import fixture_sha256
+    sums = dict(reversed(line.split()) for line in (HERE / "SHA256SUMS").read_text().splitlines())
+    assert fixture_sha256() == sums["model.safetensors"]

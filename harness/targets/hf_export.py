@@ -51,8 +51,9 @@ STAMP = "harness.json"
 
 def fixture_sha256() -> str:
     from harness.engine.build import arith_loader
+    from harness.cache import file_sha256
     loader = arith_loader()
-    return loader._sha256(Path(loader.HERE) / loader.WEIGHTS)
+    return file_sha256(Path(loader.HERE) / loader.WEIGHTS)
 
 
 def arith_dir_current(d: Path) -> bool:
