@@ -13,6 +13,9 @@ import random
 
 from harness.engine.request import Request
 from harness.targets.vllm_paths import PathRow, counts, delta, row_count  # noqa: F401 (the shared helpers)
+# the same prompt text and request builder as vLLM's path workload: the two engines are judged on
+# requests made alike (only the rows and the controls differ)
+from harness.targets.vllm_workload import PREFIX, WORDS, _ids, _req
 
 POOL_TOKENS = 1024  # --max-total-tokens: ten long requests need ~1400 at their peak (see build)
 CHUNK = 64  # --chunked-prefill-size: the 93-token shared prefix is prefilled in two chunks
@@ -61,24 +64,6 @@ PATHS = [
             ("path_delayed_sample",), arm="on"),
 ]
 PATHS_BY_NAME = {p.name: p for p in PATHS}
-
-PREFIX = ("You are a careful assistant that answers questions about schedulers. The slot table maps each "
-          "request to its pages, the relay carries the sampled ids to the next step, and a fence keeps a "
-          "freed row from being written while a step still reads it. When memory runs short the scheduler "
-          "retracts the newest request, returns its pages to the pool and later recomputes its prompt, so "
-          "every answer must come out the same as it would without the overlap. ")
-WORDS = "slot table relay fence window step stream token prefix cache batch entry row page copy event".split()
-
-
-def _ids(tok, text):
-    return ([tok.bos_id] if getattr(tok, "add_bos", False) else []) + tok.encode(text)
-
-
-def _req(rid, prompt, n_out, paths, arrival=0, **extra):
-    r = Request(rid=rid, prompt_ids=prompt, max_new_tokens=n_out, arrival=arrival)
-    r.paths = set(paths)
-    r.extra = extra  # sampling parameters beyond what Request says (SglangTarget.payload)
-    return r
 
 
 def build(tok, seed: int = 0) -> list[Request]:
