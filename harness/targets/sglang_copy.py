@@ -8,43 +8,15 @@ written. A stamp of the patched files' hashes rebuilds a stale copy.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from harness.agents.sglang_patches import PATCHES, PatchError, apply
 from harness.targets import sglang_setup
-from harness.targets.vllm_copy import build_copy
+from harness.targets.vllm_copy import build_copy, fingerprint, package_in, patched_sources
 
 
 def installed_package(home: Path | None = None) -> Path:
-    home = home or sglang_setup.sglang_home()
-    found = sorted((home / "venv" / "lib").glob("python*/site-packages/sglang/__init__.py"))
-    if not found:
-        raise PatchError(f"no sglang package in {home / 'venv'}: run `overlap-harness setup sglang`")
-    return found[-1].parent
-
-
-def patched_sources(names, pkg: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in sorted(names):
-        p = PATCHES[name]
-        if p.file not in out:
-            try:
-                out[p.file] = (pkg / p.file).read_text()
-            except OSError as e:
-                raise PatchError(f"SGLang patch {name}: cannot read sglang/{p.file}: {e.strerror}") from None
-        out[p.file] = apply(p, out[p.file])
-    return out
-
-
-def _fingerprint(names, pkg: Path) -> dict:
-    h = hashlib.sha256()
-    for n in sorted(names):
-        p = PATCHES[n]
-        h.update(f"{p.name}\0{p.file}\0{p.edits}\0".encode())
-    for f in sorted({PATCHES[n].file for n in names}):
-        h.update((pkg / f).read_bytes())
-    return {"patches": sorted(names), "package": str(pkg), "hash": h.hexdigest()}
+    return package_in(home or sglang_setup.sglang_home(), "sglang", "overlap-harness setup sglang", PatchError)
 
 
 def ensure_copy(names, home: Path | None = None) -> Path:
@@ -55,6 +27,7 @@ def ensure_copy(names, home: Path | None = None) -> Path:
         raise ValueError("ensure_copy needs at least one patch")
     home = home or sglang_setup.sglang_home()
     pkg = installed_package(home)
-    sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
-    return build_copy(pkg, home / "patched" / "+".join(names), sources, _fingerprint(names, pkg),
+    # first: a patch that does not apply builds nothing
+    sources = patched_sources(names, pkg, PATCHES, apply, "SGLang", PatchError)
+    return build_copy(pkg, home / "patched" / "+".join(names), sources, fingerprint(names, pkg, PATCHES),
                       f"SGLang patch {'+'.join(names)}", PatchError)

@@ -29,34 +29,42 @@ STAMP = "patched.json"
 
 def installed_package(home: Path | None = None) -> Path:
     """The vllm package directory inside the setup venv."""
-    home = home or setup_cmd.vllm_home()
-    found = sorted((home / "venv" / "lib").glob("python*/site-packages/vllm/__init__.py"))
+    return package_in(home or setup_cmd.vllm_home(), "vllm", "overlap-harness setup vllm", PatchError)
+
+
+def package_in(home: Path, name: str, setup: str, error=PatchError) -> Path:
+    """The package `name` inside `home`'s venv (vLLM's, SGLang's), or `error` naming the setup."""
+    found = sorted((home / "venv" / "lib").glob(f"python*/site-packages/{name}/__init__.py"))
     if not found:
-        raise PatchError(f"no vllm package in {home / 'venv'}: run `overlap-harness setup vllm`")
+        raise error(f"no {name} package in {home / 'venv'}: run `{setup}`")
     return found[-1].parent
 
 
-def patched_sources(names, pkg: Path) -> dict[str, str]:
-    """file (relative to the package) -> its text with every named patch applied."""
+def patched_sources(names, pkg: Path, patches=None, apply_patch=None, label: str = "vLLM",
+                    error=PatchError) -> dict[str, str]:
+    """file (relative to the package) -> its text with every named patch applied (vLLM's patches
+    unless an engine gives its own catalogue and apply)."""
+    patches, apply_patch = patches or PATCHES, apply_patch or apply
     out: dict[str, str] = {}
     for name in sorted(names):
-        p = PATCHES[name]
+        p = patches[name]
         if p.file not in out:
             try:
                 out[p.file] = (pkg / p.file).read_text()
             except OSError as e:
-                raise PatchError(f"vLLM patch {name}: cannot read vllm/{p.file}: {e.strerror}") from None
-        out[p.file] = apply(p, out[p.file])
+                raise error(f"{label} patch {name}: cannot read {pkg.name}/{p.file}: {e.strerror}") from None
+        out[p.file] = apply_patch(p, out[p.file])
     return out
 
 
-def _fingerprint(names, pkg: Path) -> dict:
-    files = sorted({PATCHES[n].file for n in names})
+def fingerprint(names, pkg: Path, patches=None) -> dict:
+    """What a patched copy is built from: the patches' texts and the installed files they change."""
+    patches = patches or PATCHES
     h = hashlib.sha256()
     for n in sorted(names):
-        p = PATCHES[n]
+        p = patches[n]
         h.update(f"{p.name}\0{p.file}\0{p.edits}\0".encode())
-    for f in files:
+    for f in sorted({patches[n].file for n in names}):
         h.update((pkg / f).read_bytes())
     init = pkg / "__init__.py"
     return {"patches": sorted(names), "package": str(pkg), "hash": h.hexdigest(),
@@ -83,7 +91,7 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
     home = home or setup_cmd.vllm_home()
     pkg = Path(pkg) if pkg else installed_package(home)
     sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
-    return build_copy(pkg, home / "patched" / "+".join(names), sources, _fingerprint(names, pkg),
+    return build_copy(pkg, home / "patched" / "+".join(names), sources, fingerprint(names, pkg),
                       f"vLLM patch {'+'.join(names)}", PatchError)
 
 
