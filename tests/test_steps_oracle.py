@@ -195,15 +195,20 @@ def test_a_step_after_the_abort_is_a_finding_in_either_arm():
     assert "(async off)" in steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, "FINISHED_ABORTED", 0, 0)})).findings[0]
 
 
-def test_a_request_left_waiting_with_room_where_the_off_arm_admitted_it_is_a_finding(monkeypatch):
-    monkeypatch.setattr(steps, "ADMISSION_IS_A_FINDING", True)  # off by default (harness/oracles/steps.py)
+def test_a_request_left_waiting_with_room_where_the_off_arm_admitted_it_is_a_finding():
     off = _arm7(**{K0: (2, 2, 0, 0, L, 0, 0)})
     assert steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 0)})).findings == []
+    # one schedule more async on is the queued step a newcomer cannot join (ADMISSION_SLACK)
+    assert steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 1)})).findings == []
     got = steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 5)})).findings
     assert got == ["request t0: left waiting 5 step(s) with a slot, token budget and KV blocks free async on, 0 off "
-                   "(the async-off arm admitted it sooner)"], got
+                   "(the async-off arm admitted it sooner; one step more is allowed, the queued step it cannot "
+                   "join)"], got
+    assert steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 0, L, 0, 2)})).findings  # two is one too many
     # waiting as long as the off arm did (room counted the same in both) is no finding
     assert steps.compare(REQS, _arm7(**{K0: (2, 2, 0, 0, L, 0, 2)}), _arm7(**{K0: (2, 2, 0, 0, L, 0, 2)})).findings == []
+    # nor is a request the oracle leaves out (preempted, aborted): its admission is not comparable
+    assert steps.compare(REQS, off, _arm7(**{K0: (2, 2, 0, 1, L, 0, 9)})).findings == []
 
 
 def test_the_agent_counts_steps_after_an_abort_and_admission_waits_with_room():
