@@ -59,3 +59,26 @@ def test_each_fields_fault_is_caught():
         surface.findings(reqs[1:], _run(none), _run(none), _decode)["b"])
     capped = [("a", [1, 2], "length", _fields([1, 2]))]
     assert "finish_reason length with 2 of 4 ids" in " ".join(surface.findings(reqs[:1], _run(capped), _run(capped))["a"])
+
+
+def test_stress_judges_the_surface_too():
+    """Stress (harness.search.served_judge) runs the same oracle on every drawn case: a field gone
+    wrong is a finding whose signature is the field (the figures may change on replay), and the
+    correct responses stay quiet."""
+    from harness.search.served_case import ServedCase
+    from harness.search.served_judge import _findings
+    from harness.targets.base import Run
+    reqs = [_req("a", 4), _req("b", 4, stop_token_ids=[3], prompt_logprobs=2)]
+
+    def arm(rows):
+        run = Run(outputs=[(rid, ids, fin) for rid, ids, fin, _ in rows])
+        run.surface = {rid: f for rid, _, _, f in rows}
+        return {"run": run}
+    good = [("a", [1, 2, 3, 4], "length", _fields([1, 2, 3, 4])),
+            ("b", [1, 3], "stop", _fields([1, 3], stop_reason=3, text=_decode([1]), plp=PLP))]
+    case = ServedCase(reqs, {}, [], 1)
+    assert _findings(case, arm(good), arm(good), agent=False, decode=_decode) == []
+    bad = [good[0], ("b", [1, 3], "stop", _fields([1, 3], stop_reason=None, text=_decode([1]), plp=PLP[:2]))]
+    got = _findings(case, arm(good), arm(bad), agent=False, decode=_decode)
+    assert {f.signature for f in got} == {("surface", "stop_reason"), ("surface", "prompt_logprobs")}, got
+    assert all(f.kind == "surface" and f.summary.startswith("request b: ") for f in got), got

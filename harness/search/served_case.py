@@ -11,7 +11,8 @@ or unseeded temperature sampling, repetition / presence / frequency penalties, t
 bad_words, min_tokens with a stop token id (and that token boosted, so the stream ends right at
 the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded samples, top-5 logprobs
 (always: the tie/race classifier needs them), a regex (structured output), each of our logits
-processors (CLI and entry point, per request and batch level: vllm_xargs), prompts short, over the
+processors (CLI and entry point, per request and batch level: vllm_xargs), prompt logprobs, top_k
+and min_p on a sampled request, prompts short, over the
 step budget (chunked prefill) or on the 93-token shared prefix (prefix hits), max_tokens 1-3 or
 up to 24, arrival times, and a client that disconnects after k tokens. A submission adds the
 agent's delay points (harness.agents.vllm.points.DELAY_POINTS) on the async-on server, and a
@@ -36,9 +37,9 @@ PAUSE_FOR_S = 0.3
 # what each request body may carry beyond the plain greedy request (the keys of `Request.extra`)
 XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_no_repeat_cli",
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
-OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp")
+OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
-             "stop_token_ids")
+             "stop_token_ids", "prompt_logprobs", "top_k", "min_p")
 
 
 @dataclass
@@ -89,9 +90,11 @@ def features(r: Request) -> list[str]:
         out.append("n>1")
     if r.repetition_penalty != 1.0 or ex.get("presence_penalty") or ex.get("frequency_penalty"):
         out.append("penalties")
-    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs"):
+    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs"):
         if ex.get(k):
             out.append(k)
+    if ex.get("top_k") or ex.get("min_p"):
+        out.append("top_k/min_p")
     if r.stop or ex.get("stop_token_ids"):
         out.append("stop")
     out += [f"lp:{k}" for k, v in XARGS.items() if v in (ex.get("vllm_xargs") or {})]
@@ -155,6 +158,8 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
         r.seed = draw(st.integers(0, 1 << 20)) if sampling == "seeded" else None
         if sampling == "seeded" and not huge and draw(st.booleans()):  # n > 1 shares the prompt's blocks
             r.n = draw(st.sampled_from((2, 3)))
+        if vllm and draw(st.integers(0, 3)) == 3:  # the sampler's other truncations (vLLM's extra fields)
+            r.extra.update(draw(st.sampled_from(({"top_k": 5}, {"min_p": 0.1}, {"top_k": 20, "min_p": 0.05}))))
     if (draw(st.booleans()) or huge) and vllm:
         r.ignore_eos = True
     # each option on in one request of four, independently: a set drawn whole (hypothesis's sets lean
@@ -162,7 +167,7 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
     # and bugs that need two readers of the output history in one batch need them far more often
     opts = {o for o in OPTIONS if draw(st.integers(0, 3)) == 3}  # 0, the simplest draw: off
     if not vllm:
-        opts -= {"bad_words", "min_tokens", "regex", "lp", "stop_ids"}
+        opts -= {"bad_words", "min_tokens", "regex", "lp", "stop_ids", "prompt_lp"}
     if huge:  # a pressure request must live its 40-56 tokens: nothing that may end it early
         opts -= {"min_tokens", "stop_str", "stop_ids", "regex"}
     period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
@@ -196,6 +201,8 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
     if "lp" in opts:
         lp = draw(st.sampled_from(sorted(XARGS)))
         r.extra["vllm_xargs"] = {XARGS[lp]: f"{common[0]}:3" if lp == "boost" else 1}
+    if "prompt_lp" in opts:  # judged like output logprobs by the surface oracle (harness.oracles.surface)
+        r.extra["prompt_logprobs"] = draw(st.sampled_from((1, 2)))
     if not huge and draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1:  # a client that disconnects
         r.abort_after = draw(st.integers(1, max_tokens - 1))
     return r

@@ -10,7 +10,9 @@
 - books: everything back at idle in both arms (harness.oracles.books, VllmTarget.idle_books);
 - placeholders: a value-reading processor of ours read a placeholder where an output id belongs
   (its counter, as the path rows' `placeholders`);
-- overlap: the async server ran without overlap (the target's own check after every run).
+- overlap: the async server ran without overlap (the target's own check after every run);
+- surface: the response fields beyond the ids (finish and stop reasons, usage, text, prompt
+  logprobs: harness.oracles.surface), as the path rows judge them.
 
 A finding that matches a known-upstream entry live in the release (vllm_upstream.classify) is
 known, not new; an entry the agent works around (its counter above 0) is known too.
@@ -29,7 +31,7 @@ RESET = "/reset_prefix_cache?reset_running_requests=true"
 
 @dataclass
 class Finding:
-    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap
+    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface
     summary: str
     signature: tuple  # what must stay the same while shrinking and on replay
 
@@ -148,7 +150,8 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
-        v.new += _findings(case, arms[False], arms[True], agent, v.evidence)
+        tok = target.tokenizer() if hasattr(target, "tokenizer") else None
+        v.new += _findings(case, arms[False], arms[True], agent, v.evidence, getattr(tok, "decode", None))
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
@@ -184,11 +187,13 @@ def restart_lost(target) -> None:
         d.clear()
 
 
-def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = None) -> list[Finding]:
+def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = None, decode=None) -> list[Finding]:
     """Every oracle's findings; `evidence` (when given) gets, per finding, the mechanisms the agent
-    counted for the request it names, async on."""
+    counted for the request it names, async on; `decode` (ids -> text) lets the surface oracle
+    check each text against its ids."""
     from harness.oracles import books as bookmod
     from harness.oracles import steps
+    from harness.oracles import surface
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
     from harness.targets import vllm_paths as vp
@@ -210,6 +215,9 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                             f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",))
                 evidence[f.summary] = ev
                 out.append(f)
+    for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
+        for what in whats:  # the field, without figures, is what a replay must show again
+            out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
@@ -241,6 +249,12 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                                        f"where an output token id belongs ({row.placeholders})",
                                        ("placeholders", row.placeholders)))
     return out
+
+
+def _field(what: str) -> str:
+    """The response field a surface finding is about (its signature: the figures may change)."""
+    m = re.search(r"\b(finish_reason|stop_reason|usage\.\w+|text|prompt_logprobs|ids returned)", what)
+    return m.group(1) if m else "surface"
 
 
 def _sampled_preempted(case, on: dict) -> set:
