@@ -3,7 +3,7 @@ correct engine sets off no suite.
 
 .ci/run's tier runs each fault against the suite that must catch it, in-process, one test per fault
 (so xdist spreads them), and the correct engine against every suite over 4 seeds through the real
-CLI (tests/test_check_cli.py::test_correct_engine_passes_every_suite_over_4_seeds). The whole
+CLI (tests/test_check_cli.py::test_correct_engine_passes_every_suite). The whole
 matrix (every suite against every fault, `overlap-harness mutants`, about ten minutes on two
 cores) is the scheduled tier's (make test-scheduled)."""
 import json
