@@ -234,3 +234,36 @@ def test_the_agent_counts_steps_after_an_abort_and_admission_waits_with_room():
     _step(books, s, {"a": 1})
     _step(books, s, {"a": 1})
     assert facts.data["requests"]["a"][8] == 2
+
+
+def test_admission_is_counted_as_vllm_walks_its_queue():
+    """vLLM admits from the head of its waiting queue and stops at the first request whose blocks do
+    not fit: a newcomer behind a preempted request that cannot resume yet waits by design (a stock
+    stress case under KV pressure was counted 30 and 42 waits before the walk). Requests ahead take
+    their blocks, slot and budget first; a request blocked on a grammar is skipped, as vLLM does."""
+    from harness.agents.vllm import steps as vllm_steps
+    books, facts = _books()
+    vllm_steps._BOOKS = books
+    a = _req("a", max_tokens=8)
+    head, new = _req("p", tuple(range(40))), _req("w", (7, 8))  # p: 41 tokens, 3 blocks of 16
+    head.status, head.num_preemptions = NS(name="PREEMPTED"), 1
+    new.status, new.num_preemptions = NS(name="WAITING"), 0
+    pool = NS(get_num_free_blocks=lambda: 2)
+    s = NS(requests={"a": a, "p": head, "w": new}, running=[a], waiting=[head, new], max_num_scheduled_tokens=64,
+           max_num_active_reqs=4, kv_cache_manager=NS(block_pool=pool), block_size=16, _pause_state=NS(name="UNPAUSED"))
+    _step(books, s, {"a": 3})  # the preempted head needs 3 blocks of 2: w behind it is not counted
+    assert facts.data["requests"].get("w", [0] * 10)[9] == 0
+    pool.get_num_free_blocks = lambda: 3  # the head fits, and takes them all: still no room for w
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"].get("w", [0] * 10)[9] == 0
+    pool.get_num_free_blocks = lambda: 4  # room for both: w was left waiting with room
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"]["w"][9] == 1
+    head.status = NS(name="WAITING_FOR_FSM")  # a grammar not compiled yet: skipped, w counted again
+    pool.get_num_free_blocks = lambda: 1
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"]["w"][9] == 2
+    s.max_num_active_reqs = 2  # no slot left: w waits by design
+    s.running = [a, a]
+    _step(books, s, {"a": 1})
+    assert facts.data["requests"]["w"][9] == 2
