@@ -82,3 +82,46 @@ def test_stress_judges_the_surface_too():
     got = _findings(case, arm(good), arm(bad), agent=False, decode=_decode)
     assert {f.signature for f in got} == {("surface", "stop_reason"), ("surface", "prompt_logprobs")}, got
     assert all(f.kind == "surface" and f.summary.startswith("request b: ") for f in got), got
+
+
+def _sse(events):
+    import json
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+def _chunk(i, text, finish=None, stop_reason=None):
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish, "stop_reason": stop_reason,
+                         "logprobs": {"tokens": [f"token_id:{i}"], "token_logprobs": [-0.5],
+                                      "top_logprobs": [{f"token_id:{i}": -0.5}]}}]}
+
+
+def test_a_stream_read_whole_is_judged_as_a_response(tmp_path):
+    """A drawn stream (stress's `stream` field) is read whole with stream_options.include_usage:
+    its ids, finish and stop reason and text summed over the chunks, the usage from its last chunk
+    (here through httpx's own transport, vLLM's SSE shape). A stream whose last chunk has no usage
+    is a surface finding."""
+    import httpx
+
+    from harness.targets.served import ServedTarget
+    events = [_chunk(4, "<4>"), _chunk(5, "<5>"), _chunk(3, "", "stop", 3),
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}]
+    sent = []
+
+    def handler(request):
+        sent.append(request)
+        return httpx.Response(200, text=_sse(events), headers={"content-type": "text/event-stream"})
+    t = ServedTarget(workdir=str(tmp_path))
+    r = _req("b", 4, stop_token_ids=[3], stream=True)
+    with httpx.Client(transport=httpx.MockTransport(handler)) as c:
+        got = t._send_streamed(c, "http://x", r, {"prompt": [5, 6, 7], "stream": True})
+    assert b'"include_usage": true' in sent[0].content or b'"include_usage":true' in sent[0].content
+    assert [(rid, ids, fin) for rid, ids, fin, _ in got] == [("b", [4, 5, 3], "stop")]
+    assert t.surface["b"]["text"] == "<4><5>" and t.surface["b"]["stop_reason"] == 3
+    run = SimpleNamespace(outputs=[(rid, ids, fin) for rid, ids, fin, _ in got], surface=dict(t.surface))
+    assert surface.findings([r], run, run, _decode) == {}
+    events[-1] = {"choices": [], "usage": None}  # no usage in the last chunk
+    t.surface.clear()
+    with httpx.Client(transport=httpx.MockTransport(handler)) as c:
+        t._send_streamed(c, "http://x", r, {"prompt": [5, 6, 7], "stream": True})
+    run.surface = dict(t.surface)
+    assert any("last chunk had none" in w for w in surface.findings([r], run, run, _decode)["b"])

@@ -5,7 +5,8 @@ each field with an oracle, judged on the path workload's responses (no request m
   longer than max_tokens) and equal across the arms wherever the ids are equal, with vLLM's
   `stop_reason` (the stop string or id that ended it);
 - usage: prompt_tokens the prompt's length, completion_tokens the ids returned (summed over the
-  n samples of one request);
+  n samples of one request); a stream that asked for usage (stream_options.include_usage) gets
+  it in its last chunk, and its fields are summed over the chunks (ServedTarget._send_streamed);
 - text: equal across the arms wherever the ids are equal (the detokenizer fed the same ids), and
   the detokenized ids themselves for a request capped by length; one that stopped (a stop string
   or stop token: vLLM leaves it out of the text, not out of the ids) has a prefix of them;
@@ -57,6 +58,8 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
             if sf is None:
                 continue
             u = sf.get("usage") or {}
+            if sf.get("streamed") and not u:  # asked with stream_options.include_usage
+                add(rid, f"async {lab}: a stream asked for usage, and its last chunk had none")
             if u:
                 if u.get("prompt_tokens") != len(r.prompt_ids):
                     add(rid, f"async {lab}: usage.prompt_tokens {u.get('prompt_tokens')}, the prompt has "

@@ -12,7 +12,7 @@ bad_words, min_tokens with a stop token id (and that token boosted, so the strea
 the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded samples, top-5 logprobs
 (always: the tie/race classifier needs them), a regex (structured output), each of our logits
 processors (CLI and entry point, per request and batch level: vllm_xargs), prompt logprobs, top_k
-and min_p on a sampled request, prompts short, over the
+and min_p on a sampled request, a stream read whole with its usage, prompts short, over the
 step budget (chunked prefill) or on the 93-token shared prefix (prefix hits), max_tokens 1-3 or
 up to 24, arrival times, and a client that disconnects after k tokens. A submission adds the
 agent's delay points (harness.agents.vllm.points.DELAY_POINTS) on the async-on server, and a
@@ -39,7 +39,7 @@ XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
 OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
-             "stop_token_ids", "prompt_logprobs", "top_k", "min_p")
+             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream")
 
 
 @dataclass
@@ -90,7 +90,7 @@ def features(r: Request) -> list[str]:
         out.append("n>1")
     if r.repetition_penalty != 1.0 or ex.get("presence_penalty") or ex.get("frequency_penalty"):
         out.append("penalties")
-    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs"):
+    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs", "stream"):
         if ex.get(k):
             out.append(k)
     if ex.get("top_k") or ex.get("min_p"):
@@ -203,6 +203,8 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
         r.extra["vllm_xargs"] = {XARGS[lp]: f"{common[0]}:3" if lp == "boost" else 1}
     if "prompt_lp" in opts:  # judged like output logprobs by the surface oracle (harness.oracles.surface)
         r.extra["prompt_logprobs"] = draw(st.sampled_from((1, 2)))
+    elif vllm and r.n == 1 and draw(st.integers(0, 3)) == 3:  # read as a stream, usage in its last chunk
+        r.extra["stream"] = True
     if not huge and draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1:  # a client that disconnects
         r.abort_after = draw(st.integers(1, max_tokens - 1))
     return r

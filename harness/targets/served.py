@@ -268,6 +268,8 @@ class ServedTarget(Target):
         self._sent += 1  # a new request is progress for the watchdog: it may take a step to answer
         if r.abort_after is not None:
             return self._send_aborted(client, base, r, body)
+        if body.get("stream"):
+            return self._send_streamed(client, base, r, body)
         return self.request(client, base, r, body)
 
     def request(self, client, base: str, r, body: dict) -> list[tuple]:
@@ -316,6 +318,34 @@ class ServedTarget(Target):
                     break  # leaving the block closes the connection: the server aborts the request
         k = r.abort_after
         return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
+
+    def _send_streamed(self, client, base, r, body):
+        """A client that reads the whole stream, usage included (`stream_options.include_usage`:
+        a last chunk with no choice): its ids, finish and stop reason and text summed over the
+        chunks, for the token oracles and the request-surface oracle as a plain response's."""
+        import json
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        ids, lps, text, finish, stop_reason, usage = [], [], "", None, None, None
+        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                what = f"{resp.status_code}: {_error_message(resp)}"
+                if resp.status_code >= 500:
+                    return [(r.rid, [], f"server error {what}", [])]
+                raise TargetError(f"{self.name}: request {r.rid} refused with {what}")
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                ids, lps = self.stream_update(event, ids, lps)
+                for c in event.get("choices") or []:
+                    text += c.get("text") or ""
+                    if c.get("finish_reason"):
+                        finish, stop_reason = c["finish_reason"], c.get("stop_reason")
+                usage = event.get("usage") or usage
+        self.surface[r.rid] = {"text": text, "stop_reason": stop_reason, "prompt_logprobs": None,
+                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True}
+        return [(r.rid, ids, finish, lps)]
 
     # -- the progress watchdog ------------------------------------------------------------
     def watch(self, futs, overlap: bool) -> None:
