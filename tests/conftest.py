@@ -23,6 +23,16 @@ def pytest_collection_modifyitems(config, items):
     items[:] = pair + [i for i in items if id(i) not in ids]
 
 
+@pytest.fixture(scope="module")
+def sglang_src():
+    """SGLang's source of the release the agent is written against (the patch and contract tests)."""
+    from harness.agents.sglang_contract import SourceUnavailable, fetch_source
+    try:
+        return fetch_source()
+    except SourceUnavailable as e:
+        pytest.skip(f"SGLang source unavailable: {e}")
+
+
 @pytest.fixture
 def make_engine():
     def make(**kw):

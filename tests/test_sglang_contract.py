@@ -8,18 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents.sglang_contract import SourceUnavailable, _module_file, check_source, fetch_source
+from harness.agents.sglang_contract import _module_file, check_source
 from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, POINTS_BY_NAME, SERVER_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def sglang_src():
-    try:
-        return fetch_source()
-    except SourceUnavailable as e:
-        pytest.skip(f"SGLang source unavailable: {e}")
 
 
 def _copy_points(src: Path, dst: Path) -> None:

@@ -3,16 +3,7 @@ source: each applies exactly once, compiles, and changes its file; a text SGLang
 is one clear error. SGLang is not imported (tests/test_sglang_pair.py runs them)."""
 import pytest
 
-from harness.agents.sglang_contract import SourceUnavailable, fetch_source
 from harness.agents.sglang_patches import PATCHES, PatchError, SglangPatch, apply
-
-
-@pytest.fixture(scope="module")
-def sglang_src():
-    try:
-        return fetch_source()
-    except SourceUnavailable as e:
-        pytest.skip(f"SGLang source unavailable: {e}")
 
 
 @pytest.mark.parametrize("name", sorted(PATCHES))
