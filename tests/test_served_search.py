@@ -333,3 +333,18 @@ def test_no_known_entry_claims_by_wording_alone():
     assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
     injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)
     assert vp.claims_by_wording_alone(injected)
+
+
+def test_a_refused_case_is_said_with_the_servers_answer():
+    """A drawn case the server refuses (400) is not judged: the summary says why, so the generator
+    can be fixed, instead of a bare count."""
+    from types import SimpleNamespace
+
+    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    s = SimpleNamespace(res=ServedStressResult(), agent=False)
+    case = _draw(1)[0]
+    why = "vllm: request c0r1 refused with 400: prompt_logprobs is not supported with streaming"
+    for _ in range(2):
+        ServedStress._count(s, case, Verdict(refused=why))
+    lines = summary_lines(s)
+    assert "(2 refused)" in lines[0] and lines.count(f"refused (not judged): {why}") == 1, lines

@@ -49,6 +49,7 @@ class ServedStressResult:
     shrink_runs: int = 0  # of the runs, those spent shrinking (and replaying) a finding
     cases: int = 0
     refused: int = 0
+    refusals: list = field(default_factory=list)  # the servers' answers to the first refused cases (distinct)
     explore_s: float = 0.0
     shrink_s: float = 0.0
     found: list = field(default_factory=list)  # Found, one per new signature
@@ -89,8 +90,10 @@ class ServedStress:
     def _count(self, case: ServedCase, v) -> None:
         r = self.res
         r.runs += 1
-        if v.refused:
+        if v.refused:  # a case the generator should not have drawn: said in the summary, to fix there
             r.refused += 1
+            if v.refused not in r.refusals and len(r.refusals) < 3:
+                r.refusals.append(v.refused)
             return
         r.cases += case.cases
         mixes: dict = {}
@@ -270,6 +273,7 @@ def summary_lines(s: ServedStress) -> list[str]:
     out = [f"{r.cases} cases in {r.runs - r.shrink_runs} runs ({r.refused} refused) over {r.explore_s / 60:.1f} min "
            f"of search: {r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_runs} runs in {r.shrink_s:.0f} s"
                                                               if r.shrink_runs else "")]
+    out += [f"refused (not judged): {why[:300]}" for why in r.refusals]
     out.append("features (cases that drew each): " + ", ".join(f"{k} {v}" for k, v in sorted(r.features.items())))
     if s.agent:
         out.append("path rows (runs where the agent counted the path async on/off; counts on/off):")
