@@ -27,7 +27,8 @@ def make_target(name: str, faults=frozenset(), **kw):
     if name in ("vllm", "sglang"):
         kw = {**_DEFAULTS.get(name, {}), **kw}
         # a pair per model (the GSM8K gate serves another one) and per setting (the bare pair)
-        key = (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ())
+        key = (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ()) + (
+            (kw["config"],) if kw.get("config") not in (None, "default") else ())  # a pair per server configuration
         t = _SERVED.get(key)
         if t is None:
             if name == "vllm":
