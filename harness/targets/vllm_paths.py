@@ -60,7 +60,7 @@ SETTINGS = [
                   f"at most {MAX_BATCHED_TOKENS} tokens a step: a longer prompt is prefilled in chunks",
                   "a bug of a long prompt prefilled whole in one step",
                   f"every short prompt (under {MAX_BATCHED_TOKENS} tokens) is prefilled whole, beside the "
-                  "chunked ones", configs="whole-prefill (chunked prefill off, 2048 tokens), small-budget (32)"),
+                  "chunked ones", configs="whole-prefill (chunked prefill off; 2048 tokens), small-budget (32)"),
     ServerSetting(("--enable-prefix-caching",),
                   "full prompt blocks are looked up and reused: the 93-token shared prefix is 2 blocks",
                   "a bug in computing those blocks (a hit skips it), on the rows whose prompts share them "
