@@ -318,7 +318,8 @@ class ServedStress:
         el = max(time.monotonic() - self._t0, 1e-9)
         shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
         rate = 60 * r.cases / max(el - r.shrink_s, 1e-9)
-        return (f"stress {self.t.name} seed {self.seed}{shard}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
+        cfg = f" [configuration {self.config}]" if self.config is not None and len(set(self.configs)) > 1 else ""
+        return (f"stress {self.t.name} seed {self.seed}{shard}{cfg}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
                 f"{rate:.1f} cases/min, "
                 f"findings {len(r.found)} new, {len(r.known)} known upstream | {min(el, self.seconds):.0f}/"
                 f"{self.seconds:.0f} s | {self.current}")
