@@ -223,3 +223,18 @@ def test_the_priority_patch_edits_only_the_priority_branch():
         assert "victim_placeholders" in replace
     assert "if self.policy == SchedulingPolicy.PRIORITY:\n                        preempted_req.num_output_placeholders" \
         in p.also[0][1]
+
+
+def test_the_gate_reports_on_the_pair_of_the_configuration_that_ran():
+    """The verdict's overlap, books, HANG and CRASH lines read the pair the suites used: in the
+    matrix, that configuration's (measured: without this, the priority row printed none of them)."""
+    from harness import gate, targets
+    saved, sentinel = dict(targets._DEFAULTS), object()
+    try:
+        targets.configure("vllm", config="priority")
+        targets._SERVED[targets.served_key("vllm", {"config": "priority"})] = sentinel
+        assert gate._served_pair("vllm") is sentinel
+    finally:
+        targets._SERVED.pop(targets.served_key("vllm", {"config": "priority"}), None)
+        targets._DEFAULTS.clear()
+        targets._DEFAULTS.update(saved)
