@@ -317,7 +317,7 @@ class ServedStress:
         r = self.res
         el = max(time.monotonic() - self._t0, 1e-9)
         shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
-        rate = 60 * r.cases / max(el - r.shrink_s, 1e-9)
+        rate = 60 * r.cases / max(el - r.shrink_s - r.start_s, 1e-9)  # a pair's start is not search
         cfg = f" [configuration {self.config}]" if self.config is not None and len(set(self.configs)) > 1 else ""
         return (f"stress {self.t.name} seed {self.seed}{shard}{cfg}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
                 f"{rate:.1f} cases/min, "
