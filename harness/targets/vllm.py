@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.targets import vllm_releases
+from harness.targets import vllm_configs, vllm_releases
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served import ServedTarget
@@ -77,9 +77,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
 
 class VllmTarget(ServedTarget):
     name = "vllm"
-    from harness.targets.vllm_configs import CONFIGS as _CONFIGS
-    config = _CONFIGS["default"]  # the server configuration (harness.targets.vllm_configs)
-    del _CONFIGS
+    config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm_configs)
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
@@ -87,13 +85,8 @@ class VllmTarget(ServedTarget):
                  logits_processors=(), version: str | None = None, vllm_python: str | None = None,
                  runner: str = "auto", config: str | None = None, **kw):
         super().__init__(**kw)
-        from harness.targets import vllm_configs
-        if (config or vllm_configs.DEFAULT) not in vllm_configs.CONFIGS:
-            raise ValueError(f"unknown server configuration {config!r}; known: {', '.join(vllm_configs.CONFIGS)}")
         # the server configuration (harness.targets.vllm_configs): its flags replace the path setting's
-        self.config = vllm_configs.get(config)
-        if self.config.refused:
-            raise TargetUnavailable(f"configuration {self.config.name}: {self.config.refused}")
+        self.config = vllm_configs.resolve(config, TargetUnavailable)
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
         # main: the path workload's setting; bare: the same without a CLI logits processor, for
@@ -204,7 +197,6 @@ class VllmTarget(ServedTarget):
 
     def row_absent(self, row: str) -> str:
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
-        from harness.targets import vllm_configs
         return row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
 
     def plan_extra(self) -> dict:
@@ -257,7 +249,6 @@ class VllmTarget(ServedTarget):
                 "--disable-log-stats", *self.path_args(), *self.extra_args]
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
-        from harness.targets import vllm_configs
         return vllm_configs.apply(self._command(overlap, port), self.config)
 
     def path_args(self) -> list[str]:
@@ -294,7 +285,6 @@ class VllmTarget(ServedTarget):
         if self.paths:
             from harness.targets import vllm_paths
             env.update(vllm_paths.SERVER_ENV)
-        from harness.targets import vllm_configs
         env.update(vllm_configs.env(self.config))
         # this checkout's entry points (the vllm.logits_processors one included) shadow whatever
         # checkout last installed the agent into the venv

@@ -127,6 +127,17 @@ def get(name: str | None) -> ServerConfig:
     return CONFIGS[name or DEFAULT]
 
 
+def resolve(name: str | None, unavailable=RuntimeError) -> ServerConfig:
+    """The configuration a target is made in: an unknown name is a ValueError, one that vLLM's
+    CPU build refuses is `unavailable` (each one line)."""
+    if (name or DEFAULT) not in CONFIGS:
+        raise ValueError(f"unknown server configuration {name!r}; known: {', '.join(CONFIGS)}")
+    c = CONFIGS[name or DEFAULT]
+    if c.refused:
+        raise unavailable(f"configuration {c.name}: {c.refused}")
+    return c
+
+
 def _split(args) -> list[tuple[str, list[str]]]:
     """Flags as (key, tokens): a flag and the values after it; --no-X and --X share the key X."""
     out: list[tuple[str, list[str]]] = []
