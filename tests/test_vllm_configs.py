@@ -83,7 +83,9 @@ def test_rows_a_configuration_cannot_reach_are_na_never_a_pass():
 def test_names_parse_pin_exclude_and_refuse_in_one_line():
     assert vc.parse(None) == [vc.DEFAULT] and vc.parse("all") == vc.MATRIX
     assert vc.parse("priority,one-seq") == ["priority", "one-seq"]
-    assert vc.parse("-priority") == [n for n in vc.MATRIX if n != "priority"]
+    assert vc.parse("-priority") == vc.parse("all,-priority") == [n for n in vc.MATRIX if n != "priority"]
+    with pytest.raises(ValueError, match="after all, only exclusions"):
+        vc.parse("all,priority")
     with pytest.raises(ValueError, match="unknown server configuration 'nope'; known: default"):
         vc.parse("default,nope")
     with pytest.raises(ValueError, match="uni-executor cannot run"):
@@ -119,7 +121,9 @@ def test_stress_visits_the_default_first_then_an_order_drawn_from_the_seed():
     assert order == config_order(SimpleNamespace(target="vllm", configs=None, seed=3), bad)
     assert order != config_order(SimpleNamespace(target="vllm", configs=None, seed=4), bad)
     assert config_order(SimpleNamespace(target="vllm", configs="priority,one-seq", seed=3), bad) == ["priority", "one-seq"]
-    assert "priority" not in config_order(SimpleNamespace(target="vllm", configs="-priority", seed=3), bad)
+    assert "priority" not in config_order(SimpleNamespace(target="vllm", configs="all,-priority", seed=3), bad)
+    from harness.cli import main  # argparse takes the exclusion as a value (not as an option)
+    assert main(["stress", "--target", "vllm", "--configs", "all,-nope", "--minutes", "1"]) == 2
 
 
 class _Cfg:

@@ -169,7 +169,7 @@ def cmd_check(a) -> int:
 
 
 def check_configs(a, error) -> list[str]:
-    """--configs NAME,...|all|-NAME,...: the server configurations of the matrix (vLLM only)."""
+    """--configs NAME,...|all|all,-NAME,...: the server configurations of the matrix (vLLM only)."""
     spec = getattr(a, "configs", None)
     if not spec:
         return []
@@ -397,10 +397,10 @@ def add_commands(sub) -> None:
                    "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
-    c.add_argument("--configs", metavar="NAME,...|all|-NAME,...",
+    c.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
                    help="vllm: run the gate once per server configuration (harness/targets/vllm_configs.py, "
                         "docs/vllm-configs.md), one pair at a time, the path suite unless --suite names others; "
-                        "all: the whole matrix, -NAME,...: all but those (default: the path setting only)")
+                        "all: the whole matrix, all,-NAME,...: all but those (default: the path setting only)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
                    help="processes to spread the cases over with pytest-xdist: auto (default: every core) "
                         "or a number; 1 runs them in this process")

@@ -60,7 +60,7 @@ def check_flags(a, bad) -> None:
 
 def config_order(a, bad) -> list[str]:
     """The server configurations a vLLM stress visits, one per segment (harness.targets.vllm_configs):
-    --configs pins (NAME,...) or excludes (-NAME,...); default every runnable one, the default
+    --configs pins (NAME,...) or excludes (all,-NAME,...); default every runnable one, the default
     configuration first and the rest in an order drawn from --seed."""
     import random
     from harness.targets import vllm_configs
@@ -70,7 +70,7 @@ def config_order(a, bad) -> list[str]:
             raise bad(f"--configs applies to --target vllm only (not {a.target})")
         return []
     names = vllm_configs.parse(spec or "all", bad)
-    if not spec or spec.strip() == "all" or spec.strip().startswith("-"):
+    if not spec or spec.strip() == "all" or spec.strip().startswith(("-", "all,")):
         head = [n for n in names if n == vllm_configs.DEFAULT]
         rest = [n for n in names if n != vllm_configs.DEFAULT]
         random.Random(a.seed).shuffle(rest)
@@ -273,9 +273,9 @@ def add_flags(s) -> None:
                    help="vllm/openai: time limit for shrinking each new finding (default 3)")
     s.add_argument("--cases-per-run", type=int, default=4,
                    help="vllm/openai: independent request mixes merged into one submission (default 4)")
-    s.add_argument("--configs", metavar="NAME,...|all|-NAME,...",
+    s.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
                    help="vllm: the server configurations to draw, one per segment of runs (harness/targets/"
-                        "vllm_configs.py, docs/vllm-configs.md): NAME,... pins them, -NAME,... excludes them "
+                        "vllm_configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
                         "(default all, the default configuration first)")
     s.add_argument("--config-minutes", type=float, default=2.0,
                    help="vllm: minutes of runs per configuration before the next is drawn (default 2; a "

@@ -103,14 +103,19 @@ MATRIX = [c.name for c in CONFIGS.values() if not c.refused]  # what `check --co
 
 
 def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str]:
-    """"NAME,...", "all", or "-NAME,..." (every runnable one but those): the names, or one line."""
+    """"NAME,...", "all", or "all,-NAME,..." (also "-NAME,...", which argparse takes only as
+    --configs=-NAME): every runnable one but those. The names, or one line."""
     if spec is None or spec == "":
         return [DEFAULT]
     spec = spec.strip()
     if spec == "all":
         return list(MATRIX)
+    if spec.startswith("all,"):
+        spec = spec[4:]
+        if not all(n.strip().startswith("-") for n in spec.split(",") if n.strip()):
+            raise exc(f"{flag}: after all, only exclusions (-NAME), got {spec!r}")
     drop = spec.startswith("-")
-    names = [n.strip() for n in spec.lstrip("-").split(",") if n.strip()]
+    names = [n.strip().lstrip("-") for n in spec.split(",") if n.strip()]
     for n in names:
         if n not in CONFIGS:
             raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}")
