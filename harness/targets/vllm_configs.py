@@ -48,8 +48,7 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "a batch of one: every step's input ids come from that one request's previous sample, and a "
         "finished request's row is refilled by the next waiting one while its last step is in flight",
         {**{r: "one request at a time never outgrows the pool" for r in _PREEMPT},
-         "seeded_reorder": "a batch of one is never condensed or reordered",
-         "prefix_cache_reset": "one running request: the reset's preemption is counted, its batch is not"}),
+         "seeded_reorder": "a batch of one is never condensed or reordered"}),
     ServerConfig(
         "two-seqs", ("--max-num-seqs", "2"),
         "a batch of two: a row swap whenever one of two finishes, admission one at a time behind it",
