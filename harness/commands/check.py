@@ -189,10 +189,15 @@ def run_matrix(a, configs: list[str], workers: int) -> int:
     if not a.suite:
         a.suite = ["test_paths"]
     rows = []
+    base = {"json": a.json, "junit": a.junit}
     for name in configs:
         c = vllm_configs.CONFIGS[name]
         print(f"\n== server configuration {name}: {c.flags()}", flush=True)
         a.config = name
+        for k, path in base.items():  # one report per configuration: REPORT-NAME.json / .xml
+            if path:
+                stem, dot, ext = path.rpartition(".")
+                setattr(a, k, f"{stem}-{name}.{ext}" if dot and "/" not in ext else f"{path}-{name}")
         t = time.perf_counter()
         try:
             code, verdict = _gate(a, workers, matrix=True)
