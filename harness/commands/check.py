@@ -162,16 +162,79 @@ def cmd_check(a) -> int:
           file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
-    start_served(a.target, a.fault, UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
-                 vllm=vllm_kw(a))
+    configs = check_configs(a, UsageError)
+    if configs:
+        return run_matrix(a, configs, workers)
+    return _gate(a, workers)
+
+
+def check_configs(a, error) -> list[str]:
+    """--configs NAME,...|all|all,-NAME,...: the server configurations of the matrix (vLLM only)."""
+    spec = getattr(a, "configs", None)
+    if not spec:
+        return []
+    if a.target != "vllm":
+        raise error(f"--configs applies to --target vllm only (not {a.target})")
+    from harness.targets import vllm_configs
+    return vllm_configs.parse(spec, error)
+
+
+def run_matrix(a, configs: list[str], workers: int) -> int:
+    """The gate once per server configuration (harness.targets.vllm_configs), one pair alive at a
+    time; the path suite only unless --suite names others (the whole gate is minutes a
+    configuration). One table per configuration, then the matrix: each configuration's verdict."""
+    import time
+    from harness import targets
+    from harness.targets import vllm_configs
+    if not a.suite:
+        a.suite = ["test_paths"]
+    rows = []
+    base = {"json": a.json, "junit": a.junit}
+    for name in configs:
+        c = vllm_configs.CONFIGS[name]
+        print(f"\n== server configuration {name}: {c.flags()}", flush=True)
+        a.config = name
+        for k, path in base.items():  # one report per configuration: REPORT-NAME.json / .xml
+            if path:
+                stem, dot, ext = path.rpartition(".")
+                setattr(a, k, f"{stem}-{name}.{ext}" if dot and "/" not in ext else f"{path}-{name}")
+        t = time.perf_counter()
+        try:
+            code, verdict = _gate(a, workers, matrix=True)
+        finally:
+            targets.close_served()  # one pair alive at a time
+        rows.append((name, verdict, time.perf_counter() - t))
+        if code not in (0, 1):
+            break
+    print("\nserver configuration matrix (verdict, seconds with the pair's start):")
+    for name, verdict, sec in rows:
+        print(f"  {name:16} {verdict}  ({sec:.0f} s)")
+    bad = [n for n, v, _ in rows if not v.startswith("PASS")]
+    print(f"\n{'FAIL' if bad else 'PASS'}: {len(rows) - len(bad)} of {len(configs)} configuration(s) pass"
+          + (f"; failing: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def _gate(a, workers: int, matrix: bool = False):
+    """One gate: the servers (in a.config, when the matrix runs), the suites, the verdict."""
+    kw = vllm_kw(a)
+    if getattr(a, "config", None):
+        kw["config"] = a.config
+    try:
+        start_served(a.target, a.fault, UsageError_(matrix), a.served_model, a.server_arg, a.logits_processor, a.out,
+                     vllm=kw)
+    except _ConfigDown as e:  # in the matrix, a configuration that does not start is its row, not the end
+        print(f"CANNOT START: {e}")
+        return 1, f"CANNOT START: {e}"
     res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
                      device=a.device, workers=workers)
     print(file=sys.stderr)
     if res.interrupted:
-        return _stopped(a, res)
+        code = _stopped(a, res)
+        return (code, "STOPPED") if matrix else code
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
-        return 2
+        return (2, "ERROR") if matrix else 2
     print(format_table(res))
     for line in path_lines(res):
         print(line)
@@ -203,10 +266,20 @@ def cmd_check(a) -> int:
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
         _write_json(a, res, verdict, hangs)
-    print(f"\n{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
-          f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s"
-          + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
-    return 0 if res.ok and not hangs and not crashes else 1
+    line = (f"{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
+            f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s")
+    print(f"\n{line}" + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
+    code = 0 if res.ok and not hangs and not crashes else 1
+    return (code, line) if matrix else code
+
+
+class _ConfigDown(Exception):
+    """A configuration of the matrix whose servers did not start."""
+
+
+def UsageError_(matrix: bool):
+    from harness.flags import UsageError
+    return _ConfigDown if matrix else UsageError
 
 
 def _stopped(a, res) -> int:
@@ -329,6 +402,10 @@ def add_commands(sub) -> None:
                    "/ KNOWN UPSTREAM / n/a / not exercised / HANG / CRASH), the release and what was adapted")
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
+    c.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
+                   help="vllm: run the gate once per server configuration (harness/targets/vllm_configs.py, "
+                        "docs/vllm-configs.md), one pair at a time, the path suite unless --suite names others; "
+                        "all: the whole matrix, all,-NAME,...: all but those (default: the path setting only)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
                    help="processes to spread the cases over with pytest-xdist: auto (default: every core) "
                         "or a number; 1 runs them in this process")

@@ -76,7 +76,7 @@ def cmd_stress(a) -> int:
         from harness.commands.stress_served import cmd_stress_served
         with sigterm_as_interrupt() as term:
             return cmd_stress_served(a, _usage, term)
-    for flag in ("vllm_version", "vllm_python", "url", "url_off", "served_model", "tokenizer"):
+    for flag in ("vllm_version", "vllm_python", "url", "url_off", "served_model", "tokenizer", "configs"):
         if getattr(a, flag, None) is not None:
             raise _usage(f"--{flag.replace('_', '-')} applies to a served target (--target vllm or openai)")
     from harness.engine.build import ModelUnavailable, load_model

@@ -53,6 +53,29 @@ def check_flags(a, bad) -> None:
         raise bad(f"--cases-per-run must be between 1 and 16, got {a.cases_per_run}")
     if a.max_findings < 0:
         raise bad(f"--max-findings must be >= 0, got {a.max_findings}")
+    config_order(a, bad)
+    if not 0 < getattr(a, "config_minutes", 2.0) < float("inf"):
+        raise bad(f"--config-minutes must be a positive number, got {a.config_minutes:g}")
+
+
+def config_order(a, bad) -> list[str]:
+    """The server configurations a vLLM stress visits, one per segment (harness.targets.vllm_configs):
+    --configs pins (NAME,...) or excludes (all,-NAME,...); default every runnable one, the default
+    configuration first and the rest in an order drawn from --seed."""
+    import random
+    from harness.targets import vllm_configs
+    spec = getattr(a, "configs", None)
+    if a.target != "vllm":
+        if spec:
+            raise bad(f"--configs applies to --target vllm only (not {a.target})")
+        return []
+    names = vllm_configs.parse(spec or "all", bad)
+    if not spec or spec.strip() == "all" or spec.strip().startswith(("-", "all,")):
+        head = [n for n in names if n == vllm_configs.DEFAULT]
+        rest = [n for n in names if n != vllm_configs.DEFAULT]
+        random.Random(a.seed).shuffle(rest)
+        names = head + rest
+    return names
 
 
 def make_served(a, bad):
@@ -62,7 +85,8 @@ def make_served(a, bad):
     try:
         if a.target == "vllm":
             from harness.commands.check import vllm_kw
-            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **vllm_kw(a))
+            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **vllm_kw(a),
+                                    config=(config_order(a, bad) or [None])[0])
             t.start()
             return t, t.tokenizer(), t.version
         if a.target == "sglang":  # SGLang 0.5.23 (CPU backend here): judged black-box, as an OpenAI pair
@@ -104,15 +128,27 @@ def cmd_stress_served(a, bad, term) -> int:
         raise bad(f"cannot write --out {a.out}: {e.strerror or e}") from None
     print(f"overlap-harness stress --target {a.target}: seed {a.seed}" + (f", shard {a.shard}" if shard[1] > 1 else "")
           + f", {a.minutes:g} min, {a.cases_per_run} case(s) a run, faults {', '.join(sorted(a.fault)) or 'none'}"
-          + (f", vLLM {a.vllm_version}" if a.vllm_version else "") + f", out {a.out}; starting the servers",
+          + (f", vLLM {a.vllm_version}" if a.vllm_version else "")
+          + (f", server configurations {', '.join(config_order(a, bad))} (a segment of {a.config_minutes:g} min each)"
+             if a.target == "vllm" else "") + f", out {a.out}; starting the servers",
           file=sys.stderr, flush=True)
     s = None
     try:
         t, tok, version = make_served(a, bad)
         agent = a.target == "vllm"
+        configs = config_order(a, bad)
+
+        def switch(name):  # one pair alive at a time: the last configuration's servers stop first
+            from harness.commands.check import vllm_kw
+            targets.close_served()
+            nt = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, config=name, **vllm_kw(a))
+            nt.start()
+            return nt
         s = ServedStress(t, tok, seconds=a.minutes * 60, seed=a.seed, shard=shard, cases=a.cases_per_run,
                          shrink_seconds=a.shrink_minutes * 60, out=a.out, version=version, agent=agent,
-                         vllm=agent, max_findings=a.max_findings, patches=a.fault, progress=_printer())
+                         vllm=agent, max_findings=a.max_findings, patches=a.fault, progress=_printer(),
+                         configs=configs, switch=switch if agent else None,
+                         segment_seconds=getattr(a, "config_minutes", 2.0) * 60)
         try:
             res = s.run()
         except KeyboardInterrupt:
@@ -129,6 +165,7 @@ def cmd_stress_served(a, bad, term) -> int:
         with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump({"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
                        "features": res.features, "rows": res.rows, "known": res.known,
+                       "configs": res.configs, "config_errors": res.config_errors, "start_s": res.start_s,
                        "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
                                      "requests_found": len(x.first.requests), "requests_shrunk": len(x.best.requests),
                                      "repro": x.repro, "replay_same": x.replay_same, "replays": x.replays,
@@ -160,6 +197,12 @@ def cmd_replay_served(a, bad) -> int:
     if h.get("target") != a.target:
         raise bad(f"bad reproducer: {a.file} was found on --target {h.get('target')}, not {a.target}")
     a.fault = list(h.get("patches") or [])
+    # the server configuration it was found in (a reproducer without one ran the default)
+    from harness.targets import vllm_configs
+    cfg = h.get("config") or vllm_configs.DEFAULT
+    if a.target == "vllm" and cfg not in vllm_configs.CONFIGS:
+        raise bad(f"bad reproducer: {a.file} names server configuration {cfg!r}; known: {', '.join(vllm_configs.CONFIGS)}")
+    a.configs = cfg if a.target == "vllm" else None
     bisecting = bool(getattr(a, "vllm_python", None))  # the vLLM is the checkout's, at whatever commit
     if not bisecting:
         a.vllm_version = a.vllm_version or h.get("vllm_version")
@@ -168,7 +211,8 @@ def cmd_replay_served(a, bad) -> int:
     a.served_model, a.tokenizer = getattr(a, "served_model", None), getattr(a, "tokenizer", None)
     rec = h.get("verdict") or {}
     print(f"replaying {a.file}: {len(case.requests)} request(s), patches {', '.join(a.fault) or 'none'}, "
-          f"delays {', '.join(case.delays) or 'none'}, controls {', '.join(c for _, c in case.controls) or 'none'}",
+          + (f"server configuration {a.configs}, " if a.configs else "")
+          + f"delays {', '.join(case.delays) or 'none'}, controls {', '.join(c for _, c in case.controls) or 'none'}",
           file=sys.stderr)
     tries = getattr(a, "tries", 1)
     if tries is None or tries < 1:
@@ -229,5 +273,12 @@ def add_flags(s) -> None:
                    help="vllm/openai: time limit for shrinking each new finding (default 3)")
     s.add_argument("--cases-per-run", type=int, default=4,
                    help="vllm/openai: independent request mixes merged into one submission (default 4)")
+    s.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
+                   help="vllm: the server configurations to draw, one per segment of runs (harness/targets/"
+                        "vllm_configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
+                        "(default all, the default configuration first)")
+    s.add_argument("--config-minutes", type=float, default=2.0,
+                   help="vllm: minutes of runs per configuration before the next is drawn (default 2; a "
+                        "pair takes about a minute to start)")
     s.add_argument("--max-findings", type=int, default=0,
                    help="vllm/openai: stop after this many new findings (default 0: search until --minutes)")

@@ -388,7 +388,8 @@ def served_overlap_line(target: str) -> str:
 def _served_pair(target: str):
     """The server pair the suites used, as it is (make_target would reset its faults)."""
     from harness import targets
-    return targets._SERVED.get((target, targets._DEFAULTS.get(target, {}).get("model")))
+    d = targets._DEFAULTS.get(target, {})
+    return targets._SERVED.get(targets.served_key(target, {"model": d.get("model"), "config": d.get("config")}))
 
 
 def served_books_lines(target: str) -> list[str]:

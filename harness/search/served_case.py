@@ -110,6 +110,8 @@ def features(r: Request) -> list[str]:
         out.append("abort")
     if r.arrival:
         out.append("arrival")
+    if getattr(r, "priority", 0):
+        out.append("priority")
     return out
 
 
@@ -132,9 +134,11 @@ def _seeded_words(seed: int, n: int) -> str:
 
 
 @st.composite
-def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
+def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priority: bool = False):
     """One request; every option off in hypothesis's simplest example (a short greedy request).
-    `huge`: one of a KV-pressure mix (see submissions): a prompt of 257-280 tokens and 40-56 more."""
+    `huge`: one of a KV-pressure mix (see submissions): a prompt of 257-280 tokens and 40-56 more.
+    `priority`: the servers run the priority policy (harness.targets.vllm_configs), so the request
+    carries a priority 0-3 (drawn only then: every other configuration keeps its draws)."""
     from harness.targets import vllm_paths as vp
     from harness.targets import vllm_workload
     kind = "huge" if huge else draw(st.sampled_from(("short", "long", "prefix")))
@@ -207,14 +211,16 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False):
         r.extra["stream"] = True
     if not huge and draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1:  # a client that disconnects
         r.abort_after = draw(st.integers(1, max_tokens - 1))
+    if priority:  # lower runs first; a KV-pressure victim is the highest value (then the newest)
+        r.priority = draw(st.integers(0, 3))
     return r
 
 
 @st.composite
-def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True):
+def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False):
     """`cases` mixes merged into one submission, with its delays and controls (none on a target
-    without our agent: `agent=False`)."""
-    mixes = [[draw(requests(tok, f"c{i}r{j}", vllm)) for j in range(draw(st.integers(1, 3)))]
+    without our agent: `agent=False`); `priority`: every request carries a priority."""
+    mixes = [[draw(requests(tok, f"c{i}r{j}", vllm, priority=priority)) for j in range(draw(st.integers(1, 3)))]
              for i in range(cases)]
     delays, controls = {}, []
     if agent:
@@ -234,7 +240,7 @@ def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True
     # drawn before it, not a draw: hypothesis keeps choices across runs of examples, so a drawn coin
     # came up the same 6-16 times in a row (a 4-minute search saw 1 pressure mix in 22 runs).
     if vllm and agent and zlib.crc32(repr((mixes, delays, controls)).encode()) % 4 == 3:
-        mixes[0] = [draw(requests(tok, f"c0r{j}", vllm, huge=True)) for j in range(3)]
+        mixes[0] = [draw(requests(tok, f"c0r{j}", vllm, huge=True, priority=priority)) for j in range(3)]
         for r in mixes[0][1:]:  # sent together, so all three hold their blocks at once
             r.arrival = mixes[0][0].arrival
     return ServedCase([r for m in mixes for r in m], delays, sorted(controls), cases)

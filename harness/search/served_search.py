@@ -61,6 +61,11 @@ class ServedStressResult:
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> every request's Share, summed
     interrupted: bool = False
     error: str = ""
+    # per server configuration (harness.targets.vllm_configs): cases, runs, search seconds, start
+    # seconds, segments; and the configurations whose servers would not start, with the line why
+    configs: dict = field(default_factory=dict)
+    config_errors: dict = field(default_factory=dict)
+    start_s: float = 0.0  # seconds spent starting the servers of the configurations drawn
 
     @property
     def cases_per_min(self) -> float:
@@ -71,7 +76,7 @@ class ServedStress:
     def __init__(self, target, tok, *, seconds: float, seed: int = 0, shard=(0, 1), cases: int = 4,
                  shrink_seconds: float = 180.0, out: str = "stress-out", version: str | None = None,
                  agent: bool = True, vllm: bool = True, max_findings: int = 0, patches=(), progress=None,
-                 max_runs: int = 0):
+                 max_runs: int = 0, configs=None, switch=None, segment_seconds: float = 120.0):
         self.t, self.tok, self.seconds, self.seed, self.shard = target, tok, seconds, seed, shard
         self.cases, self.shrink_seconds, self.out, self.version = cases, shrink_seconds, out, version
         self.agent, self.vllm, self.max_findings, self.patches = agent, vllm, max_findings, tuple(patches)
@@ -82,6 +87,12 @@ class ServedStress:
         self._t0 = 0.0
         self._stop = False
         self._seen: set = set()
+        # the server configurations drawn, one per segment of runs (a pair takes about a minute to
+        # start here: never one per case): `configs` in the order to visit (None: the target's own
+        # only), `switch(name)` stops the pair and returns the target in that configuration
+        self.configs, self.switch, self.segment_seconds = list(configs or []), switch, segment_seconds
+        self.config = getattr(getattr(target, "config", None), "name", None)
+        self._seg_end = float("inf")
 
     # -- one submission ------------------------------------------------------------------
     def judge(self, case: ServedCase):
@@ -96,6 +107,10 @@ class ServedStress:
                 r.refusals.append(v.refused)
             return
         r.cases += case.cases
+        if self.config is not None:
+            c = r.configs.setdefault(self.config, {"cases": 0, "runs": 0, "search_s": 0.0, "start_s": 0.0, "segments": 0})
+            c["cases"] += case.cases
+            c["runs"] += 1
         mixes: dict = {}
         for q in case.requests:
             mixes.setdefault(q.rid.split("r")[0], set()).update(features(q))
@@ -127,6 +142,8 @@ class ServedStress:
         if self._stop or time.monotonic() > self._t0 + self.seconds or (
                 self.max_runs and self.res.runs - self.res.shrink_runs >= self.max_runs):
             raise _Stop()
+        if time.monotonic() > self._seg_end:
+            raise _SegmentEnd()
         key = _key(case)
         if key in self._seen:  # hypothesis draws the same example again now and then: no run for it
             return False
@@ -215,31 +232,82 @@ class ServedStress:
             f.shrink_s += time.monotonic() - t
             r.shrink_s += time.monotonic() - t
 
+    def _use(self, name: str) -> bool:
+        """The servers of configuration `name` (the pair of the last one stopped first: one pair alive
+        at a time); False, with the line why kept, when they do not start: the search goes on in
+        the other configurations."""
+        if name == self.config or self.switch is None or name in self.res.config_errors:
+            return name not in self.res.config_errors
+        from harness.targets.base import TargetError, TargetUnavailable
+        self.current = f"starting the servers of configuration {name}"
+        self._show()
+        t = time.monotonic()
+        try:
+            self.t = self.switch(name)
+            for o in (False, True):
+                self.t.url(o)
+            ok = True
+        except (TargetUnavailable, TargetError, ValueError) as e:
+            self.res.config_errors[name] = (str(e).strip().splitlines() or ["?"])[0][:300]
+            ok = False
+        dt = time.monotonic() - t
+        self.res.start_s += dt
+        self.config = name
+        if ok:
+            self.res.configs.setdefault(name, {"cases": 0, "runs": 0, "search_s": 0.0, "start_s": 0.0,
+                                               "segments": 0})["start_s"] += dt
+        return ok
+
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> ServedStressResult:
         from hypothesis import HealthCheck, Phase, find, settings
         from hypothesis.errors import NoSuchExample, Unsatisfiable
         from harness.search.shrink import _Stop
-        strategy = submissions(self.tok, self.cases, vllm=self.vllm, agent=self.agent)
         opts = settings(database=None, max_examples=BURST, deadline=None, phases=[Phase.generate],
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
         seeds = burst_seeds(self.seed, *self.shard)
         for o in (False, True):  # both servers up before the clock starts
             self.t.url(o)
         self._t0 = time.monotonic()
+        order = iter(self.configs or [self.config])
+        first = True
         try:
             while not self._stop and time.monotonic() < self._t0 + self.seconds:
-                try:
-                    find(strategy, self._condition, settings=opts, random=random.Random(next(seeds)))
-                except (NoSuchExample, Unsatisfiable):
+                name = next(order, None)
+                if name is None:  # every configuration visited: round again, same order
+                    order = iter(self.configs or [self.config])
+                    name = next(order)
+                if not first and not self._use(name):
+                    if len(r_errs := self.res.config_errors) >= len(set(self.configs)):
+                        self.res.error = f"no configuration's servers start: {next(iter(r_errs.values()))}"
+                        break
                     continue
+                first = False
+                seg_t0, seg_shrink = time.monotonic(), self.res.shrink_s
+                self._seg_end = seg_t0 + self.segment_seconds if len(set(self.configs)) > 1 else float("inf")
+                pri = bool(getattr(getattr(self.t, "config", None), "priority", False))
+                strategy = submissions(self.tok, self.cases, vllm=self.vllm, agent=self.agent, priority=pri)
+                try:
+                    while not self._stop and time.monotonic() < min(self._seg_end, self._t0 + self.seconds):
+                        try:
+                            find(strategy, self._condition, settings=opts, random=random.Random(next(seeds)))
+                        except (NoSuchExample, Unsatisfiable):
+                            continue
+                except _SegmentEnd:
+                    pass
+                finally:
+                    if self.config is not None:
+                        c = self.res.configs.setdefault(self.config, {"cases": 0, "runs": 0, "search_s": 0.0,
+                                                                      "start_s": 0.0, "segments": 0})
+                        c["segments"] += 1
+                        c["search_s"] += time.monotonic() - seg_t0 - (self.res.shrink_s - seg_shrink)
         except _Stop:
             pass
         except KeyboardInterrupt:
             self.res.interrupted = True
         except Exception as e:  # the target broke beyond a finding (a server that cannot start again)
             self.res.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-        self.res.explore_s = time.monotonic() - self._t0 - self.res.shrink_s
+        self.res.explore_s = time.monotonic() - self._t0 - self.res.shrink_s - self.res.start_s
         self.current = "done"
         self._show(final=True)
         return self.res
@@ -252,16 +320,22 @@ class ServedStress:
         r = self.res
         el = max(time.monotonic() - self._t0, 1e-9)
         shard = f" shard {self.shard[0]}/{self.shard[1]}" if self.shard[1] > 1 else ""
-        rate = 60 * r.cases / max(el - r.shrink_s, 1e-9)
-        return (f"stress {self.t.name} seed {self.seed}{shard}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
+        rate = 60 * r.cases / max(el - r.shrink_s - r.start_s, 1e-9)  # a pair's start is not search
+        cfg = f" [configuration {self.config}]" if self.config is not None and len(set(self.configs)) > 1 else ""
+        return (f"stress {self.t.name} seed {self.seed}{shard}{cfg}: {r.cases} cases in {r.runs - r.shrink_runs} runs, "
                 f"{rate:.1f} cases/min, "
                 f"findings {len(r.found)} new, {len(r.known)} known upstream | {min(el, self.seconds):.0f}/"
                 f"{self.seconds:.0f} s | {self.current}")
 
 
+class _SegmentEnd(Exception):
+    """The segment of runs of one server configuration is over: the next one is drawn."""
+
+
 def _key(case: ServedCase) -> str:
     return repr([(vars(r).get("rid"), r.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, r.seed, r.stop,
                   r.repetition_penalty, r.ignore_eos, r.arrival, r.abort_after, getattr(r, "n", 1),
+                  getattr(r, "priority", 0),
                   sorted((getattr(r, "extra", None) or {}).items(), key=str)) for r in case.requests]
                 + [sorted(case.delays.items(), key=str), case.controls])
 
@@ -275,6 +349,7 @@ def summary_lines(s: ServedStress) -> list[str]:
                                                               if r.shrink_runs else "")]
     out += [f"refused (not judged): {why[:300]}" for why in r.refusals]
     out.append("features (cases that drew each): " + ", ".join(f"{k} {v}" for k, v in sorted(r.features.items())))
+    out += config_lines(r)
     if s.agent:
         out.append("path rows (runs where the agent counted the path async on/off; counts on/off):")
         for name, (ron, roff, con, coff) in r.rows.items():
@@ -297,6 +372,20 @@ def summary_lines(s: ServedStress) -> list[str]:
         out.append(f"{r.duplicates} more run(s) failed as an earlier finding did")
     if r.error:
         out.append(f"stopped: {r.error}")
+    return out
+
+
+def config_lines(r) -> list[str]:
+    """Cases per server configuration (harness.targets.vllm_configs), and those that did not start."""
+    out = []
+    if r.configs:
+        out.append(f"server configurations (cases, runs, search min, cases/min, pair start s): "
+                   + "; ".join(f"{n} {c['cases']} cases, {c['runs']} runs, {c['search_s'] / 60:.1f} min, "
+                               f"{60 * c['cases'] / c['search_s'] if c['search_s'] > 0 else 0:.1f}/min, "
+                               f"{c['start_s']:.0f} s" for n, c in r.configs.items())
+                   + (f" (starting them: {r.start_s:.0f} s, not counted as search)" if r.start_s else ""))
+    for n, why in r.config_errors.items():
+        out.append(f"configuration {n}: its servers did not start: {why}")
     return out
 
 

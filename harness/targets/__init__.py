@@ -20,6 +20,13 @@ def close_served() -> None:
     _SERVED.clear()  # one server pair per process: every suite of a check reuses it
 
 
+def served_key(name: str, kw: dict) -> tuple:
+    """A pair per model (the GSM8K gate serves another one), per setting (the bare pair) and per
+    server configuration (harness.targets.vllm_configs)."""
+    return (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ()) + (
+        (kw["config"],) if kw.get("config") not in (None, "default") else ())
+
+
 def make_target(name: str, faults=frozenset(), **kw):
     if name == "ref":
         from harness.targets.ref import RefTarget
@@ -27,7 +34,7 @@ def make_target(name: str, faults=frozenset(), **kw):
     if name in ("vllm", "sglang"):
         kw = {**_DEFAULTS.get(name, {}), **kw}
         # a pair per model (the GSM8K gate serves another one) and per setting (the bare pair)
-        key = (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ())
+        key = served_key(name, kw)
         t = _SERVED.get(key)
         if t is None:
             if name == "vllm":

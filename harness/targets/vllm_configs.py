@@ -1,0 +1,194 @@
+"""Server configurations of vLLM as a dimension of the attack (issue 36, item 1).
+
+The path setting (harness.targets.vllm_paths.SETTINGS) is one corner of vLLM's surface; async
+bugs that shipped lived in others: a batch of one or two requests, another token budget per
+step, a whole prompt prefilled in one step, another block size, a KV pool under more pressure
+or none, prefix caching off, the engine core and the worker in one process, the priority
+policy choosing its own victims. Each CONFIG here is one named change of the path setting:
+the flags (and environment) that replace the path pair's, what it could expose, which path
+rows it takes away (their workload cannot reach them there: the row is "n/a in configuration
+X", never a pass), and the releases that allow it.
+
+`stress --target vllm` draws a configuration per segment of runs (a server pair costs about a
+minute to start here), `check --target vllm --configs NAME,...|all` runs the gate once per
+configuration (the scheduled tier: the default stays one configuration), a reproducer records
+its configuration and `replay` starts the servers in it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.targets import vllm_paths as vp
+
+DEFAULT = "default"
+# rows a configuration cannot reach with the path workload (a reason each)
+_PREEMPT = ("preemption", "preemption_in_flight")
+_CHUNK = ("chunked_prefill", "seeded_partial_prefill")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    args: tuple[str, ...]  # flags replacing the path pair's (a flag given here drops the pair's own)
+    exposes: str  # what vLLM does differently here: the bugs it could expose
+    hides: dict  # path row -> why its workload cannot reach it in this configuration
+    since: str = "0.11.0"  # the oldest release of the table that takes these flags
+    env: tuple[str, ...] = ()  # "VAR=value" for both servers
+    refused: str = ""  # non-empty: vLLM (this release) cannot run it, measured; the line says why
+    priority: bool = False  # requests carry a "priority" (the priority policy orders by it)
+
+    def flags(self) -> str:
+        return " ".join([*self.env, *self.args]) or "(the path setting)"
+
+
+CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
+    ServerConfig(DEFAULT, (), "the path setting itself (vllm_paths.SETTINGS): today's gate", {}),
+    ServerConfig(
+        "one-seq", ("--max-num-seqs", "1"),
+        "a batch of one: every step's input ids come from that one request's previous sample, and a "
+        "finished request's row is refilled by the next waiting one while its last step is in flight",
+        {**{r: "one request at a time never outgrows the pool" for r in _PREEMPT},
+         "seeded_reorder": "a batch of one is never condensed or reordered"}),
+    ServerConfig(
+        "two-seqs", ("--max-num-seqs", "2"),
+        "a batch of two: a row swap whenever one of two finishes, admission one at a time behind it",
+        {r: "two requests never outgrow the pool" for r in _PREEMPT}),
+    ServerConfig(
+        "small-budget", ("--max-num-batched-tokens", "32"),
+        "32 tokens a step (one block): a 93-token prompt takes three chunks, decodes and chunks share "
+        "tight steps, a request can get no tokens in a step while its previous one is in flight", {}),
+    ServerConfig(
+        "whole-prefill", ("--max-num-batched-tokens", "2048", "--no-enable-chunked-prefill"),
+        "chunked prefill off: every prompt prefilled whole in one step, so no partial-prefill sample "
+        "is discarded and a long prefill and decodes share one step",
+        {**{r: "chunked prefill is off" for r in _CHUNK}}),
+    ServerConfig(
+        "block-64", ("--block-size", "64", "--num-gpu-blocks-override", str(vp.KV_BLOCKS * vp.BLOCK // 64)),
+        f"blocks of 64 tokens (the same {vp.KV_BLOCKS * vp.BLOCK}-token pool): a block boundary every 64 "
+        "positions, a prefix hit only on whole 64-token blocks, fewer and larger frees on preemption",
+        {}),
+    ServerConfig(
+        "kv-tight", ("--num-gpu-blocks-override", str(vp.MAX_MODEL_LEN // vp.BLOCK + 1)),
+        f"a pool of {vp.MAX_MODEL_LEN // vp.BLOCK + 1} blocks, one more than the longest request "
+        "needs: preemption on almost every admission, victims resumed while others decode", {}),
+    ServerConfig(
+        "kv-plenty", ("--num-gpu-blocks-override", "1024"),
+        "a pool no workload fills: nothing is preempted, every request decodes to its end in one run",
+        {r: "a 1024-block pool is never short" for r in _PREEMPT}),
+    ServerConfig(
+        "no-prefix-cache", ("--no-enable-prefix-caching",),
+        "no block is looked up or cached: every prompt computed in full, the cache-blocks calls after "
+        "each output skipped",
+        {"prefix_cache_hit": "prefix caching is off"}),
+    ServerConfig(
+        "one-process", (),
+        "the engine core inside the API server's process and the worker inline on its thread "
+        "(UniProcExecutor): async scheduling without a second process, the sampled ids' copy waited "
+        "for on the same thread that schedules", {}, env=("VLLM_ENABLE_V1_MULTIPROCESSING=0",)),
+    ServerConfig(
+        "uni-executor", ("--distributed-executor-backend", "uni"),
+        "the engine core in its own process with the worker inline on it", {},
+        refused="vLLM's CPU platform turns --distributed-executor-backend uni into mp while "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=1 (vllm/platforms/cpu.py): it runs as the default; "
+                "one-process is the uni executor"),
+    ServerConfig(
+        "priority", ("--scheduling-policy", "priority"),
+        "the priority policy: the waiting queue is a heap by (priority, arrival), and a KV-pressure "
+        "victim is the lowest-priority running request, not the newest: it may be one already "
+        "scheduled in this step, or one with a step in flight far from the batch's end", {},
+        priority=True),
+]}
+MATRIX = [c.name for c in CONFIGS.values() if not c.refused]  # what `check --configs all` runs
+
+
+def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str]:
+    """"NAME,...", "all", or "all,-NAME,..." (also "-NAME,...", which argparse takes only as
+    --configs=-NAME): every runnable one but those. The names, or one line."""
+    if spec is None or spec == "":
+        return [DEFAULT]
+    spec = spec.strip()
+    if spec == "all":
+        return list(MATRIX)
+    if spec.startswith("all,"):
+        spec = spec[4:]
+        if not all(n.strip().startswith("-") for n in spec.split(",") if n.strip()):
+            raise exc(f"{flag}: after all, only exclusions (-NAME), got {spec!r}")
+    drop = spec.startswith("-")
+    names = [n.strip().lstrip("-") for n in spec.split(",") if n.strip()]
+    for n in names:
+        if n not in CONFIGS:
+            raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}")
+        if CONFIGS[n].refused and not drop:
+            raise exc(f"{flag}: configuration {n} cannot run on vLLM's CPU build: {CONFIGS[n].refused}")
+    if drop:
+        names = [n for n in MATRIX if n not in names]
+        if not names:
+            raise exc(f"{flag}: every configuration excluded")
+    return list(dict.fromkeys(names))
+
+
+def get(name: str | None) -> ServerConfig:
+    return CONFIGS[name or DEFAULT]
+
+
+def resolve(name: str | None, unavailable=RuntimeError) -> ServerConfig:
+    """The configuration a target is made in: an unknown name is a ValueError, one that vLLM's
+    CPU build refuses is `unavailable` (each one line)."""
+    if (name or DEFAULT) not in CONFIGS:
+        raise ValueError(f"unknown server configuration {name!r}; known: {', '.join(CONFIGS)}")
+    c = CONFIGS[name or DEFAULT]
+    if c.refused:
+        raise unavailable(f"configuration {c.name}: {c.refused}")
+    return c
+
+
+def _split(args) -> list[tuple[str, list[str]]]:
+    """Flags as (key, tokens): a flag and the values after it; --no-X and --X share the key X."""
+    out: list[tuple[str, list[str]]] = []
+    for a in args:
+        if a.startswith("--"):
+            key = a[2:].split("=", 1)[0]
+            out.append((key[3:] if key.startswith("no-") else key, [a]))
+        elif out:
+            out[-1][1].append(a)
+        else:
+            out.append(("", [a]))
+    return out
+
+
+def apply(args, config: ServerConfig) -> list[str]:
+    """The servers' flags with the configuration's in place of the same flags (last, so a
+    release that reads a flag twice still takes the configuration's)."""
+    mine = _split(config.args)
+    keys = {k for k, _ in mine}
+    return [t for k, toks in _split(args) if k not in keys for t in toks] + [t for _, toks in mine for t in toks]
+
+
+def env(config: ServerConfig) -> dict:
+    return dict(a.split("=", 1) for a in config.env)
+
+
+def row_absent(row: str, config: ServerConfig) -> str:
+    """"n/a in configuration X: why" for a path row this configuration takes away; the rows of
+    the bare pair run in the default configuration only (a second pair per configuration would
+    double the matrix's cost)."""
+    if config.name == DEFAULT:
+        return ""
+    why = config.hides.get(row)
+    if why:
+        return f"n/a in configuration {config.name}: {row}: {why}"
+    if vp.PATHS_BY_NAME.get(row) is not None and vp.PATHS_BY_NAME[row].pair == "bare":
+        return (f"n/a in configuration {config.name}: {row}: the bare pair runs in the default configuration "
+                "only")
+    return ""
+
+
+def matrix_markdown() -> str:
+    """The catalogue as docs/vllm-configs.md shows it (a test checks the doc against it)."""
+    rows = ["| configuration | flags | what it could expose | rows it takes away | releases |",
+            "|---|---|---|---|---|"]
+    for c in CONFIGS.values():
+        hid = ", ".join(sorted(c.hides)) or "none"
+        rel = f"refused on the CPU build: {c.refused}" if c.refused else f"{c.since} and newer"
+        rows.append(f"| `{c.name}` | `{c.flags()}` | {c.exposes} | {hid} | {rel} |")
+    return "\n".join(rows)
