@@ -267,3 +267,24 @@ def test_admission_is_counted_as_vllm_walks_its_queue():
     s.running = [a, a]
     _step(books, s, {"a": 1})
     assert facts.data["requests"]["w"][9] == 2
+
+
+def test_max_tokens_row_allows_one_sample_per_in_flight_drop():
+    """The max_tokens_1_2 row counts sampling steps of max-1/2 requests over the run; a preemption
+    with the request's step in flight drops that sample and draws the position again (vLLM's
+    design), so async on may spend one more per drop the agent counted (measured: configuration
+    one-seq, where the workload's prefix-cache reset preempts a running max-2 request: 5 on, 4 off).
+    Without the drop counted, one more is still a finding."""
+    from equivalence.test_paths import row_findings
+    row = vp.PATHS_BY_NAME["max_tokens_1_2"]
+    r = vllm_workload._req("m2", [7, 8, 9], 2, ["max_tokens_1_2"])
+    key = request_key(r.prompt_ids, 2)
+    cnt_off = {"sampled_max2": 4, "max2_requests": 2}
+    for ev, bad in (({"stale_dropped:reset": 1}, False), ({}, True), ({"scheduled_at_cap": 1}, True)):
+        pr = vp.PathRun([r], Run([]), Run([]), cnt_off, {"sampled_max2": 5}, release="0.32.0",
+                        steps={False: {"x": [key, 2, 2, 0, 0, 0, L]}, True: {"y": [key, 3, 3, 0, 0, 1, L, ev]}})
+        got = [f for f in row_findings(row, pr) if f.startswith("max_tokens 2")]
+        assert bool(got) == bad, (ev, got)
+    pr = vp.PathRun([r], Run([]), Run([]), cnt_off, {"sampled_max2": 6}, release="0.32.0",
+                    steps={False: {}, True: {"y": [key, 3, 3, 0, 0, 1, L, {"stale_dropped:reset": 1}]}})
+    assert [f for f in row_findings(row, pr) if "+1 allowed" in f], "two more for one drop"
