@@ -182,6 +182,44 @@ class SglangAgent:
         if any(getattr(r, "grammar", None) is not None for r in reqs):
             facts.add("path_grammar")
 
+    # -- entry 0: the padded rows of a graph batch --------------------------------------------------
+    def padded(self, raw, prepared) -> None:
+        """A decode step replayed on a captured graph (SGLang's CPU graph runner, prepare_replay):
+        when its batch of raw_bs rows was padded up to the captured size, every padded row must
+        read and write entry 0, which belongs to no request (req_to_token row 0, which is also
+        the relay's entry 0: FutureMap is indexed by req-pool row, and KV slot 0, which the
+        allocators never hand out), and no request may hold entry 0 itself. Counted: padded
+        rows on entry 0 (path_relay_entry0); anything else is a violation (pad_rows_off_entry0),
+        the first one described, since a padded row that points at a live request's row or KV
+        slot writes its garbage K/V there (or a request holding slot 0 gets the padding's)."""
+        facts = self.facts
+        try:
+            raw_bs, bs = int(raw.batch_size), int(prepared.batch_size)
+            facts.add("graph_steps")
+            live_rows = [int(x) for x in raw.req_pool_indices.tolist()]
+            live_locs = [int(x) for x in raw.out_cache_loc.tolist()]
+            bad = []
+            if 0 in live_rows or 0 in live_locs:
+                bad.append(f"a request of the batch holds entry 0 (req rows {live_rows[:8]}, KV slots {live_locs[:8]})")
+            if bs > raw_bs:
+                facts.add("graph_padded_steps")
+                rows = [int(x) for x in prepared.req_pool_indices[raw_bs:bs].tolist()]
+                width = max(1, len(prepared.out_cache_loc) // bs)  # tokens a row (1 for plain decode)
+                locs = [int(x) for x in prepared.out_cache_loc[raw_bs * width:bs * width].tolist()]
+                on0 = sum(1 for i, r in enumerate(rows) if r == 0 and all(v == 0 for v in locs[i * width:(i + 1) * width]))
+                facts.add("path_relay_entry0", on0)
+                if on0 < len(rows):
+                    bad.append(f"padded rows {raw_bs}..{bs - 1} of a {raw_bs}-row batch point at req rows {rows} "
+                               f"(live {sorted(set(rows) & set(live_rows))}) and KV slots {locs} "
+                               f"(live {sorted(set(locs) & set(live_locs))}), not entry 0")
+            if bad:
+                facts.add("pad_rows_off_entry0")
+                if not facts.data.get("first_entry0_violation"):
+                    facts.set(first_entry0_violation=f"step {self.last_step}: {bad[0]}"[:400])
+        except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+            if not facts.data.get("first_entry0_violation"):
+                facts.set(graph_pad_unread=str(e)[:200])
+
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
         p = POINTS_BY_NAME[name]
@@ -323,13 +361,15 @@ class SglangAgent:
                         facts.add("barrier_blocked")
             return _apply_war_barrier
 
+        def graph_pad(orig):
+            def prepare_replay(self, forward_batch, *a, **kw):
+                out = orig(self, forward_batch, *a, **kw)
+                agent.padded(forward_batch, out)
+                return out
+            return prepare_replay
+
         def relay_stash(orig):
             def stash(self, future_indices, payload, *a, **kw):
-                try:  # entry 0 is the padding row's (CUDA-graph padded batches)
-                    if bool((future_indices == 0).any()):
-                        facts.add("path_relay_entry0")
-                except (TypeError, AttributeError, RuntimeError):
-                    pass
                 if not fault("sglang_relay_read_before_write"):
                     return orig(self, future_indices, payload, *a, **kw)
                 side = ops.side_stream()
@@ -429,7 +469,7 @@ class SglangAgent:
         for name, make in (("forward", forward), ("delayed_sample", delayed_sample), ("penalty_cumulate", penalty_cumulate), ("result_copy", result_copy),
                            ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
-                           ("relay_stash", relay_stash), ("retract", retract),
+                           ("relay_stash", relay_stash), ("graph_pad", graph_pad), ("retract", retract),
                            ("finish_in_flight", finish_in_flight), ("abort", abort),
                            ("books_idle", books_idle), ("books_leak", books_leak)):
             self._wrap(name, make)

@@ -17,6 +17,7 @@ RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
 SCHED = "srt/managers/scheduler.py"
 BATCH = "srt/managers/schedule_batch.py"
+GRAPH = "srt/model_executor/cpu_graph_runner.py"
 
 
 class PatchError(RuntimeError):
@@ -120,6 +121,22 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         # the class: the two-window reservation of speculative decoding's overlap (eagle_prepare_for_decode,
         # get_alloc_reserve_per_decode's 2x) and the out-of-memory crashes of a short one
         ("sgl-project/sglang#14972", "sgl-project/sglang#13741", "sgl-project/sglang#14645")),
+    SglangPatch(
+        "sglang_pad_rows_not_reset",
+        "a padded row that is not entry 0's: when the CPU graph runner pads a decode batch up to the "
+        "captured size, it no longer points the padded rows back at req-pool row 0 and KV slot 0; they "
+        "keep the rows and KV slots of the last padded replay, i.e. of requests that ran in that step, "
+        "and the graph writes the padded rows' K/V into those requests' slots. Only a padded batch "
+        "shows it (the runner's own buffers are used only when a batch is padded)",
+        PATHS, GRAPH,
+        "        captured_forward_batch.out_cache_loc.zero_()\n"
+        "        # Pair with seq_lens fill: padded rows must point at reserved\n"
+        "        # req_pool slot 0 (req_to_token[0, :] is all zeros from init).\n"
+        "        captured_forward_batch.req_pool_indices.zero_()\n",
+        "",
+        # the class: padded graph rows writing into live entries (SGLang's JAX port; SGLang's
+        # allocators keep slot 0 for padded tokens for this reason)
+        ("sgl-project/sglang-jax#1487", "sgl-project/sglang-jax#1504")),
 ]}
 
 

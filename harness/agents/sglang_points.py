@@ -85,6 +85,12 @@ POINTS = [
     Point("relay_stash", "sglang.srt.managers.overlap_utils", "FutureMap.stash",
           ("self", "future_indices", "payload"), ("output_tokens_buf", "bonus_tokens"),
           "writes step N's sampled tokens into the relay (FutureMap) on the forward stream"),
+    Point("graph_pad", "sglang.srt.model_executor.cpu_graph_runner", "CPUGraphRunner.prepare_replay",
+          ("self", "forward_batch"), ("req_pool_indices", "out_cache_loc", "seq_len_fill_value", "raw_bs",
+                                      "batch_size", "zero_"),
+          "the CPU graph runner (--enable-torch-compile) pads a decode batch of raw_bs rows up to the next "
+          "captured size and returns the batch the graph runs: the padded rows' req-pool rows and KV slots "
+          "(entry 0) are read there"),
     Point("relay_gather", "sglang.srt.managers.overlap_utils", "resolve_forward_inputs",
           ("batch", "future_map"), ("output_tokens_buf", "req_pool_indices"),
           "step N+1 gathers its input ids from the relay: must follow the stash"),
@@ -152,6 +158,9 @@ SERVER_FIELDS = [
     # the path setting's (harness.targets.sglang_paths.SERVER_ARGS)
     ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
     ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),
+    # the CPU graph runner's (harness.targets.sglang.CPU_GRAPH_BS: padded batches, entry 0)
+    ("sglang.srt.arg_groups.fields.exec_", "enable_torch_compile"),
+    ("sglang.srt.arg_groups.fields.exec_", "cuda_graph_bs_decode"),
 ]
 
 
