@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 def sglang_pair(tmp_path_factory):
     from harness import targets
     from tests.served_pair import start_pair
-    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")))
+    # without the CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for
+    # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.CPU_GRAPH_BS)
+    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")), cpu_graphs=False)
     targets.close_served()
 
 
@@ -181,8 +183,8 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
     reqs = sp.build(tok)
     runs, counts, books = _path_counts(sglang, reqs)
     for row in sp.PATHS:
-        if row.cpu_reason and sglang.device == "cpu":
-            continue
+        if row.cpu_reason and sglang.device == "cpu" or row.name == "relay_entry_0" and not sglang.cpu_graphs:
+            continue  # entry 0: test_padded_rows_on_entry_0 (its own pair, with the CPU graph runner)
         arms = (True, False) if row.arm == "both" else (True,)
         missing = [ov for ov in arms if sp.row_count(row, counts[ov]) <= 0]
         assert not missing, f"not exercised: {row.name} (overlap {missing}): {counts}"
@@ -220,3 +222,27 @@ def test_reservation_one_window_short_is_caught(sglang, tok):
     left, _ = sglang_upstream.claim(reqs, on, divergences(off, on))
     assert [d for _, _, divs in left for d in divs if not d.near_tie] or record_problems(on.outputs, run_logprobs(on)), \
         "sglang_decode_reservation_short went unnoticed"
+
+
+@pytest.mark.scheduled  # a pair of its own with the CPU graph runner (a capture each), the path workload once an arm
+def test_padded_rows_on_entry_0(sglang, tok):
+    """Entry 0 on the CPU: the CPU graph runner pads decode batches of 1-3 rows to the captured 4,
+    and every padded row must point at entry 0 (req-pool row 0, KV slot 0). The off arm runs stock
+    SGLang: padded rows counted, none off entry 0; the on arm runs sglang_pad_rows_not_reset (the
+    padded rows keep the last padded replay's rows and KV slots): the agent reports it. Its tokens
+    did not change in the measured run (the stale slots were no longer read), so only the agent's
+    check catches this patch, deterministically, wherever a batch is padded twice in a row."""
+    from harness import targets
+    from harness.targets import sglang_paths as sp
+    if sglang.device != "cpu":
+        pytest.skip("the CPU graph runner is the CPU's; on a GPU every CUDA-graph batch pads (check's pair)")
+    t = targets.make_target("sglang", {"sglang_pad_rows_not_reset"}, cpu_graphs=True, pair="graphs")
+    try:
+        t.start()
+        _, counts, _ = _path_counts(t, sp.build(tok))
+    finally:
+        t.close()
+    off, on = counts[False], counts[True]
+    assert off.get("path_relay_entry0", 0) > 0 and off.get("graph_padded_steps", 0) > 0, off
+    assert off.get("pad_rows_off_entry0", 0) == 0, off  # stock: every padded row on entry 0
+    assert on.get("graph_padded_steps", 0) > 0 and on.get("pad_rows_off_entry0", 0) > 0, on
