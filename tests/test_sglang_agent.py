@@ -130,6 +130,14 @@ def stand_ins(log):
         def prepare_replay(self, forward_batch, skip=False):
             return forward_batch if forward_batch.batch_size == 4 else self.padded_to_4(forward_batch)
 
+    class ReqToTokenPool:
+        def write(self, indices, values):
+            log.append(("orig_table_write", indices))
+
+    def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                      batch_size):
+        log.append(("orig_table_assign",))
+
     class SchedulerInvariantChecker:
         def _check_req_pool(self):
             pass
@@ -143,7 +151,10 @@ def stand_ins(log):
                 types.SimpleNamespace(SchedulerInvariantChecker=SchedulerInvariantChecker),
             "sglang.srt.managers.tp_worker": types.SimpleNamespace(TpModelWorker=TpModelWorker),
             "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap),
-            "sglang.srt.model_executor.cpu_graph_runner": types.SimpleNamespace(CPUGraphRunner=CPUGraphRunner)}
+            "sglang.srt.model_executor.cpu_graph_runner": types.SimpleNamespace(CPUGraphRunner=CPUGraphRunner),
+            "sglang.srt.mem_cache.memory_pool": types.SimpleNamespace(ReqToTokenPool=ReqToTokenPool),
+            "sglang.srt.mem_cache.allocation":
+                types.SimpleNamespace(assign_req_to_token_pool_func=assign_req_to_token_pool_func)}
     return mods, Scheduler, TpModelWorker, FutureMap
 
 

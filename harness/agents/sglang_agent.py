@@ -106,6 +106,7 @@ class SglangAgent:
         self.tokens = progress.TokenClock()
         self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
         self.last_step: int | None = None  # the newest step the overlap loop launched (host order)
+        self.fence = None  # harness.agents.sglang_fence.FenceModel: the CPU backend's happens-before
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -181,6 +182,54 @@ class SglangAgent:
             facts.add("path_penalties")
         if any(getattr(r, "grammar", None) is not None for r in reqs):
             facts.add("path_grammar")
+
+    # -- the fence, judged by happens-before (CPU backend) ---------------------------------------------
+    def table_written(self, what: str, ranges) -> None:
+        """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
+        hb = self.fence
+        if hb is None:
+            return
+        try:
+            import torch
+            stream = hb.name(torch.cpu.current_stream())
+            hazards = hb.write(stream, ranges(), f"{what} (before step {self.fence.n + 1}'s forward)")
+        except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+            self.facts.set(fence_unread=str(e)[:200])
+            return
+        if hazards:
+            self.facts.write(True)
+
+    def install_fence_model(self) -> None:
+        """On the CPU backend, record the order SGLang's code establishes between its streams (PyTorch's
+        CPU streams and events do nothing, so the agent keeps their order: harness.agents.sglang_fence).
+        The classes are PyTorch's own, patched in this scheduler process only."""
+        import torch
+        from harness.agents.sglang_fence import FenceModel
+        hb = self.fence = FenceModel(self.facts)
+        S, E = torch.cpu.Stream, torch.cpu.Event
+        orig = {(S, "wait_stream"): S.wait_stream, (S, "wait_event"): S.wait_event,
+                (E, "record"): E.record, (E, "synchronize"): E.synchronize}
+
+        def wait_stream(self, stream):
+            hb.waited_stream(hb.name(self), hb.name(stream))
+            return orig[(S, "wait_stream")](self, stream)
+
+        def wait_event(self, event):
+            hb.waited_event(hb.name(self), event)
+            return orig[(S, "wait_event")](self, event)
+
+        def record(self, stream=None):
+            hb.recorded(self, hb.name(stream if stream is not None else torch.cpu.current_stream()))
+            return orig[(E, "record")](self, stream)
+
+        def synchronize(self):
+            hb.host_synced(getattr(self, "_oh_fpos", None))
+            return orig[(E, "synchronize")](self)
+
+        for (cls, attr), fn in zip(orig, (wait_stream, wait_event, record, synchronize)):
+            self.originals[f"torch.cpu.{cls.__name__}.{attr}"] = (cls, attr, orig[(cls, attr)])
+            setattr(cls, attr, fn)
+        self.facts.set(fence_model=True)
 
     # -- entry 0: the padded rows of a graph batch --------------------------------------------------
     def padded(self, raw, prepared) -> None:
@@ -260,7 +309,15 @@ class SglangAgent:
                     facts.add("forward_delays")
                 facts.add("forward_steps")
                 facts.write()
-                return orig(self, *a, **kw)
+                hb = agent.fence
+                if hb is None:
+                    return orig(self, *a, **kw)
+                from harness.agents.sglang_fence import reads_of_batch
+                step = hb.forward_begins(reads_of_batch(a[0] if a else kw.get("batch")))
+                try:
+                    return orig(self, *a, **kw)
+                finally:
+                    hb.forward_ends(step)
             return forward_batch_generation
 
         def result_copy(orig):
@@ -269,7 +326,10 @@ class SglangAgent:
                 copier = getattr(ops, "copier", None)
                 if copier is not None:  # the CPU backend: the copy lands later, on the agent's copy thread
                     out = orig(self, batch_result, batch, *a, **kw)
-                    copier.start(batch_result, ms / 1000.0)
+                    fpos = getattr(getattr(batch_result, "copy_done", None), "_oh_fpos", None)
+                    done = copier.start(batch_result, ms / 1000.0)
+                    if agent.fence is not None:  # the host's wait on it orders what it does next
+                        done.on_sync = lambda hb=agent.fence, p=fpos: hb.host_synced(p)
                     facts.add("copies_async")
                     if ms:
                         facts.add("copy_delays")
@@ -284,6 +344,10 @@ class SglangAgent:
         def run_batch(orig):
             def run_batch(self, batch, *a, **kw):
                 step = agent.launched(self, batch, time.monotonic_ns())
+                if agent.fence is not None and not agent.fence.names:
+                    agent.fence.name_streams(schedule=getattr(self, "schedule_stream", None),
+                                             forward=getattr(self, "forward_stream", None),
+                                             copy=getattr(self, "copy_stream", None))
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
                 agent.count_paths(self, batch)
                 if agent.steps is not None:
@@ -382,6 +446,20 @@ class SglangAgent:
                 return out
             return stash
 
+        def table_write(orig):
+            def write(self, indices, values, *a, **kw):
+                agent.table_written("write", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                                    .ranges_of_write(indices, values))
+                return orig(self, indices, values, *a, **kw)
+            return write
+
+        def table_assign(orig):
+            def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw):
+                agent.table_written("assign", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                                    .ranges_of_assign(req_pool_indices, start_offset, end_offset))
+                return orig(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw)
+            return assign_req_to_token_pool_func
+
         def retract(orig):
             def retract_decode(self, *a, **kw):
                 out = orig(self, *a, **kw)
@@ -470,10 +548,13 @@ class SglangAgent:
                            ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
                            ("relay_stash", relay_stash), ("graph_pad", graph_pad), ("retract", retract),
+                           ("table_write", table_write), ("table_assign", table_assign),
                            ("finish_in_flight", finish_in_flight), ("abort", abort),
                            ("books_idle", books_idle), ("books_leak", books_leak)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
+        if self.plan.data.get("device") == "cpu" and self.plan.data.get("fence_model", True):
+            self.install_fence_model()
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self

@@ -137,6 +137,20 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         # the class: padded graph rows writing into live entries (SGLang's JAX port; SGLang's
         # allocators keep slot 0 for padded tokens for this reason)
         ("sgl-project/sglang-jax#1487", "sgl-project/sglang-jax#1504")),
+    SglangPatch(
+        "sglang_war_barrier_no_wait",
+        "a table write without the fence: the write-after-read barrier still consumes the forward's "
+        "read-done event but no longer makes the schedule stream wait on it (or on the forward stream), "
+        "so the scheduler's req_to_token writes for step N+1 are not ordered after step N's reads (on a "
+        "CPU nothing races: the agent's fence model, harness.agents.sglang_fence, judges the order)",
+        PATHS, SCHED,
+        "        if ev is not None and not envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():\n"
+        "            self.schedule_stream.wait_event(ev)\n"
+        "        else:\n"
+        "            self.schedule_stream.wait_stream(self.forward_stream)\n",
+        "",
+        # the barrier's fix; its removal off CUDA; memory faults on ROCm without it
+        ("sgl-project/sglang#26380", "sgl-project/sglang#26646", "sgl-project/sglang#38258")),
 ]}
 
 

@@ -257,6 +257,10 @@ class SglangTarget(ServedTarget):
             env = sglang_setup.cpu_env(env)
             # two servers share the machine's cores: no binding; one OpenMP thread each
             env.setdefault("OMP_NUM_THREADS", "1")
+            # SGLang runs its write-after-read barrier only on CUDA (streams are no-ops elsewhere); on
+            # by this switch of SGLang's own, the CPU runs the GPU's barrier code, whose order the
+            # agent's fence model records and judges (harness.agents.sglang_fence)
+            env.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
         patches = self.patches() if overlap else []
         if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
             from harness.agents.sglang_patches import PatchError

@@ -1,0 +1,168 @@
+"""The fence, judged by happens-before (the article's "fence": the scheduler's table writes for
+step N+1 must be ordered after step N's forward has read the table).
+
+On a GPU the scheduler (schedule stream) writes `req_to_token` while the previous step's forward
+(forward stream) may still read it; SGLang orders them with its write-after-read barrier
+(Scheduler._apply_war_barrier: the schedule stream waits on the forward's read-done event, or on
+the whole forward stream). On SGLang's CPU backend every stream is the host thread, so a missing
+or misplaced fence never races: the forward is done before the next write. This model gives the
+GPU's order back, deterministically: it records what the code *orders*, not what happened to
+finish first, and judges every write against it.
+
+One clock is enough: only the forward stream reads what the scheduler writes. Its position
+`f` advances when a step's forward starts reading and when it stops (torch_native attention
+reads req_to_token in every layer, so a step's reads span its whole forward). Every other
+stream, and the host, knows the forward stream up to some position:
+- an event records what its stream knows (the forward stream's own position, for an event
+  recorded there);
+- `wait_event(ev)` / `wait_stream(other)` raise the waiting stream's knowledge to the event's /
+  the other stream's;
+- a host wait on an event (`synchronize`: the result processors on step N's copy-done) raises
+  the host's knowledge, and everything the host enqueues later is after it.
+A write to req_to_token enqueued on stream S (the host's current stream, or the host itself
+for a CPU tensor the scheduler writes directly) is ordered after a step's reads when S's or the
+host's knowledge reaches the step's end. A write that overlaps the rows and positions of a
+step whose reads it is not ordered after (the step is in flight in the GPU's sense: launched,
+its reads not known done) is a write-after-read hazard, reported with both steps and the rows.
+A write on the forward stream itself is ordered by the stream.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+FORWARD = "forward"
+
+
+class FenceModel:
+    def __init__(self, facts, keep: int = 8):
+        self.facts = facts
+        self.f = 0  # the forward stream's position
+        self.knows: dict[str, int] = {}  # stream -> the forward position it waits behind
+        self.host = 0  # the forward position the host has synchronised with
+        self.steps: deque = deque(maxlen=keep)  # [step, {row: reads end}, begin, end]
+        self.n = 0
+        self.names: dict[int, str] = {}
+
+    # -- streams -----------------------------------------------------------------------------------
+    def name(self, stream) -> str:
+        if stream is None:
+            return "host"
+        return self.names.get(id(stream), f"stream-{id(stream):x}")
+
+    def name_streams(self, **streams) -> None:
+        for nm, s in streams.items():
+            if s is not None:
+                self.names[id(s)] = nm
+
+    def pos(self, stream_name: str) -> int:
+        """The forward position work enqueued now on this stream is ordered after."""
+        if stream_name == FORWARD:
+            return self.f
+        return max(self.knows.get(stream_name, 0), self.host)
+
+    # -- the forward's reads -----------------------------------------------------------------------
+    def forward_begins(self, rows: dict[int, int]) -> int:
+        """Step's forward starts reading req_to_token rows {row: positions [0, end)}."""
+        self.n += 1
+        self.f += 1
+        self.steps.append([self.n, dict(rows), self.f, None])
+        return self.n
+
+    def forward_ends(self, step: int) -> None:
+        self.f += 1
+        for s in self.steps:
+            if s[0] == step:
+                s[3] = self.f
+
+    # -- ordering ----------------------------------------------------------------------------------
+    def recorded(self, ev, stream_name: str) -> None:
+        try:
+            ev._oh_fpos = self.pos(stream_name)
+        except AttributeError:
+            pass
+
+    def waited_event(self, stream_name: str, ev) -> None:
+        p = getattr(ev, "_oh_fpos", None)
+        if p is not None and stream_name != FORWARD:
+            self.knows[stream_name] = max(self.knows.get(stream_name, 0), p)
+
+    def waited_stream(self, stream_name: str, other: str) -> None:
+        if stream_name != FORWARD:
+            self.knows[stream_name] = max(self.knows.get(stream_name, 0), self.pos(other))
+
+    def host_synced(self, fpos) -> None:
+        if fpos is not None:
+            self.host = max(self.host, int(fpos))
+
+    # -- the scheduler's writes --------------------------------------------------------------------
+    def write(self, stream_name: str, ranges, what: str) -> list[str]:
+        """A write of req_to_token [(row, lo, hi)] enqueued on `stream_name`: the hazards it makes."""
+        if stream_name == FORWARD or not ranges:
+            return []
+        known = self.pos(stream_name)
+        facts = self.facts
+        facts.add("fence_writes")
+        out, fenced = [], False
+        for step, rows, begin, end in self.steps:
+            hit = [(r, lo, hi) for r, lo, hi in ranges if r in rows and lo < rows[r] and hi > lo]
+            if not hit:
+                continue
+            host_done = end is not None and end <= self.host
+            if host_done:
+                continue  # the host itself waited for that step: nothing of it is in flight
+            if end is not None and end <= known:
+                fenced = True  # in flight, and ordered behind its reads by a stream wait: the fence worked
+                continue
+            r, lo, hi = hit[0]
+            out.append(f"{what} writes req_to_token row {r} [{lo}, {hi}) on the {stream_name} stream while "
+                       f"forward step {step} reads row {r} [0, {rows[r]}) and is in flight (launched, not "
+                       f"synchronised by the host); the {stream_name} stream waits behind forward position "
+                       f"{known}, that step's reads end at {end if end is not None else 'its end, not yet enqueued'}"
+                       f" (began {begin}): no fence orders the write after them")
+        if fenced:
+            facts.add("fence_ordered_conflicts")
+        if out:
+            facts.add("fence_hazards", len(out))
+            if not facts.data.get("first_fence_hazard"):
+                facts.set(first_fence_hazard=out[0][:600])
+        return out
+
+
+def ranges_of_write(indices, values=None) -> list[tuple[int, int, int]]:
+    """ReqToTokenPool.write(indices, values)'s cells as [(row, lo, hi)]: indices is (row, slice),
+    (rows, positions) tensors / lists, or a bare row."""
+    def ints(x):
+        if hasattr(x, "tolist"):
+            x = x.tolist()
+        return x if isinstance(x, list) else [x]
+    if not isinstance(indices, tuple) or len(indices) != 2:
+        return [(int(r), 0, 1 << 30) for r in ints(indices)]
+    rows, cols = indices
+    if isinstance(cols, slice):
+        lo = cols.start or 0
+        hi = cols.stop if cols.stop is not None else 1 << 30
+        return [(int(r), int(lo), int(hi)) for r in ints(rows)]
+    rows, cols = ints(rows), ints(cols)
+    if len(rows) == 1 and len(cols) > 1:
+        rows = rows * len(cols)
+    return [(int(r), int(c), int(c) + 1) for r, c in zip(rows, cols)]
+
+
+def ranges_of_assign(req_pool_indices, start_offset, end_offset) -> list[tuple[int, int, int]]:
+    """assign_req_to_token_pool's cells: row i gets positions [start[i], end[i])."""
+    return [(int(r), int(s), int(e)) for r, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(),
+                                                         end_offset.tolist()) if e > s]
+
+
+def reads_of_batch(batch) -> dict[int, int]:
+    """What a step's forward reads of req_to_token: each row's positions [0, seq_len)."""
+    rows = getattr(batch, "req_pool_indices", None)
+    lens = getattr(batch, "seq_lens_cpu", None)
+    if lens is None:
+        lens = getattr(batch, "seq_lens", None)
+    if rows is None or lens is None:
+        return {}
+    out: dict[int, int] = {}
+    for r, n in zip(rows.tolist(), lens.tolist()):
+        out[int(r)] = max(out.get(int(r), 0), int(n))
+    return out
