@@ -246,3 +246,34 @@ def test_padded_rows_on_entry_0(sglang, tok):
     assert off.get("path_relay_entry0", 0) > 0 and off.get("graph_padded_steps", 0) > 0, off
     assert off.get("pad_rows_off_entry0", 0) == 0, off  # stock: every padded row on entry 0
     assert on.get("graph_padded_steps", 0) > 0 and on.get("pad_rows_off_entry0", 0) > 0, on
+
+
+@pytest.mark.scheduled  # the overlap-on server restarted on the patched copy, the path workload once an arm
+def test_table_write_without_the_fence_is_caught(sglang, tok):
+    """sglang_war_barrier_no_wait: the barrier consumes the read-done event but the schedule stream
+    waits on nothing. On a CPU nothing races and the tokens stay equal; the agent's fence model
+    (harness.agents.sglang_fence) reports each req_to_token write that overlaps an in-flight step's
+    reads unordered (measured: 32 on the path workload), where stock SGLang's barrier orders every
+    one of them (29 ordered, 0 hazards) and the off arm has nothing in flight."""
+    from harness import targets
+    from harness.targets import sglang_paths as sp
+    if sglang.device != "cpu":
+        pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")
+    try:
+        t = targets.make_target("sglang", {"sglang_war_barrier_no_wait"})
+        _, counts, _ = _path_counts(t, sp.build(tok))
+    finally:
+        targets.make_target("sglang", ())
+    off, on = counts[False], counts[True]
+    assert off.get("fence_writes", 0) > 0 and off.get("fence_hazards", 0) == 0, off
+    assert on.get("fence_hazards", 0) > 0 and on.get("fence_ordered_conflicts", 0) == 0, on
+
+
+@pytest.mark.scheduled
+def test_stock_barrier_orders_every_conflicting_write(sglang, tok):
+    """Stock SGLang, overlap on: writes that overlap an in-flight step's reads happen (the path is
+    exercised) and the barrier orders each one (no hazard)."""
+    from harness.targets import sglang_paths as sp
+    _, counts, _ = _path_counts(sglang, sp.build(tok))
+    assert counts[True].get("fence_ordered_conflicts", 0) > 0, counts[True]
+    assert not counts[True].get("fence_hazards") and not counts[False].get("fence_hazards"), counts
