@@ -18,6 +18,7 @@ RELAY = "srt/managers/overlap_utils.py"
 SCHED = "srt/managers/scheduler.py"
 BATCH = "srt/managers/schedule_batch.py"
 GRAPH = "srt/model_executor/cpu_graph_runner.py"
+NATIVE = "srt/layers/attention/torch_native_backend.py"
 
 
 class PatchError(RuntimeError):
@@ -151,6 +152,25 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         "",
         # the barrier's fix; its removal off CUDA; memory faults on ROCm without it
         ("sgl-project/sglang#26380", "sgl-project/sglang#26646", "sgl-project/sglang#38258")),
+    SglangPatch(
+        "sglang_read_done_before_reads",
+        "the fence's event recorded before the reads: torch_native attention declares that its prefill "
+        "reads of req_to_token end with its metadata (SharedReadEnds.PRE_REPLAY, as a backend that "
+        "snapshots the table may), so the eager runner publishes a read-done event right after "
+        "init_forward_metadata and the barrier waits on it; torch_native reads req_to_token in every "
+        "layer after that event, so the scheduler's next writes are ordered after none of those reads",
+        PATHS, NATIVE,
+        "class TorchNativeAttnBackend(AttentionBackend):\n"
+        "    def __init__(self, model_runner: ModelRunner):\n",
+        "class TorchNativeAttnBackend(AttentionBackend):\n"
+        "    def shared_read_ends(self, fm):\n"
+        "        from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds\n"
+        "\n"
+        "        return SharedReadEnds.PRE_REPLAY\n"
+        "\n"
+        "    def __init__(self, model_runner: ModelRunner):\n",
+        # where a backend's shared reads end, and the read-done event's placement
+        ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
 ]}
 
 
