@@ -249,24 +249,26 @@ def test_padded_rows_on_entry_0(sglang, tok):
 
 
 @pytest.mark.scheduled  # the overlap-on server restarted on the patched copy, the path workload once an arm
-def test_table_write_without_the_fence_is_caught(sglang, tok):
-    """sglang_war_barrier_no_wait: the barrier consumes the read-done event but the schedule stream
-    waits on nothing. On a CPU nothing races and the tokens stay equal; the agent's fence model
-    (harness.agents.sglang_fence) reports each req_to_token write that overlaps an in-flight step's
-    reads unordered (measured: 32 on the path workload), where stock SGLang's barrier orders every
-    one of them (29 ordered, 0 hazards) and the off arm has nothing in flight."""
+@pytest.mark.parametrize("patch", ["sglang_war_barrier_no_wait", "sglang_read_done_before_reads"])
+def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
+    """The fence class by source patch: the barrier waits on nothing (sglang_war_barrier_no_wait), or
+    on a read-done event recorded before torch_native's reads (sglang_read_done_before_reads). On a
+    CPU nothing races and the tokens stay equal; the agent's fence model (harness.agents.sglang_fence)
+    reports each req_to_token write that overlaps an in-flight step's reads unordered (measured on
+    the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
+    0 hazards) and the off arm has nothing in flight."""
     from harness import targets
     from harness.targets import sglang_paths as sp
     if sglang.device != "cpu":
         pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")
     try:
-        t = targets.make_target("sglang", {"sglang_war_barrier_no_wait"})
+        t = targets.make_target("sglang", {patch})
         _, counts, _ = _path_counts(t, sp.build(tok))
     finally:
         targets.make_target("sglang", ())
     off, on = counts[False], counts[True]
     assert off.get("fence_writes", 0) > 0 and off.get("fence_hazards", 0) == 0, off
-    assert on.get("fence_hazards", 0) > 0 and on.get("fence_ordered_conflicts", 0) == 0, on
+    assert on.get("fence_hazards", 0) > 0, on
 
 
 @pytest.mark.scheduled
