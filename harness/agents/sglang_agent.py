@@ -31,6 +31,7 @@ import zlib
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
+from harness.agents.sglang_cuda_ops import CudaOps
 from harness.agents.sglang_steps import client_key
 from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
@@ -40,60 +41,6 @@ RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_rela
 
 class AgentError(RuntimeError):
     pass
-
-
-class CudaOps:
-    """The few device operations the agent needs (a seam: tests on CPU record them instead)."""
-
-    def __init__(self):
-        self._torch = None
-        self._side = None
-        self._probe = None
-
-    @property
-    def torch(self):
-        # imported on first use: a plan without delays or device faults needs no device at all
-        if self._torch is None:
-            import torch
-            self._torch = torch
-        return self._torch
-
-    def spin(self, ms: float, stream=None) -> None:
-        from harness.device.cuda import sleep_cycles_per_ms
-        cycles = int(ms * sleep_cycles_per_ms())
-        if stream is None:
-            self.torch.cuda._sleep(cycles)
-        else:
-            with self.torch.cuda.stream(stream):
-                self.torch.cuda._sleep(cycles)
-
-    def record(self, stream):
-        ev = self.torch.cuda.Event()
-        ev.record(stream)
-        return ev
-
-    def current_stream(self):
-        return self.torch.cuda.current_stream()
-
-    def side_stream(self):
-        if self._side is None:
-            self._side = self.torch.cuda.Stream()
-        return self._side
-
-    def stream(self, s):
-        return self.torch.cuda.stream(s)
-
-    def keep_alive(self, tensors, stream) -> None:
-        for t in tensors:
-            if isinstance(t, self.torch.Tensor) and t.is_cuda:
-                t.record_stream(stream)
-
-    def blocking_read(self, stream) -> None:
-        """A device-to-host copy issued on `stream` into pageable memory: the host waits."""
-        if self._probe is None:
-            self._probe = self.torch.zeros(1, device="cuda")
-        with self.torch.cuda.stream(stream):
-            self._probe.cpu()
 
 
 class SglangAgent:
@@ -183,91 +130,20 @@ class SglangAgent:
         if any(getattr(r, "grammar", None) is not None for r in reqs):
             facts.add("path_grammar")
 
-    # -- the fence, judged by happens-before (CPU backend) ---------------------------------------------
+    # -- the fence (harness.agents.sglang_fence) and entry 0 (harness.agents.sglang_entry0) -----------
     def table_written(self, what: str, ranges) -> None:
         """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
-        hb = self.fence
-        if hb is None:
-            return
-        try:
-            import torch
-            stream = hb.name(torch.cpu.current_stream())
-            hazards = hb.write(stream, ranges(), f"{what} (before step {self.fence.n + 1}'s forward)")
-        except (AttributeError, TypeError, ValueError, RuntimeError) as e:
-            self.facts.set(fence_unread=str(e)[:200])
-            return
-        if hazards:
-            self.facts.write(True)
+        if self.fence is not None:
+            from harness.agents.sglang_fence import judge_write
+            judge_write(self.fence, self.facts, what, ranges)
 
     def install_fence_model(self) -> None:
-        """On the CPU backend, record the order SGLang's code establishes between its streams (PyTorch's
-        CPU streams and events do nothing, so the agent keeps their order: harness.agents.sglang_fence).
-        The classes are PyTorch's own, patched in this scheduler process only."""
-        import torch
-        from harness.agents.sglang_fence import FenceModel
-        hb = self.fence = FenceModel(self.facts)
-        S, E = torch.cpu.Stream, torch.cpu.Event
-        orig = {(S, "wait_stream"): S.wait_stream, (S, "wait_event"): S.wait_event,
-                (E, "record"): E.record, (E, "synchronize"): E.synchronize}
+        from harness.agents.sglang_fence import install
+        self.fence = install(self.facts, self.originals)
 
-        def wait_stream(self, stream):
-            hb.waited_stream(hb.name(self), hb.name(stream))
-            return orig[(S, "wait_stream")](self, stream)
-
-        def wait_event(self, event):
-            hb.waited_event(hb.name(self), event)
-            return orig[(S, "wait_event")](self, event)
-
-        def record(self, stream=None):
-            hb.recorded(self, hb.name(stream if stream is not None else torch.cpu.current_stream()))
-            return orig[(E, "record")](self, stream)
-
-        def synchronize(self):
-            hb.host_synced(getattr(self, "_oh_fpos", None))
-            return orig[(E, "synchronize")](self)
-
-        for (cls, attr), fn in zip(orig, (wait_stream, wait_event, record, synchronize)):
-            self.originals[f"torch.cpu.{cls.__name__}.{attr}"] = (cls, attr, orig[(cls, attr)])
-            setattr(cls, attr, fn)
-        self.facts.set(fence_model=True)
-
-    # -- entry 0: the padded rows of a graph batch --------------------------------------------------
     def padded(self, raw, prepared) -> None:
-        """A decode step replayed on a captured graph (SGLang's CPU graph runner, prepare_replay):
-        when its batch of raw_bs rows was padded up to the captured size, every padded row must
-        read and write entry 0, which belongs to no request (req_to_token row 0, which is also
-        the relay's entry 0: FutureMap is indexed by req-pool row, and KV slot 0, which the
-        allocators never hand out), and no request may hold entry 0 itself. Counted: padded
-        rows on entry 0 (path_relay_entry0); anything else is a violation (pad_rows_off_entry0),
-        the first one described, since a padded row that points at a live request's row or KV
-        slot writes its garbage K/V there (or a request holding slot 0 gets the padding's)."""
-        facts = self.facts
-        try:
-            raw_bs, bs = int(raw.batch_size), int(prepared.batch_size)
-            facts.add("graph_steps")
-            live_rows = [int(x) for x in raw.req_pool_indices.tolist()]
-            live_locs = [int(x) for x in raw.out_cache_loc.tolist()]
-            bad = []
-            if 0 in live_rows or 0 in live_locs:
-                bad.append(f"a request of the batch holds entry 0 (req rows {live_rows[:8]}, KV slots {live_locs[:8]})")
-            if bs > raw_bs:
-                facts.add("graph_padded_steps")
-                rows = [int(x) for x in prepared.req_pool_indices[raw_bs:bs].tolist()]
-                width = max(1, len(prepared.out_cache_loc) // bs)  # tokens a row (1 for plain decode)
-                locs = [int(x) for x in prepared.out_cache_loc[raw_bs * width:bs * width].tolist()]
-                on0 = sum(1 for i, r in enumerate(rows) if r == 0 and all(v == 0 for v in locs[i * width:(i + 1) * width]))
-                facts.add("path_relay_entry0", on0)
-                if on0 < len(rows):
-                    bad.append(f"padded rows {raw_bs}..{bs - 1} of a {raw_bs}-row batch point at req rows {rows} "
-                               f"(live {sorted(set(rows) & set(live_rows))}) and KV slots {locs} "
-                               f"(live {sorted(set(locs) & set(live_locs))}), not entry 0")
-            if bad:
-                facts.add("pad_rows_off_entry0")
-                if not facts.data.get("first_entry0_violation"):
-                    facts.set(first_entry0_violation=f"step {self.last_step}: {bad[0]}"[:400])
-        except (AttributeError, TypeError, ValueError, RuntimeError) as e:
-            if not facts.data.get("first_entry0_violation"):
-                facts.set(graph_pad_unread=str(e)[:200])
+        from harness.agents.sglang_entry0 import padded
+        padded(self.facts, self.last_step, raw, prepared)
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):

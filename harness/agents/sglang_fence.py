@@ -166,3 +166,49 @@ def reads_of_batch(batch) -> dict[int, int]:
     for r, n in zip(rows.tolist(), lens.tolist()):
         out[int(r)] = max(out.get(int(r), 0), int(n))
     return out
+
+
+def judge_write(hb: FenceModel, facts, what: str, ranges) -> None:
+    """A req_to_token write seen by the agent: on the host's current stream, judged now."""
+    try:
+        import torch
+        stream = hb.name(torch.cpu.current_stream())
+        hazards = hb.write(stream, ranges(), f"{what} (before step {hb.n + 1}'s forward)")
+    except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+        facts.set(fence_unread=str(e)[:200])
+        return
+    if hazards:
+        facts.write(True)
+
+
+def install(facts, originals: dict) -> FenceModel:
+    """Record the order SGLang's code sets up between its CPU streams: PyTorch's CPU Stream and
+    Event do nothing, so their methods are wrapped (in this scheduler process only; `originals`
+    is the agent's, which restores them) to tell the model, then do what they did."""
+    import torch
+    hb = FenceModel(facts)
+    S, E = torch.cpu.Stream, torch.cpu.Event
+    orig = {(S, "wait_stream"): S.wait_stream, (S, "wait_event"): S.wait_event,
+            (E, "record"): E.record, (E, "synchronize"): E.synchronize}
+
+    def wait_stream(self, stream):
+        hb.waited_stream(hb.name(self), hb.name(stream))
+        return orig[(S, "wait_stream")](self, stream)
+
+    def wait_event(self, event):
+        hb.waited_event(hb.name(self), event)
+        return orig[(S, "wait_event")](self, event)
+
+    def record(self, stream=None):
+        hb.recorded(self, hb.name(stream if stream is not None else torch.cpu.current_stream()))
+        return orig[(E, "record")](self, stream)
+
+    def synchronize(self):
+        hb.host_synced(getattr(self, "_oh_fpos", None))
+        return orig[(E, "synchronize")](self)
+
+    for (cls, attr), fn in zip(orig, (wait_stream, wait_event, record, synchronize)):
+        originals[f"torch.cpu.{cls.__name__}.{attr}"] = (cls, attr, orig[(cls, attr)])
+        setattr(cls, attr, fn)
+    facts.set(fence_model=True)
+    return hb
