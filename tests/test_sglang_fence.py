@@ -60,7 +60,7 @@ def test_a_host_wait_on_the_steps_copy_orders_it(facts):
     done = Ev()
     hb.waited_stream("copy", "forward")  # the copy stream waits for the forward, then records copy-done
     hb.recorded(done, "copy")
-    hb.host_synced(done._oh_fpos)  # the result processor waits on it
+    hb.host_synced(done._oh_seen)  # the result processor waits on it
     assert hb.write("schedule", [(5, 0, 10)], "prefill") == []
     assert not facts.data.get("fence_ordered_conflicts")  # nothing was in flight
 
@@ -70,6 +70,16 @@ def test_disjoint_cells_and_forward_stream_writes_are_not_judged_hazards(facts):
     _step(hb, {5: 10})
     assert hb.write("schedule", [(5, 10, 11)], "decode") == []  # the next position: not read by the step
     assert hb.write("forward", [(5, 0, 10)], "decode") == []  # ordered by the stream itself
+
+
+def test_the_normal_loop_forward_on_the_schedule_stream_orders_its_writes(facts):
+    """Overlap off, SGLang runs the forward on the schedule stream itself: the next write is
+    behind it in stream order (the first gate run flagged 341 such writes before this was modelled)."""
+    hb = FenceModel(facts)
+    n = hb.forward_begins({5: 10}, "schedule")
+    hb.forward_ends(n)
+    assert hb.write("schedule", [(5, 0, 10)], "prefill") == []
+    assert hb.write("copy", [(5, 0, 10)], "prefill")  # another stream that never waited: not ordered
 
 
 def test_write_and_assign_cells():

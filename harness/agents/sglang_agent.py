@@ -189,7 +189,9 @@ class SglangAgent:
                 if hb is None:
                     return orig(self, *a, **kw)
                 from harness.agents.sglang_fence import reads_of_batch
-                step = hb.forward_begins(reads_of_batch(a[0] if a else kw.get("batch")))
+                import torch  # the forward reads on the current stream (the overlap loop's forward stream)
+                step = hb.forward_begins(reads_of_batch(a[0] if a else kw.get("batch")),
+                                         hb.name(torch.cpu.current_stream()))
                 try:
                     return orig(self, *a, **kw)
                 finally:
@@ -202,7 +204,7 @@ class SglangAgent:
                 copier = getattr(ops, "copier", None)
                 if copier is not None:  # the CPU backend: the copy lands later, on the agent's copy thread
                     out = orig(self, batch_result, batch, *a, **kw)
-                    fpos = getattr(getattr(batch_result, "copy_done", None), "_oh_fpos", None)
+                    fpos = getattr(getattr(batch_result, "copy_done", None), "_oh_seen", None)
                     done = copier.start(batch_result, ms / 1000.0)
                     if agent.fence is not None:  # the host's wait on it orders what it does next
                         done.on_sync = lambda hb=agent.fence, p=fpos: hb.host_synced(p)

@@ -9,12 +9,12 @@ or misplaced fence never races: the forward is done before the next write. This 
 GPU's order back, deterministically: it records what the code *orders*, not what happened to
 finish first, and judges every write against it.
 
-One clock is enough: only the forward stream reads what the scheduler writes. Its position
-`f` advances when a step's forward starts reading and when it stops (torch_native attention
-reads req_to_token in every layer, so a step's reads span its whole forward). Every other
-stream, and the host, knows the forward stream up to some position:
-- an event records what its stream knows (the forward stream's own position, for an event
-  recorded there);
+Vector clocks over the streams: a stream's own position advances when a forward on it starts
+reading and when it stops (torch_native attention reads req_to_token in every layer, so a step's
+reads span its whole forward; the overlap loop runs the forward on the forward stream, the normal
+loop on the schedule stream itself). Every stream, event and the host know every other stream up
+to some position:
+- an event records what its stream knows, its own position included;
 - `wait_event(ev)` / `wait_stream(other)` raise the waiting stream's knowledge to the event's /
   the other stream's;
 - a host wait on an event (`synchronize`: the result processors on step N's copy-done) raises
@@ -24,7 +24,7 @@ for a CPU tensor the scheduler writes directly) is ordered after a step's reads 
 host's knowledge reaches the step's end. A write that overlaps the rows and positions of a
 step whose reads it is not ordered after (the step is in flight in the GPU's sense: launched,
 its reads not known done) is a write-after-read hazard, reported with both steps and the rows.
-A write on the forward stream itself is ordered by the stream.
+A write on the stream the step reads on is ordered by the stream itself.
 """
 from __future__ import annotations
 
@@ -34,12 +34,16 @@ FORWARD = "forward"
 
 
 class FenceModel:
+    """Vector clocks over SGLang's streams: each stream's own position advances when a forward on
+    it starts and stops reading; each stream, each event and the host know every other stream up
+    to some position."""
+
     def __init__(self, facts, keep: int = 8):
         self.facts = facts
-        self.f = 0  # the forward stream's position
-        self.knows: dict[str, int] = {}  # stream -> the forward position it waits behind
-        self.host = 0  # the forward position the host has synchronised with
-        self.steps: deque = deque(maxlen=keep)  # [step, {row: reads end}, begin, end]
+        self.clock: dict[str, int] = {}  # stream -> its own position
+        self.knows: dict[str, dict[str, int]] = {}  # stream -> {other stream: the position it waits behind}
+        self.host: dict[str, int] = {}  # stream -> the position the host has synchronised with
+        self.steps: deque = deque(maxlen=keep)  # [step, stream, {row: reads end}, begin, end]
         self.n = 0
         self.names: dict[int, str] = {}
 
@@ -54,71 +58,79 @@ class FenceModel:
             if s is not None:
                 self.names[id(s)] = nm
 
-    def pos(self, stream_name: str) -> int:
-        """The forward position work enqueued now on this stream is ordered after."""
-        if stream_name == FORWARD:
-            return self.f
-        return max(self.knows.get(stream_name, 0), self.host)
+    def view(self, stream: str) -> dict[str, int]:
+        """What work enqueued now on `stream` is ordered after: {stream: position}."""
+        out = dict(self.host)
+        for k, v in self.knows.get(stream, {}).items():
+            out[k] = max(out.get(k, 0), v)
+        out[stream] = self.clock.get(stream, 0)  # its own earlier work: stream order
+        return out
+
+    def _merge(self, stream: str, seen: dict[str, int]) -> None:
+        k = self.knows.setdefault(stream, {})
+        for s, v in seen.items():
+            if s != stream:
+                k[s] = max(k.get(s, 0), v)
 
     # -- the forward's reads -----------------------------------------------------------------------
-    def forward_begins(self, rows: dict[int, int]) -> int:
-        """Step's forward starts reading req_to_token rows {row: positions [0, end)}."""
+    def forward_begins(self, rows: dict[int, int], stream: str = FORWARD) -> int:
+        """A forward on `stream` starts reading req_to_token rows {row: positions [0, end)}."""
         self.n += 1
-        self.f += 1
-        self.steps.append([self.n, dict(rows), self.f, None])
+        self.clock[stream] = self.clock.get(stream, 0) + 1
+        self.steps.append([self.n, stream, dict(rows), self.clock[stream], None])
         return self.n
 
     def forward_ends(self, step: int) -> None:
-        self.f += 1
         for s in self.steps:
             if s[0] == step:
-                s[3] = self.f
+                self.clock[s[1]] = self.clock.get(s[1], 0) + 1
+                s[4] = self.clock[s[1]]
 
     # -- ordering ----------------------------------------------------------------------------------
     def recorded(self, ev, stream_name: str) -> None:
         try:
-            ev._oh_fpos = self.pos(stream_name)
+            ev._oh_seen = self.view(stream_name)
         except AttributeError:
             pass
 
     def waited_event(self, stream_name: str, ev) -> None:
-        p = getattr(ev, "_oh_fpos", None)
-        if p is not None and stream_name != FORWARD:
-            self.knows[stream_name] = max(self.knows.get(stream_name, 0), p)
+        seen = getattr(ev, "_oh_seen", None)
+        if seen:
+            self._merge(stream_name, seen)
 
     def waited_stream(self, stream_name: str, other: str) -> None:
-        if stream_name != FORWARD:
-            self.knows[stream_name] = max(self.knows.get(stream_name, 0), self.pos(other))
+        self._merge(stream_name, self.view(other))
 
-    def host_synced(self, fpos) -> None:
-        if fpos is not None:
-            self.host = max(self.host, int(fpos))
+    def host_synced(self, seen) -> None:
+        for s, v in (seen or {}).items():
+            self.host[s] = max(self.host.get(s, 0), v)
 
     # -- the scheduler's writes --------------------------------------------------------------------
     def write(self, stream_name: str, ranges, what: str) -> list[str]:
         """A write of req_to_token [(row, lo, hi)] enqueued on `stream_name`: the hazards it makes."""
-        if stream_name == FORWARD or not ranges:
+        if not ranges:
             return []
-        known = self.pos(stream_name)
+        view = self.view(stream_name)
         facts = self.facts
         facts.add("fence_writes")
         out, fenced = [], False
-        for step, rows, begin, end in self.steps:
+        for step, on, rows, begin, end in self.steps:
             hit = [(r, lo, hi) for r, lo, hi in ranges if r in rows and lo < rows[r] and hi > lo]
-            if not hit:
-                continue
-            host_done = end is not None and end <= self.host
-            if host_done:
+            if not hit or on == stream_name:
+                continue  # nothing shared, or the same stream: ordered by the stream itself
+            if end is not None and end <= self.host.get(on, 0):
                 continue  # the host itself waited for that step: nothing of it is in flight
+            known = view.get(on, 0)
             if end is not None and end <= known:
                 fenced = True  # in flight, and ordered behind its reads by a stream wait: the fence worked
                 continue
             r, lo, hi = hit[0]
             out.append(f"{what} writes req_to_token row {r} [{lo}, {hi}) on the {stream_name} stream while "
-                       f"forward step {step} reads row {r} [0, {rows[r]}) and is in flight (launched, not "
-                       f"synchronised by the host); the {stream_name} stream waits behind forward position "
-                       f"{known}, that step's reads end at {end if end is not None else 'its end, not yet enqueued'}"
-                       f" (began {begin}): no fence orders the write after them")
+                       f"forward step {step} (on the {on} stream) reads row {r} [0, {rows[r]}) and is in flight "
+                       f"(launched, not synchronised by the host); the {stream_name} stream waits behind {on} "
+                       f"position {known}, that step's reads end at "
+                       f"{end if end is not None else 'its end, not yet enqueued'} (began {begin}): no fence "
+                       f"orders the write after them")
         if fenced:
             facts.add("fence_ordered_conflicts")
         if out:
@@ -204,7 +216,7 @@ def install(facts, originals: dict) -> FenceModel:
         return orig[(E, "record")](self, stream)
 
     def synchronize(self):
-        hb.host_synced(getattr(self, "_oh_fpos", None))
+        hb.host_synced(getattr(self, "_oh_seen", None))
         return orig[(E, "synchronize")](self)
 
     for (cls, attr), fn in zip(orig, (wait_stream, wait_event, record, synchronize)):
