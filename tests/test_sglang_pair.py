@@ -169,6 +169,7 @@ def _path_counts(t, reqs):
     from harness.targets import sglang_paths as sp
     runs, counts, books = {}, {}, {}
     for ov in (False, True):
+        t.url(ov)  # a server on other source patches restarts now: the counts are the new one's
         before = sp.counts(planmod.read_facts(str(t.facts_dir(ov))))
         runs[ov] = t.run(reqs, overlap=ov)
         books[ov] = t.idle_books(ov)
