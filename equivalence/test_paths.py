@@ -123,6 +123,11 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
             if c.get(row.placeholders, 0):
                 out.insert(0, f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
                               f"where an output token id belongs ({row.placeholders})")
+    if row.violations:  # an invariant the agent checks where the path runs (SGLang's entry 0)
+        counter, what = row.violations
+        for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
+            if c.get(counter, 0):
+                out.insert(0, f"async {lab}: {c[counter]} {what} ({counter})")
     if row.name == "pause_resume":
         for ov, got in pr.controls.items():
             bad = [g for g in got if g[1] != 200]

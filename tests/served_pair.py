@@ -24,7 +24,7 @@ def vllm_unavailable(why: str):
     unavailable("vllm", why)
 
 
-def start_pair(engine: str, out_dir: str | None = None):
+def start_pair(engine: str, out_dir: str | None = None, **kw):
     """The engine's pair of the default model, started (or a skip / failure with the reason).
     `out_dir`: where what a HANG or CRASH report points to is kept (pytest's temporary folders),
     not left in /tmp as the work folder (a test that provokes a crash on purpose still leaves one)."""
@@ -38,7 +38,7 @@ def start_pair(engine: str, out_dir: str | None = None):
     if why:
         unavailable(engine, why)
     try:
-        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}))
+        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}), **kw)
         t.start()
     except TargetUnavailable as e:
         unavailable(engine, str(e))

@@ -120,6 +120,21 @@ class FutureMap:
         pass
 
 
+class CPUGraphRunner:  # the stand-in runs no graph: never called
+    def prepare_replay(self, forward_batch, skip=False):
+        return forward_batch
+
+
+class ReqToTokenPool:  # the stand-in keeps no table: never called
+    def write(self, indices, values):
+        pass
+
+
+def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                  batch_size):
+    pass
+
+
 class SchedulerInvariantChecker:  # SGLang's idle checks: nothing to check here
     def _check_req_pool(self):
         pass
@@ -239,12 +254,17 @@ def install_modules():
     names = ["sglang", "sglang.srt", "sglang.srt.managers", "sglang.srt.managers.scheduler",
              "sglang.srt.managers.tp_worker", "sglang.srt.managers.overlap_utils",
              "sglang.srt.managers.schedule_batch", "sglang.srt.managers.scheduler_components",
-             "sglang.srt.managers.scheduler_components.invariant_checker"]
+             "sglang.srt.managers.scheduler_components.invariant_checker",
+             "sglang.srt.model_executor", "sglang.srt.model_executor.cpu_graph_runner",
+             "sglang.srt.mem_cache", "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.allocation"]
     for n in names:
         sys.modules[n] = types.ModuleType(n)
     sys.modules["sglang.srt.managers.scheduler"].Scheduler = Scheduler
     sys.modules["sglang.srt.managers.tp_worker"].TpModelWorker = TpModelWorker
     sys.modules["sglang.srt.managers.overlap_utils"].FutureMap = FutureMap
+    sys.modules["sglang.srt.model_executor.cpu_graph_runner"].CPUGraphRunner = CPUGraphRunner
+    sys.modules["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool = ReqToTokenPool
+    sys.modules["sglang.srt.mem_cache.allocation"].assign_req_to_token_pool_func = assign_req_to_token_pool_func
     sys.modules["sglang.srt.managers.schedule_batch"].ScheduleBatch = ScheduleBatch
     sys.modules["sglang.srt.managers.scheduler_components.invariant_checker"].SchedulerInvariantChecker = \
         SchedulerInvariantChecker

@@ -126,6 +126,18 @@ def stand_ins(log):
         def cumulate_penalty_output_tokens(self):
             log.append(("orig_cumulate", len(self.reqs)))
 
+    class CPUGraphRunner:
+        def prepare_replay(self, forward_batch, skip=False):
+            return forward_batch if forward_batch.batch_size == 4 else self.padded_to_4(forward_batch)
+
+    class ReqToTokenPool:
+        def write(self, indices, values):
+            log.append(("orig_table_write", indices))
+
+    def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                      batch_size):
+        log.append(("orig_table_assign",))
+
     class SchedulerInvariantChecker:
         def _check_req_pool(self):
             pass
@@ -138,7 +150,11 @@ def stand_ins(log):
             "sglang.srt.managers.scheduler_components.invariant_checker":
                 types.SimpleNamespace(SchedulerInvariantChecker=SchedulerInvariantChecker),
             "sglang.srt.managers.tp_worker": types.SimpleNamespace(TpModelWorker=TpModelWorker),
-            "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap)}
+            "sglang.srt.managers.overlap_utils": types.SimpleNamespace(FutureMap=FutureMap),
+            "sglang.srt.model_executor.cpu_graph_runner": types.SimpleNamespace(CPUGraphRunner=CPUGraphRunner),
+            "sglang.srt.mem_cache.memory_pool": types.SimpleNamespace(ReqToTokenPool=ReqToTokenPool),
+            "sglang.srt.mem_cache.allocation":
+                types.SimpleNamespace(assign_req_to_token_pool_func=assign_req_to_token_pool_func)}
     return mods, Scheduler, TpModelWorker, FutureMap
 
 
@@ -164,7 +180,7 @@ def names(log):
 def test_stand_ins_have_the_contracts_signatures():
     log = []
     mods, *_ = stand_ins(log)
-    for name in ("war_barrier", "run_batch", "result_copy", "forward", "relay_stash", "result_wait"):
+    for name in ("war_barrier", "run_batch", "result_copy", "forward", "relay_stash", "result_wait", "graph_pad"):
         p = POINTS_BY_NAME[name]
         cls, meth = p.qualname.split(".")
         params = tuple(inspect.signature(getattr(getattr(mods[p.module], cls), meth)).parameters)
@@ -343,3 +359,44 @@ def test_a_penalty_token_one_step_old_is_counted_per_request(tmp_path):
     assert facts.data["penalty_stale_tokens"] == 1
     assert facts.data["penalty_stale_by_req"] == {request_key([1, 2, 3], 8): 1}
     agent.uninstall()
+
+
+def _graph_batch(rows, locs, bs=None):
+    import torch
+    return types.SimpleNamespace(batch_size=bs or len(rows), req_pool_indices=torch.tensor(rows),
+                                 out_cache_loc=torch.tensor(locs))
+
+
+@pytest.mark.parametrize("pad_rows,pad_locs,on0,bad", [
+    ([0], [0], 1, None),  # SGLang's: the padded row on entry 0 (req row 0, KV slot 0)
+    ([7], [0], 0, "point at req rows [7] (live [7])"),  # a live request's row
+    ([0], [41], 0, "KV slots [41] (live [41])"),  # a live request's KV slot
+])
+def test_padded_rows_must_be_entry_0(tmp_path, pad_rows, pad_locs, on0, bad):
+    """The CPU graph runner pads a 3-row decode batch to the captured 4: the padded row is counted
+    on entry 0 (path_relay_entry0), or reported with the rows and slots it points at instead."""
+    agent, ops, *_ = make_agent(tmp_path)
+    R = agent.resolve("sglang.srt.model_executor.cpu_graph_runner").CPUGraphRunner
+    runner = R()
+    runner.padded_to_4 = lambda fb: _graph_batch(fb.req_pool_indices.tolist() + pad_rows,
+                                                 fb.out_cache_loc.tolist() + pad_locs)
+    raw = _graph_batch([7, 3, 5], [40, 41, 42])
+    assert runner.prepare_replay(raw).batch_size == 4
+    runner.prepare_replay(_graph_batch([7, 3, 5, 9], [40, 41, 42, 43]))  # not padded: nothing counted
+    f = agent.facts.data
+    assert f["graph_steps"] == 2 and f["graph_padded_steps"] == 1
+    assert f.get("path_relay_entry0", 0) == on0
+    if bad is None:
+        assert not f.get("pad_rows_off_entry0") and not f.get("first_entry0_violation")
+    else:
+        assert f["pad_rows_off_entry0"] == 1 and bad in f["first_entry0_violation"], f
+
+
+def test_a_request_holding_entry_0_is_a_violation(tmp_path):
+    """The allocators keep req row 0 and KV slot 0 for padding: a request given either is reported,
+    padded or not."""
+    agent, *_ = make_agent(tmp_path)
+    runner = agent.resolve("sglang.srt.model_executor.cpu_graph_runner").CPUGraphRunner()
+    runner.prepare_replay(_graph_batch([7, 3, 5, 9], [40, 0, 42, 43]))
+    assert agent.facts.data["pad_rows_off_entry0"] == 1
+    assert "holds entry 0" in agent.facts.data["first_entry0_violation"]

@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 def sglang_pair(tmp_path_factory):
     from harness import targets
     from tests.served_pair import start_pair
-    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")))
+    # without the CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for
+    # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.CPU_GRAPH_BS)
+    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")), cpu_graphs=False)
     targets.close_served()
 
 
@@ -167,6 +169,7 @@ def _path_counts(t, reqs):
     from harness.targets import sglang_paths as sp
     runs, counts, books = {}, {}, {}
     for ov in (False, True):
+        t.url(ov)  # a server on other source patches restarts now: the counts are the new one's
         before = sp.counts(planmod.read_facts(str(t.facts_dir(ov))))
         runs[ov] = t.run(reqs, overlap=ov)
         books[ov] = t.idle_books(ov)
@@ -181,8 +184,8 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
     reqs = sp.build(tok)
     runs, counts, books = _path_counts(sglang, reqs)
     for row in sp.PATHS:
-        if row.cpu_reason and sglang.device == "cpu":
-            continue
+        if row.cpu_reason and sglang.device == "cpu" or row.name == "relay_entry_0" and not sglang.cpu_graphs:
+            continue  # entry 0: test_padded_rows_on_entry_0 (its own pair, with the CPU graph runner)
         arms = (True, False) if row.arm == "both" else (True,)
         missing = [ov for ov in arms if sp.row_count(row, counts[ov]) <= 0]
         assert not missing, f"not exercised: {row.name} (overlap {missing}): {counts}"
@@ -220,3 +223,60 @@ def test_reservation_one_window_short_is_caught(sglang, tok):
     left, _ = sglang_upstream.claim(reqs, on, divergences(off, on))
     assert [d for _, _, divs in left for d in divs if not d.near_tie] or record_problems(on.outputs, run_logprobs(on)), \
         "sglang_decode_reservation_short went unnoticed"
+
+
+@pytest.mark.scheduled  # a pair of its own with the CPU graph runner (a capture each), the path workload once an arm
+def test_padded_rows_on_entry_0(sglang, tok):
+    """Entry 0 on the CPU: the CPU graph runner pads decode batches of 1-3 rows to the captured 4,
+    and every padded row must point at entry 0 (req-pool row 0, KV slot 0). The off arm runs stock
+    SGLang: padded rows counted, none off entry 0; the on arm runs sglang_pad_rows_not_reset (the
+    padded rows keep the last padded replay's rows and KV slots): the agent reports it. Its tokens
+    did not change in the measured run (the stale slots were no longer read), so only the agent's
+    check catches this patch, deterministically, wherever a batch is padded twice in a row."""
+    from harness import targets
+    from harness.targets import sglang_paths as sp
+    if sglang.device != "cpu":
+        pytest.skip("the CPU graph runner is the CPU's; on a GPU every CUDA-graph batch pads (check's pair)")
+    t = targets.make_target("sglang", {"sglang_pad_rows_not_reset"}, cpu_graphs=True, pair="graphs")
+    try:
+        t.start()
+        _, counts, _ = _path_counts(t, sp.build(tok))
+    finally:
+        t.close()
+    off, on = counts[False], counts[True]
+    assert off.get("path_relay_entry0", 0) > 0 and off.get("graph_padded_steps", 0) > 0, off
+    assert off.get("pad_rows_off_entry0", 0) == 0, off  # stock: every padded row on entry 0
+    assert on.get("graph_padded_steps", 0) > 0 and on.get("pad_rows_off_entry0", 0) > 0, on
+
+
+@pytest.mark.scheduled  # the overlap-on server restarted on the patched copy, the path workload once an arm
+@pytest.mark.parametrize("patch", ["sglang_war_barrier_no_wait", "sglang_read_done_before_reads"])
+def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
+    """The fence class by source patch: the barrier waits on nothing (sglang_war_barrier_no_wait), or
+    on a read-done event recorded before torch_native's reads (sglang_read_done_before_reads). On a
+    CPU nothing races and the tokens stay equal; the agent's fence model (harness.agents.sglang_fence)
+    reports each req_to_token write that overlaps an in-flight step's reads unordered (measured on
+    the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
+    0 hazards) and the off arm has nothing in flight."""
+    from harness import targets
+    from harness.targets import sglang_paths as sp
+    if sglang.device != "cpu":
+        pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")
+    try:
+        t = targets.make_target("sglang", {patch})
+        _, counts, _ = _path_counts(t, sp.build(tok))
+    finally:
+        targets.make_target("sglang", ())
+    off, on = counts[False], counts[True]
+    assert off.get("fence_writes", 0) > 0 and off.get("fence_hazards", 0) == 0, off
+    assert on.get("fence_hazards", 0) > 0, on
+
+
+@pytest.mark.scheduled
+def test_stock_barrier_orders_every_conflicting_write(sglang, tok):
+    """Stock SGLang, overlap on: writes that overlap an in-flight step's reads happen (the path is
+    exercised) and the barrier orders each one (no hazard)."""
+    from harness.targets import sglang_paths as sp
+    _, counts, _ = _path_counts(sglang, sp.build(tok))
+    assert counts[True].get("fence_ordered_conflicts", 0) > 0, counts[True]
+    assert not counts[True].get("fence_hazards") and not counts[False].get("fence_hazards"), counts

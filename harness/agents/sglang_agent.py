@@ -31,6 +31,7 @@ import zlib
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
+from harness.agents.sglang_cuda_ops import CudaOps
 from harness.agents.sglang_steps import client_key
 from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
@@ -40,60 +41,6 @@ RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_rela
 
 class AgentError(RuntimeError):
     pass
-
-
-class CudaOps:
-    """The few device operations the agent needs (a seam: tests on CPU record them instead)."""
-
-    def __init__(self):
-        self._torch = None
-        self._side = None
-        self._probe = None
-
-    @property
-    def torch(self):
-        # imported on first use: a plan without delays or device faults needs no device at all
-        if self._torch is None:
-            import torch
-            self._torch = torch
-        return self._torch
-
-    def spin(self, ms: float, stream=None) -> None:
-        from harness.device.cuda import sleep_cycles_per_ms
-        cycles = int(ms * sleep_cycles_per_ms())
-        if stream is None:
-            self.torch.cuda._sleep(cycles)
-        else:
-            with self.torch.cuda.stream(stream):
-                self.torch.cuda._sleep(cycles)
-
-    def record(self, stream):
-        ev = self.torch.cuda.Event()
-        ev.record(stream)
-        return ev
-
-    def current_stream(self):
-        return self.torch.cuda.current_stream()
-
-    def side_stream(self):
-        if self._side is None:
-            self._side = self.torch.cuda.Stream()
-        return self._side
-
-    def stream(self, s):
-        return self.torch.cuda.stream(s)
-
-    def keep_alive(self, tensors, stream) -> None:
-        for t in tensors:
-            if isinstance(t, self.torch.Tensor) and t.is_cuda:
-                t.record_stream(stream)
-
-    def blocking_read(self, stream) -> None:
-        """A device-to-host copy issued on `stream` into pageable memory: the host waits."""
-        if self._probe is None:
-            self._probe = self.torch.zeros(1, device="cuda")
-        with self.torch.cuda.stream(stream):
-            self._probe.cpu()
 
 
 class SglangAgent:
@@ -106,6 +53,7 @@ class SglangAgent:
         self.tokens = progress.TokenClock()
         self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
         self.last_step: int | None = None  # the newest step the overlap loop launched (host order)
+        self.fence = None  # harness.agents.sglang_fence.FenceModel: the CPU backend's happens-before
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -182,6 +130,21 @@ class SglangAgent:
         if any(getattr(r, "grammar", None) is not None for r in reqs):
             facts.add("path_grammar")
 
+    # -- the fence (harness.agents.sglang_fence) and entry 0 (harness.agents.sglang_entry0) -----------
+    def table_written(self, what: str, ranges) -> None:
+        """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
+        if self.fence is not None:
+            from harness.agents.sglang_fence import judge_write
+            judge_write(self.fence, self.facts, what, ranges)
+
+    def install_fence_model(self) -> None:
+        from harness.agents.sglang_fence import install
+        self.fence = install(self.facts, self.originals)
+
+    def padded(self, raw, prepared) -> None:
+        from harness.agents.sglang_entry0 import padded
+        padded(self.facts, self.last_step, raw, prepared)
+
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
         p = POINTS_BY_NAME[name]
@@ -222,7 +185,17 @@ class SglangAgent:
                     facts.add("forward_delays")
                 facts.add("forward_steps")
                 facts.write()
-                return orig(self, *a, **kw)
+                hb = agent.fence
+                if hb is None:
+                    return orig(self, *a, **kw)
+                from harness.agents.sglang_fence import reads_of_batch
+                import torch  # the forward reads on the current stream (the overlap loop's forward stream)
+                step = hb.forward_begins(reads_of_batch(a[0] if a else kw.get("batch")),
+                                         hb.name(torch.cpu.current_stream()))
+                try:
+                    return orig(self, *a, **kw)
+                finally:
+                    hb.forward_ends(step)
             return forward_batch_generation
 
         def result_copy(orig):
@@ -231,7 +204,10 @@ class SglangAgent:
                 copier = getattr(ops, "copier", None)
                 if copier is not None:  # the CPU backend: the copy lands later, on the agent's copy thread
                     out = orig(self, batch_result, batch, *a, **kw)
-                    copier.start(batch_result, ms / 1000.0)
+                    fpos = getattr(getattr(batch_result, "copy_done", None), "_oh_seen", None)
+                    done = copier.start(batch_result, ms / 1000.0)
+                    if agent.fence is not None:  # the host's wait on it orders what it does next
+                        done.on_sync = lambda hb=agent.fence, p=fpos: hb.host_synced(p)
                     facts.add("copies_async")
                     if ms:
                         facts.add("copy_delays")
@@ -246,6 +222,10 @@ class SglangAgent:
         def run_batch(orig):
             def run_batch(self, batch, *a, **kw):
                 step = agent.launched(self, batch, time.monotonic_ns())
+                if agent.fence is not None and not agent.fence.names:
+                    agent.fence.name_streams(schedule=getattr(self, "schedule_stream", None),
+                                             forward=getattr(self, "forward_stream", None),
+                                             copy=getattr(self, "copy_stream", None))
                 facts.set(enable_overlap=bool(getattr(self, "enable_overlap", False)))
                 agent.count_paths(self, batch)
                 if agent.steps is not None:
@@ -323,13 +303,15 @@ class SglangAgent:
                         facts.add("barrier_blocked")
             return _apply_war_barrier
 
+        def graph_pad(orig):
+            def prepare_replay(self, forward_batch, *a, **kw):
+                out = orig(self, forward_batch, *a, **kw)
+                agent.padded(forward_batch, out)
+                return out
+            return prepare_replay
+
         def relay_stash(orig):
             def stash(self, future_indices, payload, *a, **kw):
-                try:  # entry 0 is the padding row's (CUDA-graph padded batches)
-                    if bool((future_indices == 0).any()):
-                        facts.add("path_relay_entry0")
-                except (TypeError, AttributeError, RuntimeError):
-                    pass
                 if not fault("sglang_relay_read_before_write"):
                     return orig(self, future_indices, payload, *a, **kw)
                 side = ops.side_stream()
@@ -341,6 +323,20 @@ class SglangAgent:
                 facts.add("relay_writes_moved")
                 return out
             return stash
+
+        def table_write(orig):
+            def write(self, indices, values, *a, **kw):
+                agent.table_written("write", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                                    .ranges_of_write(indices, values))
+                return orig(self, indices, values, *a, **kw)
+            return write
+
+        def table_assign(orig):
+            def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw):
+                agent.table_written("assign", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                                    .ranges_of_assign(req_pool_indices, start_offset, end_offset))
+                return orig(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw)
+            return assign_req_to_token_pool_func
 
         def retract(orig):
             def retract_decode(self, *a, **kw):
@@ -429,11 +425,14 @@ class SglangAgent:
         for name, make in (("forward", forward), ("delayed_sample", delayed_sample), ("penalty_cumulate", penalty_cumulate), ("result_copy", result_copy),
                            ("run_batch", run_batch),
                            ("result_wait", result_wait), ("war_barrier", war_barrier),
-                           ("relay_stash", relay_stash), ("retract", retract),
+                           ("relay_stash", relay_stash), ("graph_pad", graph_pad), ("retract", retract),
+                           ("table_write", table_write), ("table_assign", table_assign),
                            ("finish_in_flight", finish_in_flight), ("abort", abort),
                            ("books_idle", books_idle), ("books_leak", books_leak)):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
+        if self.plan.data.get("device") == "cpu" and self.plan.data.get("fence_model", True):
+            self.install_fence_model()
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self

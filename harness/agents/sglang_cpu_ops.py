@@ -28,12 +28,15 @@ class HostCopyDone:
 
     def __init__(self):
         self._done = threading.Event()
+        self.on_sync = None  # the agent's fence model: the host has waited for this step
 
     def record(self, *a, **kw):
         pass  # recorded by the copy thread when the copy lands
 
     def synchronize(self, *a, **kw):
         self._done.wait()
+        if self.on_sync is not None:
+            self.on_sync()
 
     def query(self) -> bool:
         return self._done.is_set()

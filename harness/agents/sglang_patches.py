@@ -17,6 +17,8 @@ RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
 SCHED = "srt/managers/scheduler.py"
 BATCH = "srt/managers/schedule_batch.py"
+GRAPH = "srt/model_executor/cpu_graph_runner.py"
+NATIVE = "srt/layers/attention/torch_native_backend.py"
 
 
 class PatchError(RuntimeError):
@@ -120,6 +122,55 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         # the class: the two-window reservation of speculative decoding's overlap (eagle_prepare_for_decode,
         # get_alloc_reserve_per_decode's 2x) and the out-of-memory crashes of a short one
         ("sgl-project/sglang#14972", "sgl-project/sglang#13741", "sgl-project/sglang#14645")),
+    SglangPatch(
+        "sglang_pad_rows_not_reset",
+        "a padded row that is not entry 0's: when the CPU graph runner pads a decode batch up to the "
+        "captured size, it no longer points the padded rows back at req-pool row 0 and KV slot 0; they "
+        "keep the rows and KV slots of the last padded replay, i.e. of requests that ran in that step, "
+        "and the graph writes the padded rows' K/V into those requests' slots. Only a padded batch "
+        "shows it (the runner's own buffers are used only when a batch is padded)",
+        PATHS, GRAPH,
+        "        captured_forward_batch.out_cache_loc.zero_()\n"
+        "        # Pair with seq_lens fill: padded rows must point at reserved\n"
+        "        # req_pool slot 0 (req_to_token[0, :] is all zeros from init).\n"
+        "        captured_forward_batch.req_pool_indices.zero_()\n",
+        "",
+        # the class: padded graph rows writing into live entries (SGLang's JAX port; SGLang's
+        # allocators keep slot 0 for padded tokens for this reason)
+        ("sgl-project/sglang-jax#1487", "sgl-project/sglang-jax#1504")),
+    SglangPatch(
+        "sglang_war_barrier_no_wait",
+        "a table write without the fence: the write-after-read barrier still consumes the forward's "
+        "read-done event but no longer makes the schedule stream wait on it (or on the forward stream), "
+        "so the scheduler's req_to_token writes for step N+1 are not ordered after step N's reads (on a "
+        "CPU nothing races: the agent's fence model, harness.agents.sglang_fence, judges the order)",
+        PATHS, SCHED,
+        "        if ev is not None and not envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():\n"
+        "            self.schedule_stream.wait_event(ev)\n"
+        "        else:\n"
+        "            self.schedule_stream.wait_stream(self.forward_stream)\n",
+        "",
+        # the barrier's fix; its removal off CUDA; memory faults on ROCm without it
+        ("sgl-project/sglang#26380", "sgl-project/sglang#26646", "sgl-project/sglang#38258")),
+    SglangPatch(
+        "sglang_read_done_before_reads",
+        "the fence's event recorded before the reads: torch_native attention declares that its prefill "
+        "reads of req_to_token end with its metadata (SharedReadEnds.PRE_REPLAY, as a backend that "
+        "snapshots the table may), so the eager runner publishes a read-done event right after "
+        "init_forward_metadata and the barrier waits on it; torch_native reads req_to_token in every "
+        "layer after that event, so the scheduler's next writes are ordered after none of those reads",
+        PATHS, NATIVE,
+        "class TorchNativeAttnBackend(AttentionBackend):\n"
+        "    def __init__(self, model_runner: ModelRunner):\n",
+        "class TorchNativeAttnBackend(AttentionBackend):\n"
+        "    def shared_read_ends(self, fm):\n"
+        "        from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds\n"
+        "\n"
+        "        return SharedReadEnds.PRE_REPLAY\n"
+        "\n"
+        "    def __init__(self, model_runner: ModelRunner):\n",
+        # where a backend's shared reads end, and the read-done event's placement
+        ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
 ]}
 
 

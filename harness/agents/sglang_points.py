@@ -85,6 +85,18 @@ POINTS = [
     Point("relay_stash", "sglang.srt.managers.overlap_utils", "FutureMap.stash",
           ("self", "future_indices", "payload"), ("output_tokens_buf", "bonus_tokens"),
           "writes step N's sampled tokens into the relay (FutureMap) on the forward stream"),
+    Point("graph_pad", "sglang.srt.model_executor.cpu_graph_runner", "CPUGraphRunner.prepare_replay",
+          ("self", "forward_batch"), ("req_pool_indices", "out_cache_loc", "seq_len_fill_value", "raw_bs",
+                                      "batch_size", "zero_"),
+          "the CPU graph runner (--enable-torch-compile) pads a decode batch of raw_bs rows up to the next "
+          "captured size and returns the batch the graph runs: the padded rows' req-pool rows and KV slots "
+          "(entry 0) are read there"),
+    Point("table_write", "sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.write", ("self", "indices", "values"),
+          ("req_to_token",), "every host write of req_to_token cells (a prefill's row, a decode step's new "
+          "position, the prefix cache's rewrite): the fence model judges each against the forwards in flight"),
+    Point("table_assign", "sglang.srt.mem_cache.allocation", "assign_req_to_token_pool_func",
+          ("req_pool_indices", "req_to_token", "start_offset", "end_offset"), ("assign_req_to_token_pool_cpu",),
+          "the batched req_to_token write (rows [start, end) each): judged as above"),
     Point("relay_gather", "sglang.srt.managers.overlap_utils", "resolve_forward_inputs",
           ("batch", "future_map"), ("output_tokens_buf", "req_pool_indices"),
           "step N+1 gathers its input ids from the relay: must follow the stash"),
@@ -152,6 +164,9 @@ SERVER_FIELDS = [
     # the path setting's (harness.targets.sglang_paths.SERVER_ARGS)
     ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
     ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),
+    # the CPU graph runner's (harness.targets.sglang.CPU_GRAPH_BS: padded batches, entry 0)
+    ("sglang.srt.arg_groups.fields.exec_", "enable_torch_compile"),
+    ("sglang.srt.arg_groups.fields.exec_", "cuda_graph_bs_decode"),
 ]
 
 

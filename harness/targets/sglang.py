@@ -50,6 +50,12 @@ CPU_LIMITS = {"--max-total-tokens": "4096", "--max-running-requests": "64", "--c
 UNSEEDED = ("SGLang {v} honours sampling_seed only under --enable-deterministic-inference{where}: each arm "
             "samples a sampled request afresh, so its tokens cannot be compared across the arms")
 ARITH_ARGS = {"--max-total-tokens": "16384", "--max-running-requests": "64", "--context-length": "512"}
+# entry 0 on the CPU: SGLang pads a decode batch only on a captured graph, and its CPU graph runner
+# (torch.compile, --enable-torch-compile) captures the sizes given here; one size keeps the compile
+# at one graph (63 s cold here, measured), every decode batch of 1-3 rows is padded to 4 (rows on
+# entry 0), and larger ones run eagerly as before. Both arms run it (the same kernels on both).
+# harness/targets/sglang_cpu_path gives torch_native attention the runner's three hooks.
+CPU_GRAPH_BS = (4,)
 
 
 def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
@@ -80,7 +86,7 @@ class SglangTarget(ServedTarget):
     def __init__(self, model: str | None = None, faults=frozenset(), python: str | None = None,
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
                  deterministic: bool = False, check_env: bool = True, device: str | None = None,
-                 home=None, pair: str = "main", **kw):
+                 home=None, pair: str = "main", cpu_graphs: bool | None = None, **kw):
         from harness.targets import sglang_setup
         from harness.targets.vllm_setup import _has_cuda, venv_python
         check_fault_names(faults, ValueError)
@@ -96,6 +102,8 @@ class SglangTarget(ServedTarget):
         # the default model's pair runs the path attack's setting (harness.targets.sglang_paths)
         self.paths = not model or model == "smollm2"
         self.arith = model == "arith"
+        # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
+        self.cpu_graphs = (self.paths and self.device == "cpu") if cpu_graphs is None else cpu_graphs
         if self.paths or self.arith:
             model = str(sglang_setup.model_dir(self.home, "arith" if self.arith else None))
             if check_env and not Path(model, "config.json").is_file():
@@ -212,6 +220,8 @@ class SglangTarget(ServedTarget):
             for flag, value in self.limits().items():
                 if not any(a.startswith(flag) for a in self.extra_args):
                     cmd += [flag, value]
+            if self.cpu_graphs and "--enable-torch-compile" not in self.extra_args:
+                cmd += ["--enable-torch-compile", "--cuda-graph-bs-decode", *map(str, CPU_GRAPH_BS)]
         else:
             if not any(a.startswith("--mem-fraction-static") for a in self.extra_args):
                 cmd += ["--mem-fraction-static", str(self.mem_fraction)]  # two servers share one GPU
@@ -247,6 +257,10 @@ class SglangTarget(ServedTarget):
             env = sglang_setup.cpu_env(env)
             # two servers share the machine's cores: no binding; one OpenMP thread each
             env.setdefault("OMP_NUM_THREADS", "1")
+            # SGLang runs its write-after-read barrier only on CUDA (streams are no-ops elsewhere); on
+            # by this switch of SGLang's own, the CPU runs the GPU's barrier code, whose order the
+            # agent's fence model records and judges (harness.agents.sglang_fence)
+            env.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
         patches = self.patches() if overlap else []
         if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
             from harness.agents.sglang_patches import PatchError

@@ -30,16 +30,31 @@ SERVER_ARGS = {"--max-total-tokens": str(POOL_TOKENS), "--chunked-prefill-size":
                "--schedule-conservativeness": str(CONSERVATIVENESS)}
 SECOND_WAVE = 50  # arrival of the second five long requests: 1.5 s (served.ARRIVAL_MS), once the first decode
 
-ENTRY0_CPU = ("relay entry 0 mirrors the padding row of CUDA-graph padded batches (FutureMap: 'slot 0 "
-              "mirrors KV padding row'); SGLang's CPU backend captures no CUDA graph, so no batch is padded "
-              "and entry 0 is never written (the relay's own rows are; sglang_relay_entry_padded_row "
-              "attacks entry 0 by a source patch)")
+# entry 0 on the CPU (measured 2026-12-05): SGLang pads a decode batch only on a captured graph; its
+# CPU graph runner (torch.compile) captures CPU_GRAPH_BS = (4,) for the path pair, so every decode
+# batch of 1-3 rows is padded to 4 and its padded rows must read and write entry 0 (req-pool row 0,
+# which is also the relay's entry 0 since FutureMap is indexed by req-pool row, and KV slot 0)
+ENTRY0_VIOLATIONS = ("pad_rows_off_entry0", "graph step(s) whose padded rows did not point at entry 0 (req-pool "
+                     "row 0, KV slot 0) or whose requests held it (the agent's first: first_entry0_violation)")
+
+# the fence on the CPU: the agent's happens-before model (harness.agents.sglang_fence) judges every
+# req_to_token write against the forward steps in flight; the path is a write that overlaps an
+# in-flight step's reads and that SGLang's barrier ordered after them (measured on stock 0.5.23:
+# 29 of 276 writes, overlap on)
+FENCE_VIOLATIONS = ("fence_hazards", "req_to_token write(s) overlapping the reads of a forward step in flight "
+                    "that no fence ordered them after (the agent's first: first_fence_hazard)")
 
 PATHS = [
     PathRow("relay_decode", "every decode step gathers its input ids from the relay (FutureMap) rows the "
             "previous step wrote", ("path_relay_decode",)),
-    PathRow("relay_entry_0", "a padded row of a CUDA-graph batch writes and reads relay entry 0",
-            ("path_relay_entry0",), arm="on", cpu_reason=ENTRY0_CPU),
+    PathRow("relay_entry_0", "decode batches of 1-3 rows replayed on the captured graph of 4 (the CPU graph "
+            "runner, --enable-torch-compile): each padded row reads and writes entry 0, and only it",
+            ("path_relay_entry0",), violations=ENTRY0_VIOLATIONS),
+    PathRow("fence", "the scheduler's req_to_token writes for step N+1 (a prefill's row, the prefix cache's "
+            "rewrite of a chunked request's row) overlap the reads of step N, still in flight: the write-after-"
+            "read barrier must order them after step N's reads (judged by happens-before, the CPU running "
+            "SGLang's GPU barrier code: SGLANG_ENABLE_WAR_BARRIER=1)", ("fence_ordered_conflicts",), arm="on",
+            violations=FENCE_VIOLATIONS),
     PathRow("one_step_old_result", "step N's result is taken after step N+1 was launched (the overlap loop)",
             ("path_one_step_old",), arm="on"),
     PathRow("retraction", f"ten requests of 128 tokens (min_new_tokens 128) after a shared prompt need ~1400 "
@@ -80,7 +95,8 @@ def build(tok, seed: int = 0) -> list[Request]:
     for i in range(10):  # min_new_tokens, not ignore_eos: SGLang admits an ignore_eos request on all of its
         # new tokens (so it never has to retract it), any other on the decaying estimate
         reqs.append(_req(f"p{i}", prefix + _ids(tok, words(3)), 128, ["retraction", "chunked_prefill",
-                         "prefix_cache_hit", "relay_decode", "one_step_old_result", "finish_in_flight"],
+                         "prefix_cache_hit", "relay_decode", "relay_entry_0", "fence", "one_step_old_result",
+                         "finish_in_flight"],
                          arrival=0 if i < 5 else SECOND_WAVE, min_new_tokens=128))
     reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=1, repetition_penalty=1.3,
                      presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))

@@ -141,6 +141,7 @@ class PathRow:
     cpu_reason: str = ""  # non-empty: vLLM's CPU build cannot run it (measured)
     pair: str = "main"  # the server pair it runs on: "main" (SERVER_ARGS) or "bare" (BARE_ARGS)
     placeholders: str = ""  # a value-reading processor's counter of placeholder reads: > 0 fails the row
+    violations: tuple[str, str] = ()  # (an agent's counter, what it counts): > 0 on either arm fails the row
 
 
 PATHS = [
