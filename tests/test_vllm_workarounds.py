@@ -394,7 +394,7 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
 
     from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.agents.vllm.workarounds import MODULES, WORKAROUNDS
-    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 7
+    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 6
     for m in MODULES:
         assert m.PATCHES and all(p in POINTS_BY_NAME for p in m.PATCHES), m.__name__
         if m.FACT is not None:
@@ -404,41 +404,3 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
         switch = re.search(r'"(\w+)" under the plan\'s\s+"stock"', m.__doc__)
         reads = re.findall(r'"(\w+)" (?:not )?in state\.PLAN\.data\.get\("stock"', inspect.getsource(m))
         assert switch and reads == [switch.group(1)], (m.__name__, reads)
-
-
-def test_penalty_workaround_gives_the_penalties_the_newest_ids(monkeypatch):
-    """vllm#26467 (before 0.11.1): under async scheduling a request's newest output id is a -1
-    placeholder when the penalties read it (a repetition penalty indexes the logits with it and the
-    engine dies). The agent gives the penalties alone a copy with the id the previous step sampled
-    for that request (counted); rows without a placeholder, a request not in the previous step, and
-    the plan's "stock" switch leave vLLM's ids as they are; the caller's lists are never changed."""
-    import types
-
-    import torch
-
-    from harness.agents.vllm import state
-    from harness.agents.vllm.workarounds import penalty_placeholders as pp
-    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
-    monkeypatch.setattr(state, "FACTS", {})
-    rows = [[5, -1], [7, 8], [9, -1]]  # a: in flight; b: none; c: new in this step (not in the last)
-    batch = types.SimpleNamespace(req_ids=["a", "b", "c"], prev_sampled_token_ids=torch.tensor([[42], [43]]),
-                                  prev_req_id_to_index={"a": 1, "b": 0}, use_async_scheduling=True)
-    runner = types.SimpleNamespace(input_batch=batch, use_async_scheduling=True)
-    meta = types.SimpleNamespace(no_penalties=False, output_token_ids=rows)
-    seen = []
-
-    def apply_penalties(self, logits, md):
-        seen.append([list(r) for r in md.output_token_ids])
-        return logits
-
-    def _sample(self, logits, spec):  # vLLM's _sample calls the sampler, whose penalties we wrap
-        return pp.around_penalties(apply_penalties)(None, logits, meta)
-    monkeypatch.setattr(pp.dataclasses, "replace", lambda md, **kw: types.SimpleNamespace(**{**vars(md), **kw}))
-    pp.around_sample(_sample)(runner, None, None)
-    assert seen[-1] == [[5, 43], [7, 8], [9, -1]] and rows == [[5, -1], [7, 8], [9, -1]], seen
-    assert state.facts("worker").data.get("penalty_placeholders") == 1
-    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["async_penalty_ids"]}))
-    pp.around_sample(_sample)(runner, None, None)  # vLLM's own path: the placeholder stays (and counted)
-    assert seen[-1][0] == [5, -1] and state.facts("worker").data.get("penalty_placeholders") == 2
-    pp.around_penalties(apply_penalties)(None, None, meta)  # outside a step: nothing to repair from
-    assert seen[-1][0] == [5, -1] and pp._BATCH == [None]

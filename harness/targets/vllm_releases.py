@@ -139,12 +139,6 @@ FACTS: dict[str, Since] = {
                                          "(a prefix-cache hit: it takes them for beams), and that kernel raises "
                                          "'Sliding window unsupported' for every call without a window: the "
                                          "engine dies"),
-    # the range of KNOWN_UPSTREAM vllm#26467 on the penalties row (harness.targets.vllm_upstream): the
-    # agent repairs the penalties' copy of the output ids (workarounds.penalty_placeholders)
-    "penalties_read_placeholders": Since(until="0.11.1", why="under async scheduling the penalties read a -1 "
-                                         "placeholder as a request's newest output id (nothing repairs it: "
-                                         "vllm-project/vllm#26467); a repetition penalty indexes the logits with "
-                                         "it and the engine dies"),
     "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
                                     "tensor unconditionally: a batch mixing structured and plain requests kills the "
                                     "engine on a CPU-only machine (vllm-project/vllm#37705)"),
@@ -204,9 +198,6 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
                            r"PagedAttention\.single_query_cached_kv_attention\("),
     "discard_without_step_in_flight": ("v1/core/sched/scheduler.py", r"request\.discard_latest_async_tokens = True"),
-    # 0.11.1 puts input_batch.update_async_output_token_ids() between the two
-    "penalties_read_placeholders": ("v1/worker/gpu_model_runner.py",
-                                    r"if spec_decode_metadata is None:\n\s+sampler_output = self\.sampler\("),
     "v2_runner": ("v1/worker/cpu_worker.py", r"use_v2_model_runner"),
     "logs_v2_runner": ("v1/worker/cpu_worker.py", r"Using V2 Model Runner"),
     "cpu_triton_needs_cpu_backend": ("triton_utils/importing.py", r'"cpu" in backends'),
@@ -304,9 +295,6 @@ class Release:
         if self.has("ipex_vnni_rejects_no_window"):
             out.append("a decode IPEX's VNNI kernel rejects ('Sliding window unsupported') rerun on its "
                        "flash-decoding kernel (IPEX 2.8)")
-        if self.has("penalties_read_placeholders"):
-            out.append("the penalties given the newest output ids, not their -1 placeholders (vLLM reads the "
-                       "placeholders and a repetition penalty kills its engine: vllm#26467)")
         if self.has("cpu_reorder_by_prompt"):
             out.append("the CPU attention's batch split given a resumed request's multi-token chunk as a prefill "
                        "(vLLM sends it to the decode kernel, which reads past its block table)")

@@ -222,17 +222,6 @@ _26467 = dict(
     # a repetition penalty indexes the logits with the placeholder (the 0.11.0 sweep's penalty case)
     crash_on=r"index -1 is out of bounds for dimension 1 with size \d+")
 KNOWN_UPSTREAM += [
-    # the penalties read the same placeholders and a repetition penalty kills the engine: the agent
-    # repairs their copy of the ids (workarounds.penalty_placeholders) so the gate's other rows run,
-    # and the entry reproduced when it counted a repair (found by the sweep of 2026-12-05: before the
-    # repair, 3 deaths and then every later row of 0.11.0's gate CRASH)
-    KnownUpstream("vllm#26467", "penalties",
-                  "under async scheduling a penalised request's newest output id is a -1 placeholder when the "
-                  "penalties read it: a repetition penalty indexes the logits with -1 and the engine dies "
-                  "('index -1 is out of bounds'); nothing repairs it before 0.11.1",
-                  "vllm-project/vllm#26467 (fixed in 0.11.1: InputBatch.update_async_output_token_ids)",
-                  "fixtures/vllm_upstream/placeholder_reads_before_repair.json",
-                  match=NEVER, counter="penalty_placeholders", runner="v1", **_live_as("penalties_read_placeholders")),
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
                   evidence="lp_batch_placeholder_reads"),

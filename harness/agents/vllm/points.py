@@ -118,11 +118,6 @@ POINTS += [
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
           "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1", runner="v1"),
-    # FACT penalties_read_placeholders (before 0.11.1), unless the plan lists "async_penalty_ids" under
-    # "stock": the penalties get the newest output ids repaired (workarounds.penalty_placeholders)
-    Point("runner_sample", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
-          "the worker's sample of a step: its input batch (the previous step's sampled ids) kept at hand "
-          "for the penalties' repair before 0.11.1", until="0.34.0", runner="v1"),
     # FACT cpu_reorder_by_prompt, unless the plan lists "cpu_resume_as_decode" under "stock"
     Point("cpu_reorder", "vllm.v1.attention.backends.cpu_attn", "TorchSDPAMetadataBuilderV1.reorder_batch",
           "the CPU attention's prefill/decode split: a decode row scheduled with more than one token (a "
