@@ -465,6 +465,7 @@ PATCH_SINCE = {
     "chunked_prefill_waits_in_flight": "0.17.0", "worker_waits_previous_copy": "0.19.0",
     "presence_penalty_dropped": "0.10.0",  # issue 36, item 3
     "stop_id_lost_in_flight": "0.10.0",  # issue 36, item 2
+    "priority_victim_keeps_placeholders": "0.28.0",  # issue 36, item 1 (the priority branch's text)
 }
 
 
