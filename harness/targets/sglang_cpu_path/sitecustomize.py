@@ -13,9 +13,27 @@ _SCHEMAS = {"nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tens
             "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold, float scale, int zero_point) -> Tensor"}
 
 
-class _DeclareTorchvisionOps(importlib.abc.MetaPathFinder):
+def _declare_torchvision_ops(module):
+    import torch
+    import torchvision.extension
+    if not torchvision.extension._has_ops():
+        lib = torch.library.Library("torchvision", "FRAGMENT")
+        for op, schema in _SCHEMAS.items():
+            if not hasattr(torch.ops.torchvision, op):
+                lib.define(schema)
+        _keep.append(lib)  # a Library object undoes its definitions when collected
+
+
+_keep: list = []
+
+
+class _ModuleHooks(importlib.abc.MetaPathFinder):
+    """Runs a hook of ours before (_BEFORE) or after (_AFTER) the named module's own code, the
+    first time it is imported; every other module is left to the other finders."""
+
     def find_spec(self, name, path, target=None):
-        if name != _TARGET:
+        before, after = _BEFORE.get(name), _AFTER.get(name)
+        if before is None and after is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -23,22 +41,15 @@ class _DeclareTorchvisionOps(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module):
-            import torch
-            import torchvision.extension
-            if not torchvision.extension._has_ops():
-                lib = torch.library.Library("torchvision", "FRAGMENT")
-                for op, schema in _SCHEMAS.items():
-                    if not hasattr(torch.ops.torchvision, op):
-                        lib.define(schema)
-                _keep.append(lib)  # a Library object undoes its definitions when collected
+            if before is not None:
+                before(module)
             run(module)
+            if after is not None:
+                after(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
-
-_keep: list = []
-sys.meta_path.insert(0, _DeclareTorchvisionOps())
 
 # -- SGLang's CPU graph runner on torch_native attention ------------------------------------------
 _NATIVE = "sglang.srt.layers.attention.torch_native_backend"
@@ -92,34 +103,14 @@ def _fakes_for_present_ops(module):
     module.register_cpu_compile_fake = register_cpu_compile_fake
 
 
+_BEFORE = {_TARGET: _declare_torchvision_ops}
 _AFTER = {_NATIVE: _native_hooks, "sglang.srt.model_executor.cpu_graph_runner": _fakes_for_present_ops}
-
-
-class _CpuGraphOnNativeAttention(importlib.abc.MetaPathFinder):
-    """SGLang's CPU graph runner (--enable-torch-compile on device cpu: decode batches padded to a
-    captured size, the padded rows on req_to_token entry 0 and KV slot 0) was written for the AMX
-    path: it asks its attention backend for three CPU-graph hooks that only the AMX backend
-    defines (without AMX the backend is torch_native, and the runner died at start on the first,
-    AttributeError), and it registers fakes for sgl-kernel's CPU operators, which do not exist
-    here (RuntimeError). The hooks are given to torch_native (nothing, a fill of 1, the metadata),
-    only where the installed class lacks them, and fakes are registered for the operators that
-    exist. Everything the runner does with a batch (the padding) stays SGLang's."""
-
-    def find_spec(self, name, path, target=None):
-        after = _AFTER.get(name)
-        if after is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            after(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _CpuGraphOnNativeAttention())
+# SGLang's CPU graph runner (--enable-torch-compile on device cpu: decode batches padded to a
+# captured size, the padded rows on req_to_token entry 0 and KV slot 0) was written for the AMX
+# path: it asks its attention backend for three CPU-graph hooks that only the AMX backend defines
+# (without AMX the backend is torch_native, and the runner died at start on the first,
+# AttributeError), and it registers fakes for sgl-kernel's CPU operators, which do not exist here
+# (RuntimeError). _native_hooks gives the hooks to torch_native (nothing, a fill of 1, the
+# metadata), only where the installed class lacks them, and _fakes_for_present_ops registers fakes
+# for the operators that exist. Everything the runner does with a batch (the padding) stays SGLang's.
+sys.meta_path.insert(0, _ModuleHooks())
