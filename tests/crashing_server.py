@@ -5,7 +5,8 @@ does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine
 lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
 completion and to /health. With STAND_IN_POISON=crash (or hang) only a completion whose prompt
 holds id 13 kills the process (or never answers, its progress counter still): one case dies,
-the others are served. STAND_IN_DELAY_S=X makes every completion take X seconds.
+the others are served; with STAND_IN_POISON=penalty, a completion with a repetition penalty
+kills it (a live known bug's trigger). STAND_IN_DELAY_S=X makes every completion take X seconds.
 
     python crashing_server.py --port P
 """
@@ -20,6 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def schedule_step(batch):
     raise RuntimeError("stand-in engine: step 3 found a placeholder in the input ids")
+
+
+def apply_penalties(batch):
+    raise RuntimeError("index -1 is out of bounds for dimension 1 with size 49153")
 
 
 POISON = 13  # a prompt holding this id is the case that kills the engine (STAND_IN_POISON=crash|hang)
@@ -70,6 +75,14 @@ class Handler(BaseHTTPRequestHandler):
         if poison and os.environ.get("STAND_IN_POISON") == "hang":
             _facts(0)
             time.sleep(3600)  # the engine stops delivering tokens: the watchdog's HANG
+        if os.environ.get("STAND_IN_POISON") == "penalty" and body.get("repetition_penalty", 1.0) != 1.0:
+            with Handler.core:
+                try:
+                    apply_penalties(body)
+                except RuntimeError:
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                    os._exit(7)
         if os.environ.get("STAND_IN_CRASH") == "1" or (poison and os.environ.get("STAND_IN_POISON") == "crash"):
             with Handler.core:
                 try:

@@ -260,3 +260,58 @@ def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypat
         assert len(t.crashes) + len(t.hangs) == 1  # one death, one finding
     finally:
         t.close()
+
+
+class KnownPenaltyDeath(StandIn):
+    """A release whose live known bug (with a trigger) kills the async-on engine on any request
+    with a repetition penalty, as vllm#26467 does on vLLM 0.11.0."""
+    trigger = (("repetition_penalty", 1.0),)
+
+    def known_crash(self, overlap, exception):
+        return "k#1" if overlap and "index -1 is out of bounds" in exception else ""
+
+    def crash_trigger(self, known):
+        return self.trigger if known == "k#1" else ()
+
+
+def _penalised():
+    return [Request(rid=f"q{i}", prompt_ids=[5, 6, 7, 8], max_new_tokens=3, repetition_penalty=1.3 if i else 1.0)
+            for i in range(3)]
+
+
+@pytest.mark.parametrize("trigger", [True, False], ids=["with-trigger", "without"])
+def test_a_known_crash_with_a_trigger_is_sent_no_more(tmp_path, monkeypatch, trigger):
+    """Issue 36, item 6: on 0.11.0 every penalised request killed the async-on engine again, and
+    after three deaths 23 rows were CRASH. A live known bug's death, once seen, proves it: the
+    pair sends later requests without its trigger (both arms, said per request) and the run goes
+    on. Without a trigger the same deaths repeat until the pair is given up."""
+    from harness.targets import served
+    monkeypatch.setattr(served.ServedTarget, "proven_crashes", {})
+    t = KnownPenaltyDeath(crash_on=False, poison="penalty", workdir=str(tmp_path), concurrency=4)
+    if not trigger:
+        t.trigger = ()
+    try:
+        assert len(t.run(_penalised(), overlap=False).outputs) == 3  # the off arm has no such bug
+        with pytest.raises(TargetCrash, match=r"^CRASH \(KNOWN UPSTREAM k#1\): stand-in \(overlap on\)"):
+            t.run(_penalised(), overlap=True)
+        if not trigger:
+            for _ in range(2):
+                with pytest.raises(TargetCrash, match=r"KNOWN UPSTREAM k#1"):
+                    t.run(_penalised(), overlap=True)
+            assert t.given_up and t.left_out == {}
+            return
+        assert set(served.ServedTarget.proven_crashes) == {"k#1"}
+        for overlap in (True, False):  # both arms, from the next run on: served, the penalty not sent
+            assert [o[1] for o in t.run(_penalised(), overlap=overlap).outputs] == [[5, 6, 7]] * 3
+        assert {rid: v[:2] for rid, v in t.left_out.items()} == {"q1": ("k#1", ("repetition_penalty",)),
+                                                                  "q2": ("k#1", ("repetition_penalty",))}
+        assert "test_a_known_crash_with_a_trigger" in t.left_out["q1"][2]
+        assert len(t.crashes) == 1 and t.restarts == 1 and not t.given_up
+        # a pair of a release where the bug is not live sends the trigger (and is not killed here)
+        other = StandIn(crash_on=False, workdir=str(tmp_path / "other"), concurrency=4)
+        try:
+            assert len(other.run(_penalised(), overlap=True).outputs) == 3 and other.left_out == {}
+        finally:
+            other.close()
+    finally:
+        t.close()

@@ -370,3 +370,29 @@ def test_known_crash_names_a_live_async_on_engine_death():
     assert known_crash(penalty, True, "0.11.1") == known_crash(embed, True, "0.11.1") == ""
     assert known_crash(embed, True, "0.10.1") == ""  # the runner wrote real ids before 0.10.2
     assert known_crash("RuntimeError: Worker failed with error 'Sliding window unsupported'", True, "0.11.0") == ""
+
+
+def test_a_row_whose_parameter_a_known_crash_took_away_says_known_and_still_judges_the_rest():
+    """Issue 36, item 6: after a live known bug killed the async-on engine (vllm#26467 on 0.11.0,
+    any penalty) the pair sends its requests without the penalty; the penalties row, whose
+    parameter was then never sent, is KNOWN UPSTREAM with why (never "not exercised", never a
+    pass), a divergence on it is still new, and a row that only carries the field beside its own
+    is judged as usual."""
+    gone = {"pen0": ("vllm#26467", ("repetition_penalty",), "equivalence/x.py::test[penalty]")}
+    pr = _path_run([5, 6, 7, 8], {"penalty_steps": 0})
+    pr.left_out = gone
+    with pytest.raises(pytest.xfail.Exception, match=r"KNOWN UPSTREAM vllm#26467: the async-on engine died on it "
+                                                     r"in equivalence/x.py::test\[penalty\]; repetition_penalty left "
+                                                     r"out of 1 request\(s\)"):
+        judge(ROW, pr, known=[])
+    pr = _path_run([5, 9, 7, 8], {"penalty_steps": 0})
+    pr.left_out = gone
+    with pytest.raises(pytest.fail.Exception, match="penalties: request pen0 diverges at token 1"):
+        judge(ROW, pr, known=[])
+    row = vp.PATHS_BY_NAME["stop"]  # pen0's penalty is not what this row attacks: judged as sent
+    pr = _path_run([5, 6, 7, 8], {c: 3 for c in row.counters}, paths=("penalties", "stop"))
+    pr.left_out = gone
+    judge(row, pr, known=[])
+    pr.counts_on = {c: 0 for c in row.counters}
+    with pytest.raises(pytest.fail.Exception, match="not exercised: stop ran 0 times"):
+        judge(row, pr, known=[])

@@ -9,7 +9,7 @@ import sys
 from harness.gate.matrix import format_matrix, kill_matrix
 from harness.gate import (conservation_line, format_table, invariance_lines,
     overlap_line, path_lines, release_line, run_suites, served_books_lines, served_crashes, served_hangs,
-    served_overlap_line, served_restarts_line, start_served)
+    served_left_out_line, served_overlap_line, served_restarts_line, start_served)
 
 
 def worker_count(value: str) -> int:
@@ -261,8 +261,9 @@ def _gate(a, workers: int, matrix: bool = False):
         print(c["line"])
         print(f"  the engine's traceback (log {c['log']}):")
         print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
-    if served_restarts_line(a.target):
-        print(served_restarts_line(a.target))
+    for line in (served_restarts_line(a.target), served_left_out_line(a.target)):
+        if line:
+            print(line)
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
         _write_json(a, res, verdict, hangs)
@@ -316,6 +317,8 @@ def _write_json(a, res, verdict: str, hangs) -> None:
     obj = json_report.report(res, a.target, verdict, release, adapted, hangs,
                              served_crashes(a.target))
     pair = _served_pair(a.target)
+    if getattr(pair, "left_out", None):  # rid -> the known crash whose trigger it was sent without
+        obj["left_out"] = {rid: {"known": k, "fields": list(f), "case": c} for rid, (k, f, c) in pair.left_out.items()}
     if hasattr(pair, "what_ran"):  # the vLLM that ran: read from it and its servers' logs
         b = pair.build
         obj["vllm"] = {"ran": pair.what_ran(), "release": pair.version, "commit": b.commit, "source": b.source,

@@ -452,6 +452,19 @@ def served_restarts_line(target: str) -> str:
             if not gone else f"the server pair started again {n} time(s) after a death, then not again: {gone}")
 
 
+def served_left_out_line(target: str) -> str:
+    """What the pair stopped sending after a known bug killed its async-on engine (issue 36)."""
+    pair = _served_pair(target) if target != "ref" else None
+    proven = getattr(type(pair), "proven_crashes", None) or {}
+    if not proven:
+        return ""
+    gone = getattr(pair, "left_out", {}) or {}
+    return "; ".join(
+        f"left out after KNOWN UPSTREAM {kid} killed the async-on engine ({case}): "
+        f"{', '.join(f for f, _ in trig)} from {sum(v[0] == kid for v in gone.values())} request(s) since, "
+        f"both arms; the rows that attack them say KNOWN UPSTREAM" for kid, (case, trig) in proven.items())
+
+
 def served_hangs(target: str) -> list[dict]:
     """The runs the progress watchdog ended as HANG: {"line", "report", "stacks"} each."""
     return list(getattr(_served_pair(target), "hangs", []) or []) if target != "ref" else []

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.targets import vllm_configs, vllm_releases
+from harness.targets import vllm_configs, vllm_releases, vllm_upstream
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served import ServedTarget
@@ -335,10 +335,11 @@ class VllmTarget(ServedTarget):
         if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
             self.servers.pop(True).stop()  # start() clears its facts
 
-    def known_crash(self, overlap: bool, exception: str) -> str:
-        """A known upstream bug of this release that kills the async-on engine (vllm_upstream.known_crash)."""
-        from harness.targets.vllm_upstream import known_crash
-        return known_crash(exception, overlap, self.version)
+    def crash_trigger(self, known: str) -> tuple:
+        return vllm_upstream.crash_trigger(known, self.version)
+
+    def known_crash(self, overlap: bool, exception: str) -> str:  # vllm_upstream.known_crash, this release
+        return vllm_upstream.known_crash(exception, overlap, self.version)
 
     def start(self, which=(False, True)) -> None:
         if True in which:

@@ -249,6 +249,7 @@ class PathRun:
     effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
     surface: dict = field(default_factory=dict)  # rid -> what is wrong with its other response fields (harness.oracles.surface)
     absent: dict = field(default_factory=dict)  # row -> "n/a in ...: why" (a release or server configuration without it)
+    left_out: dict = field(default_factory=dict)  # rid -> (known id, fields, case): a known crash's trigger not sent
 
 
 def bare_rows() -> list[PathRow]:

@@ -47,6 +47,10 @@ class KnownUpstream:
     # both runners share, the scheduler's): on the other runner the entry neither claims a finding
     # nor is said to be gone (V2 has no generator to rewind and no placeholder to repair)
     runner: str = ""
+    # a crash_on entry's trigger, ((request field, its neutral value), ...): once this bug killed
+    # the async-on engine in a run, the pair sends the fields that set it off no more (issue 36,
+    # item 6: one death proves it; sending it again would only kill the engine again)
+    trigger: tuple = ()
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -220,7 +224,10 @@ _26467 = dict(
     reproducer="fixtures/vllm_upstream/placeholder_reads_before_repair.json", introduced="0.10.0", fixed="0.11.1",
     runner="v1",
     # a repetition penalty indexes the logits with the placeholder (the 0.11.0 sweep's penalty case)
-    crash_on=r"index -1 is out of bounds for dimension 1 with size \d+")
+    crash_on=r"index -1 is out of bounds for dimension 1 with size \d+",
+    # any penalty: 0.11.0's apply_penalties counts the output ids into a (vocab + 1)-wide table
+    # with scatter_add_, and the -1 placeholder is out of its bounds
+    trigger=(("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
@@ -252,6 +259,11 @@ def known_crash(exception: str, overlap: bool, version: str | None) -> str:
         return ""
     return next((k.id for k in KNOWN_UPSTREAM
                  if k.crash_on and k.live_in(version) and re.search(k.crash_on, exception)), "")
+
+
+def crash_trigger(kid: str, version: str | None) -> tuple:
+    """The trigger of the live entry `kid` (KnownUpstream.trigger), or () when it has none."""
+    return next((k.trigger for k in KNOWN_UPSTREAM if k.id == kid and k.trigger and k.live_in(version)), ())
 
 
 def claims_by_wording_alone(k: KnownUpstream) -> bool:
