@@ -33,6 +33,7 @@ class SuiteResult:
     skipped: int = 0
     first_failure: str = ""
     first_step: int | None = None
+    seconds: float = 0.0  # setup to teardown of its cases (a module fixture's run counts in its first case)
 
 
 @dataclass
@@ -122,6 +123,10 @@ class _Collector:
                 s.first_failure, s.first_step = msg, step
             if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
                 res.hangs.append(msg)
+        for nid, sec in self.durations.items():  # where a gate's time goes (the sweep's 6-minute goal)
+            s = res.suites.get(Path(nid.split("::")[0]).stem)
+            if s is not None:
+                s.seconds += sec
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         res.collected = len(self.order)
         slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "known": res.known,

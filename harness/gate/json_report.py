@@ -78,7 +78,7 @@ def report(res, target: str, verdict: str, release: str | None = None, adapted=(
     out = {"schema": SCHEMA, "target": target, "release": release, "adapted": list(adapted),
            "verdict": verdict, "seconds": round(res.seconds, 1), "exit_code": res.exit_code,
            "suites": {s.suite: {"cases": s.cases, "passed": s.passed, "failed": s.failed, "skipped": s.skipped,
-                                "first_finding": s.first_failure} for s in res.suites.values()},
+                                "first_finding": s.first_failure, "seconds": round(s.seconds, 1)} for s in res.suites.values()},
            "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths),
            "path_overlap": list(res.path_overlap), "known": list(res.known),
            "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs],
