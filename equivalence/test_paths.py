@@ -61,7 +61,7 @@ def path_run(target, tok, oh_options):
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=release_in_force(target),
                       runner=getattr(target, "runner", None), steps=stepbooks, effects=eff,
-                      surface=surface.findings(reqs, runs[False], runs[True], getattr(tok, "decode", None)),
+                      surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out))
 

@@ -22,6 +22,40 @@ from __future__ import annotations
 from harness.oracles.divergence import DEFAULT_TIE_TOL
 
 
+def detokenizer(tok):
+    """ids (after `prompt`) -> the text a server returns for them, for a tokenizer of ours
+    (harness.engine.smollm2.HFTokenizer, or a Hugging Face one), or None. As vLLM's server does
+    (we send skip_special_tokens false): special tokens kept, and incrementally, with tokenizers'
+    DecodeStream primed with the prompt, which holds an incomplete UTF-8 character back until
+    its last byte and drops it when the request ends first. (The first 20-minute stress read a
+    plain decode, which skips special tokens: a sampled request under ignore_eos that drew one
+    was a false finding.)"""
+    if tok is None:
+        return None
+    hf = getattr(tok, "tok", tok)
+    backend = getattr(hf, "backend_tokenizer", None)
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        DecodeStream = None
+    if backend is None or DecodeStream is None:
+        return lambda ids, prompt=(): hf.decode(list(ids), skip_special_tokens=False)
+
+    def decode(ids, prompt=()):
+        stream, out = DecodeStream(ids=list(prompt), skip_special_tokens=False), []
+        for t in ids:
+            try:
+                piece = stream.step(backend, int(t))
+            except Exception as e:  # tokenizers' "Invalid prefix": the stream starts again at this token
+                if not str(e).startswith("Invalid prefix"):
+                    raise
+                stream = DecodeStream(skip_special_tokens=False)
+                piece = stream.step(backend, int(t))
+            out.append(piece or "")
+        return "".join(out)
+    return decode
+
+
 def _prompt_top(entry) -> tuple[str, float, float] | None:
     """(best token, its logprob, the second best's) of one prompt-logprobs position."""
     if not entry:
@@ -67,7 +101,7 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
                 usage_seen[r.rid] = u.get("completion_tokens")
             text = sf.get("text")
             if decode is not None and text is not None and toks:
-                full = decode(toks)
+                full = decode(toks, prompt=r.prompt_ids)
                 if f != "length":  # a stop string's text, or a stop token's, is not in the text: its id is
                     if not full.startswith(text):
                         add(rid, f"async {lab}: text {text[:40]!r} is not a prefix of its detokenized ids {full[:40]!r}")

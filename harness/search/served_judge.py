@@ -150,8 +150,9 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
+        from harness.oracles import surface
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
-        v.new += _findings(case, arms[False], arms[True], agent, v.evidence, getattr(tok, "decode", None))
+        v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
