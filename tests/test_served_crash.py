@@ -315,3 +315,17 @@ def test_a_known_crash_with_a_trigger_is_sent_no_more(tmp_path, monkeypatch, tri
             other.close()
     finally:
         t.close()
+
+
+def test_a_runs_response_fields_are_its_own(tmp_path):
+    """The fields beyond the ids (usage, text) of a request answered with a server error are
+    none, never those an earlier run left under the same rid (a run that raised never took
+    them): the first 20-minute stress read another prompt's usage for a 5-token prompt."""
+    t = StandIn(crash_on=False, workdir=str(tmp_path), concurrency=4)
+    try:
+        t.surface["r0"] = {"usage": {"prompt_tokens": 72}, "text": "an earlier run's"}
+        t.request = lambda client, base, r, body: [(r.rid, [], "server error 500: x", [])]
+        run = t.run(_reqs()[:1], overlap=False)
+        assert run.outputs[0][2].startswith("server error") and run.surface == {}
+    finally:
+        t.close()

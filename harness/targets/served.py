@@ -580,6 +580,10 @@ class ServedTarget(Target):
             self.set_plan(overlap, delays=delays, faults=faults or (), seed=seed)
             time.sleep(0.1)  # the agent re-reads its plan at most every 50 ms
         self.facts_before = planmod.read_facts(str(self.facts_dir(overlap)))
+        # this run's responses only: a run that raised (a refused request) left its requests' fields
+        # here, and a later request of the same rid answered without them (a server error) took
+        # them (the first 20-minute stress: "usage.prompt_tokens 72, the prompt has 5 tokens")
+        self.surface = {}
         t0 = time.monotonic()
         try:
             with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
