@@ -48,6 +48,8 @@ def test_submissions_cover_the_paths_and_fit_the_servers():
             assert len(r.prompt_ids) + r.max_new_tokens <= vp.MAX_MODEL_LEN
             assert r.abort_after is None or 1 <= r.abort_after < r.max_new_tokens
             assert r.n == 1 or (r.seed is not None and r.abort_after is None)
+            # what vLLM refuses (400) is never drawn: prompt logprobs on a stream (an aborted client reads one)
+            assert not (r.extra.get("prompt_logprobs") and (r.abort_after is not None or r.extra.get("stream")))
             assert r.extra.get("min_tokens", 0) <= r.max_new_tokens
         assert set(c.delays) <= set(sc.DELAY_POINTS)
 

@@ -316,7 +316,8 @@ class ServedTarget(Target):
         ids, lps = [], []
         with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
             if resp.status_code != 200:
-                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}")
+                resp.read()
+                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {_error_message(resp)}")
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
