@@ -270,8 +270,8 @@ class KnownPenaltyDeath(StandIn):
     def known_crash(self, overlap, exception):
         return "k#1" if overlap and "index -1 is out of bounds" in exception else ""
 
-    def crash_trigger(self, known):
-        return self.trigger if known == "k#1" else ()
+    def crash_remedy(self, known):
+        return (self.trigger, ()) if known == "k#1" else ((), ())
 
 
 def _penalised():

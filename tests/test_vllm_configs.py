@@ -242,3 +242,32 @@ def test_the_gate_reports_on_the_pair_of_the_configuration_that_ran():
         targets._SERVED.pop(targets.served_key("vllm", {"config": "priority"}), None)
         targets._DEFAULTS.clear()
         targets._DEFAULTS.update(saved)
+
+
+def test_after_a_known_crash_no_request_sets_off_the_pair_starts_where_it_never_comes():
+    """Issue 36, item 6: on 0.11.0 vllm#26385 kills the async-on engine whenever a request is
+    resumed after preemption or left out of a step, which the path workload does by design, so
+    its rows were CRASH twice over. Once that death is seen, the pair starts again in the
+    configurations the catalogue names for it (a pool never short, whole prompts); the rows they
+    take away say so and why; a release where it is not live keeps its configuration."""
+    from harness.targets import vllm_upstream
+    assert vllm_upstream.crash_remedy("vllm#26385", "0.11.0") == ((), ("kv-plenty", "whole-prefill"))
+    assert vllm_upstream.crash_remedy("vllm#26385", "0.11.1") == ((), ())
+    assert [f for f, _ in vllm_upstream.crash_remedy("vllm#26467", "0.11.0")[0]] == [
+        "repetition_penalty", "frequency_penalty", "presence_penalty"]
+    base = vc.CONFIGS[vc.DEFAULT]
+    remedy = lambda kid: vllm_upstream.crash_remedy(kid, "0.11.0")  # noqa: E731
+    assert vc.after_known_crashes(base, {}, remedy) is base
+    assert vc.after_known_crashes(base, {"vllm#26467": ("case p", ())}, remedy) is base  # a trigger, no configuration
+    got = vc.after_known_crashes(base, {"vllm#26385": ("equivalence/test_paths.py::test_steps", ())}, remedy)
+    assert got.name == "kv-plenty+whole-prefill"
+    flags = vc.apply(["--num-gpu-blocks-override", "28", "--max-num-batched-tokens", "64"], got)
+    assert flags == ["--num-gpu-blocks-override", "1024", "--max-num-batched-tokens", "2048",
+                     "--no-enable-chunked-prefill"], flags
+    why = vc.row_absent("preemption", got)
+    assert why.startswith("n/a in configuration kv-plenty+whole-prefill: preemption: ") and \
+        "KNOWN UPSTREAM vllm#26385 killed its async-on engine in equivalence/test_paths.py::test_steps" in why
+    assert vc.row_absent("seeded_partial_prefill", got) and not vc.row_absent("penalties", got)
+    assert vc.after_known_crashes(got, {"vllm#26385": ("x", ())}, remedy) is got  # already there
+    assert vc.after_known_crashes(base, {"vllm#26385": ("x", ())},
+                                  lambda kid: vllm_upstream.crash_remedy(kid, "0.32.0")) is base

@@ -480,8 +480,8 @@ class ServedTarget(Target):
         tb = engine_traceback(s.log_path)
         last = exception_line(tb)
         known = self.known_crash(overlap, last)
-        if known and self.crash_trigger(known):
-            ServedTarget.proven_crashes.setdefault(known, (case, self.crash_trigger(known)))
+        if known and any(self.crash_remedy(known)):
+            ServedTarget.proven_crashes.setdefault(known, (case, self.crash_remedy(known)[0]))
         tag = f" (KNOWN UPSTREAM {known})" if known else ""
         line = f"CRASH{tag}: {self.name} (overlap {mode}) {how} while {case} ran: {last[:200]}"
         self.servers.pop(overlap, None)
@@ -522,14 +522,17 @@ class ServedTarget(Target):
             raise TargetCrash(f"the server is gone: {why} ({self.given_up})") from None
         self.restarts += 1
 
-    def crash_trigger(self, known: str) -> tuple:
-        """The request fields (with their neutral values) that set off the known crash `known`."""
-        return ()
+    upstream = None  # the engine's known-upstream catalogue (known_crash, crash_remedy by release), if any
+
+    def crash_remedy(self, known: str) -> tuple[tuple, tuple]:
+        """For the known crash `known`: ((request field, neutral value), ...) that set it off, and
+        the server configurations that never reach it (harness.targets.vllm_upstream.crash_remedy)."""
+        return self.upstream.crash_remedy(known, getattr(self, "version", None)) if self.upstream else ((), ())
 
     def leave_out(self, rid: str, body: dict) -> dict:
         """`body` without the trigger of each known crash this process already saw (proven_crashes)."""
         for kid, (case, _) in ServedTarget.proven_crashes.items():
-            trig = self.crash_trigger(kid)  # (): not live in this pair's release
+            trig = self.crash_remedy(kid)[0]  # (): not live in this pair's release
             gone = tuple(f for f, neutral in trig if f in body and body[f] != neutral)
             if gone:
                 for f in gone:
@@ -540,7 +543,7 @@ class ServedTarget(Target):
     def known_crash(self, overlap: bool, exception: str) -> str:
         """The id of a known upstream bug, live in the target's release, whose engine death this
         is (its exception line), or "": the CRASH stays a CRASH and says which bug it is."""
-        return ""
+        return self.upstream.known_crash(exception, overlap, getattr(self, "version", None)) if self.upstream else ""
 
     def _health(self, s: "ServerProcess"):
         import httpx

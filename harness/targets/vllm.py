@@ -78,6 +78,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
 class VllmTarget(ServedTarget):
     name = "vllm"
     config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm_configs)
+    upstream = vllm_upstream  # its known crashes and their remedies, per release (ServedTarget.known_crash)
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
@@ -335,13 +336,9 @@ class VllmTarget(ServedTarget):
         if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
             self.servers.pop(True).stop()  # start() clears its facts
 
-    def crash_trigger(self, known: str) -> tuple:
-        return vllm_upstream.crash_trigger(known, self.version)
-
-    def known_crash(self, overlap: bool, exception: str) -> str:  # vllm_upstream.known_crash, this release
-        return vllm_upstream.known_crash(exception, overlap, self.version)
-
     def start(self, which=(False, True)) -> None:
+        if not self.servers:  # a whole pair: after a known crash, in the configuration that avoids it
+            self.config = vllm_configs.after_known_crashes(self.config, self.proven_crashes, self.crash_remedy)
         if True in which:
             self._drop_stale_on()
         fresh = True in which and True not in self.servers

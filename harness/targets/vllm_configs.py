@@ -183,6 +183,28 @@ def row_absent(row: str, config: ServerConfig) -> str:
     return ""
 
 
+def after_known_crashes(config: ServerConfig, proven: dict, remedy) -> ServerConfig:
+    """The configuration a pair starts (again) in: the one it was made in, or, once a live known
+    bug that names configurations never reaching it (KnownUpstream.avoid) killed an async-on
+    engine in this process, those combined (issue 36, item 6: the rest of the rows are judged
+    there; the rows they take away say why). `proven`: ServedTarget.proven_crashes; `remedy`:
+    known id -> (trigger, avoid) in the pair's release."""
+    for kid, (case, _) in proven.items():
+        names = remedy(kid)[1]
+        if not names or config.name == "+".join(names):
+            continue
+        parts = [CONFIGS[n] for n in names]
+        why = f" (the pair runs {'+'.join(names)} since KNOWN UPSTREAM {kid} killed its async-on engine in {case})"
+        print(f"vllm: the server pair starts in configuration {'+'.join(names)} "
+              f"({' '.join(a for c in parts for a in c.args)}): KNOWN UPSTREAM {kid} killed the async-on engine "
+              f"in {case}, and these servers never reach it", flush=True)
+        return ServerConfig("+".join(names), tuple(a for c in parts for a in c.args),
+                            " and ".join(c.exposes for c in parts),
+                            {r: w + why for c in parts for r, w in c.hides.items()},
+                            env=tuple(e for c in parts for e in c.env))
+    return config
+
+
 def matrix_markdown() -> str:
     """The catalogue as docs/vllm-configs.md shows it (a test checks the doc against it)."""
     rows = ["| configuration | flags | what it could expose | rows it takes away | releases |",

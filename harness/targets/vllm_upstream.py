@@ -51,6 +51,9 @@ class KnownUpstream:
     # the async-on engine in a run, the pair sends the fields that set it off no more (issue 36,
     # item 6: one death proves it; sending it again would only kill the engine again)
     trigger: tuple = ()
+    # a crash_on entry no request field sets off: the server configurations (vllm_configs names,
+    # combined) whose servers never reach it; after its death the pair starts again in them
+    avoid: tuple = ()
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -249,7 +252,9 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
     "fixtures/vllm_upstream/async_resume_placeholder_ids.json", match=lambda f: "id=-1" in f, report_gone=False,
     engine_exception=True,
-    introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b"))
+    introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b",
+    # a pool never short preempts nothing, and whole prompts leave no running request out of a step
+    avoid=("kv-plenty", "whole-prefill")))
 
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
@@ -261,9 +266,13 @@ def known_crash(exception: str, overlap: bool, version: str | None) -> str:
                  if k.crash_on and k.live_in(version) and re.search(k.crash_on, exception)), "")
 
 
-def crash_trigger(kid: str, version: str | None) -> tuple:
-    """The trigger of the live entry `kid` (KnownUpstream.trigger), or () when it has none."""
-    return next((k.trigger for k in KNOWN_UPSTREAM if k.id == kid and k.trigger and k.live_in(version)), ())
+def crash_remedy(kid: str, version: str | None) -> tuple[tuple, tuple]:
+    """(KnownUpstream.trigger, KnownUpstream.avoid) of the live crash entry `kid`: what the pair
+    stops sending, and the configurations it starts again in, once that crash was seen."""
+    for k in KNOWN_UPSTREAM:
+        if k.id == kid and k.crash_on and (k.trigger or k.avoid) and k.live_in(version):
+            return k.trigger, k.avoid
+    return (), ()
 
 
 def claims_by_wording_alone(k: KnownUpstream) -> bool:
