@@ -209,9 +209,24 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     if lost:
         found.insert(0, lost)
     new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
-                                  version if version is not None else pr.release, evidence=evidence,
-                                  runner=pr.runner)
+                                  version if version is not None else pr.release,
+                                  evidence=evidence or _request_evidence(pr), runner=pr.runner)
     _report(row.name, new, seen + ([crash] if crash else []), gone, record_property)
+
+
+def _request_evidence(pr: vp.PathRun):
+    """finding -> the mechanisms the agent counted, async on, for the request the finding names
+    ("request <rid> ..."): what a known entry with request_evidence claims by (issue 36, item 7)."""
+    books = (pr.steps or {}).get(True)
+    if not books:
+        return None
+    summed, by_rid = steps.summed(books), {r.rid: r for r in pr.reqs}
+
+    def of(finding: str) -> dict:
+        words = finding.split()
+        r = by_rid.get(words[1].split("#")[0]) if len(words) > 1 and words[0] == "request" else None
+        return steps.evidence_of(summed, r) if r is not None else {}
+    return of
 
 
 def left_out_of(row: vp.PathRow, pr: vp.PathRun) -> tuple[str, str] | None:

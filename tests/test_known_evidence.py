@@ -75,3 +75,25 @@ def test_a_step_scheduled_with_the_last_token_in_flight_is_counted():
     r.num_output_placeholders = 2  # that token still in flight, and the request is scheduled again
     books.after_schedule(sched, out)
     assert facts.data["requests"]["a"][7] == {"scheduled_at_cap": 1}
+
+
+def test_a_structured_output_step_with_a_token_in_flight_is_counted_and_claims_only_where_live():
+    """vllm#26866's mechanism (before 0.11.1 the grammar mask is built in schedule(), a step
+    behind the token in flight): counted per request, and the entry claims a structured-output
+    request's finding only with it counted, only in its release range."""
+    from harness.targets import vllm_upstream
+    books, facts = _books()
+    g, plain = _req("g", [1, 2], 8, use_structured_output=True), _req("p", [1, 2], 8)
+    for r in (g, plain):
+        r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders = r.num_tokens, 1, 2
+    sched = SimpleNamespace(requests={"g": g, "p": plain}, running=[g, plain], max_num_scheduled_tokens=64)
+    books.after_schedule(sched, SimpleNamespace(total_num_scheduled_tokens=2, num_scheduled_tokens={"g": 1, "p": 1}))
+    recs = facts.data["requests"]
+    assert recs["g"][7] == {"grammar_in_flight": 1} and recs["p"][7] == {}
+    f = "request so0: 13 sampling steps async on, 9 off (stopped on a token: at most 1 more allowed)"
+    with_it, without = (lambda _: {"grammar_in_flight": 3}), (lambda _: {})
+    for version, ev, claimed in (("0.11.0", with_it, True), ("0.11.0", without, False), ("0.11.1", with_it, False)):
+        new, seen, _ = vllm_upstream.classify("steps", [f], counts=None, version=version, evidence=ev)
+        assert bool(seen) == claimed and bool(new) != claimed, (version, new, seen)
+        if claimed:
+            assert seen[0][0] == "vllm#26866"

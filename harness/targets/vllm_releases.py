@@ -113,6 +113,14 @@ FACTS: dict[str, Since] = {
                                            "which kills vLLM's CPU worker (removed by vllm-project/vllm#26736)"),
     "bind_all": Since(until="0.11.1", why="the VLLM_CPU_OMP_THREADS_BIND value that binds no thread is `all` "
                       "(`nobind` from 0.11.1; here libnuma cannot parse it and the engine dies at start)"),
+    # the scheduler builds the grammar bitmask inside schedule(), before the tokens of the step in flight
+    # are accepted by the request's grammar; vllm-project/vllm#26866 (0.11.1) builds it after the step is sent
+    "grammar_mask_in_schedule": Since(since="0.10.2", until="0.11.1", why="Scheduler.schedule builds the grammar "
+                                      "bitmask before the step in flight's tokens are accepted"),
+    # the path row prefix_cache_reset resets with requests running; before, vLLM refuses a reset while
+    # any block is in use (reset_prefix_cache returns False), so the row would never run (0.11.0's sweep)
+    "reset_running_requests": Since(since="0.12.0", why="reset_prefix_cache takes reset_running_requests "
+                                    "(before, a reset with requests running is refused)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
     # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_upstream): the placeholder repair
@@ -188,6 +196,8 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                                       r"prepare_inputs_event\.record\(torch\.cuda\.default_stream\(\)\)"),
     "bind_all": ("v1/worker/cpu_worker.py", r'self\.local_omp_cpuid != "all"'),
     "completions_bad_words": ("entrypoints/openai/completion/protocol.py", r"\n    bad_words: list\[str\]"),
+    "reset_running_requests": ("v1/core/sched/scheduler.py", r"reset_running_requests: bool = False"),
+    "grammar_mask_in_schedule": ("v1/core/sched/scheduler.py", r"self\.get_grammar_bitmask\("),
     "cli_only_placeholder_repair": ("v1/worker/gpu_model_runner.py",
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
     "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
@@ -432,6 +442,7 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "logit_bias": ("point:logit_bias",),
     "bad_words": ("completions_bad_words",),
     "bad_words_bare": ("completions_bad_words",),
+    "prefix_cache_reset": ("reset_running_requests",),
     "seeded_partial_prefill": ("point:bookkeeping",),
     "logits_processor_cli": ("cli_logits_processors",),
     "logits_processor_entry_point": ("entry_point_logits_processors",),

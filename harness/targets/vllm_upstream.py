@@ -257,6 +257,38 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     avoid=("kv-plenty", "whole-prefill")))
 
 
+# Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
+# scheduler built a request's grammar bitmask inside schedule(), while its previous token was still
+# in flight and not yet accepted by its grammar, so the mask was a step behind: the tokens leave the
+# regex and the request runs more steps (found by the 0.11.0 sweep once its crashes no longer hid
+# the rows: so0 diverges at token 1, 13 sampling steps async on, 9 off). The agent counts, per
+# request, each step scheduled with its token in flight (`grammar_in_flight`).
+_26866 = dict(
+    what="async scheduling before 0.11.1: the grammar bitmask of a structured-output request is built in "
+         "schedule() while its previous token is in flight and not yet accepted by its grammar, so the "
+         "constraint runs a step behind (tokens leave the grammar, the request runs more steps)",
+    upstream="vllm-project/vllm#26866 (async scheduling + structured outputs, fixed in 0.11.1)",
+    reproducer="fixtures/vllm_upstream/async_grammar_mask_in_flight.json", runner="",
+    match=lambda f: f.startswith("request so"), request_evidence="grammar_in_flight",
+    **_live_as("grammar_mask_in_schedule"))
+KNOWN_UPSTREAM += [KnownUpstream("vllm#26866", row, **_26866) for row in ("structured_output", "logprobs", "steps")]
+# The same placeholders (vllm#26467) under the main pair's processors: before 0.11.1 the CLI ones
+# are not repaired either, so every value-reading processor reads them (the 0.11.0 sweep), and its
+# requests' tokens differ on the logprobs row too (it holds every request)
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#26467", row, **_26467, evidence=counter)
+    for row, counter in (("logits_processor_cli_value", "lp_no_repeat_cli_placeholder_reads"),
+                         ("logits_processor_batch_cli", "lp_batch_cli_placeholder_reads"),
+                         ("logits_processor_entry_point", "lp_no_repeat_placeholder_reads"),
+                         ("logits_processor_batch_entry_point", "lp_batch_placeholder_reads"))]
+KNOWN_UPSTREAM += [
+    KnownUpstream("vllm#26467", "logprobs", **_26467, evidence=counter, match=lambda f, p=prefix: f.startswith(p))
+    for prefix, counter in (("request lpe", "lp_no_repeat_placeholder_reads"),
+                            ("request lpc1", "lp_no_repeat_cli_placeholder_reads"),
+                            ("request lpb0", "lp_batch_placeholder_reads"),
+                            ("request lpbc0", "lp_batch_cli_placeholder_reads"))]
+
+
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""
     import re

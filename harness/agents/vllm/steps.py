@@ -18,7 +18,8 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
   path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
   scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
-  (max_tokens) was already in flight;
+  (max_tokens) was already in flight; `grammar_in_flight`, a structured-output request scheduled
+  with a token in flight;
 - `after_abort`: the steps it was scheduled in after its abort reached the scheduler
   (finish_requests with an aborted status): an aborted request gets no more work, both arms;
 - `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
@@ -91,6 +92,10 @@ class Books:
             if cap is not None and ahead > 0 and r.num_output_tokens + ahead >= cap:
                 # scheduled with its last token already in flight (async-step-past-max-tokens' mechanism)
                 _count(rec, "scheduled_at_cap")
+            if ahead > 0 and getattr(r, "use_structured_output", False):
+                # its grammar's mask for this step is built before the token in flight is accepted
+                # where the scheduler builds it inside schedule() (vLLM before vllm#26866: vllm#26866's mechanism)
+                _count(rec, "grammar_in_flight")
             if samples:
                 rec[2] += 1
             rec[3] += rec[4]  # it ran again: the steps it sat out were a wait
