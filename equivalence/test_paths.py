@@ -161,6 +161,15 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
+def _evidence_sum(pr: vp.PathRun, mechanism: str, which) -> int:
+    """A mechanism the agent counted (async on) over the requests `which` selects."""
+    books = (pr.steps or {}).get(True)
+    if not books:
+        return 0
+    summed = steps.summed(books)
+    return sum(steps.evidence_of(summed, r).get(mechanism, 0) for r in pr.reqs if which(r))
+
+
 def _stale_drops(pr: vp.PathRun, k: int) -> int:
     """In-flight samples of the run's max_tokens-k requests that a preemption dropped, async on (the
     agent's `stale_dropped:<path>` evidence, harness.agents.vllm.steps)."""
@@ -204,6 +213,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
         if line:
             print(line)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
+    if row.name == "max_tokens_1_2":  # the row's requests' own mechanism: a step scheduled past their cap
+        both["scheduled_at_cap"] = _evidence_sum(pr, "scheduled_at_cap", lambda r: r.max_new_tokens in (1, 2))
     found = row_findings(row, pr)
     lost = overlap_on_row(row, pr, record_property)
     if lost:

@@ -399,3 +399,27 @@ def test_a_row_whose_parameter_a_known_crash_took_away_says_known_and_still_judg
     pr.counts_on = {c: 0 for c in row.counters}
     with pytest.raises(pytest.fail.Exception, match="not exercised: stop ran 0 times"):
         judge(row, pr, known=[])
+
+
+def test_extra_sampling_steps_of_max_tokens_requests_are_known_only_with_steps_past_their_cap():
+    """0.11.0's sweep: "max_tokens 1: 4 sampling steps async on, 2 off" is async-step-past-max-tokens
+    (vllm#27922, fixed in 0.12.0) when the agent counted steps scheduled past those requests' cap;
+    without that count, or on 0.12.0, it is new."""
+    from harness.agents.vllm import steps as st  # the books' layout (FIELDS) and request keys
+    row = vp.PATHS_BY_NAME["max_tokens_1_2"]
+    pr = _path_run([5, 6, 7, 8], {}, rid="t0", paths=("max_tokens_1_2",))
+    pr.reqs[0].max_new_tokens = 1
+    pr.counts_off = {"sampled_max1": 1, "max1_requests": 1}
+    pr.counts_on = {"sampled_max1": 2, "max1_requests": 1}
+    key = st.request_key(pr.reqs[0].prompt_ids, 1)
+    rec = [0] * len(st.FIELDS)
+    rec[st.FIELDS.index("key")], rec[st.FIELDS.index("finish")] = key, "FINISHED_LENGTH_CAPPED"
+    rec[st.FIELDS.index("evidence")] = {"scheduled_at_cap": 1}
+    pr.steps = {True: {"t0": rec}, False: {}}
+    with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM async-step-past-max-tokens: max_tokens 1"):
+        judge(row, pr, version="0.11.0")
+    with pytest.raises(pytest.fail.Exception, match="max_tokens 1: 2 sampling steps async on, 1 off"):
+        judge(row, pr, version="0.12.0")
+    rec[st.FIELDS.index("evidence")] = {}
+    with pytest.raises(pytest.fail.Exception, match="max_tokens 1: 2 sampling steps async on, 1 off"):
+        judge(row, pr, version="0.11.0")

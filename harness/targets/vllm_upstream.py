@@ -99,6 +99,16 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "fixtures/vllm_upstream/async_step_past_max_tokens.json",
                   match=lambda f: "past max_tokens" in f, request_evidence="scheduled_at_cap",
                   introduced="0.10.0", fixed="0.12.0"),
+    # the same, on the row that counts the sampling steps of max_tokens 1 and 2 (0.11.0's sweep: "max_tokens
+    # 1: 4 sampling steps async on, 2 off"): claimed when the agent counted a step scheduled past the
+    # cap for those requests (equivalence/test_paths.judge)
+    KnownUpstream("async-step-past-max-tokens", "max_tokens_1_2",
+                  "async scheduling schedules a request capped by max_tokens one step past its last token "
+                  "and throws the sample away (tokens unchanged, a step wasted per request)",
+                  "vllm-project/vllm#27922 (fixed in 0.12.0)",
+                  "fixtures/vllm_upstream/async_step_past_max_tokens.json",
+                  match=lambda f: "sampling steps async on" in f, evidence="scheduled_at_cap",
+                  introduced="0.10.0", fixed="0.12.0"),
     # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
     # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
     # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).

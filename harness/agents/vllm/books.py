@@ -139,7 +139,7 @@ def worker_books(runner) -> dict:
     return {"runner_requests": len(runner.requests), "batch_rows": batch.num_reqs,
             "batch_slots": sum(1 for r in batch._req_ids if r is not None),
             "generators": len(batch.generators),
-            "host_buffers_held": sum(1 for b in (copy_engine.COPY.buffers if copy_engine.COPY else ()) if not b.free.is_set())}
+            "host_buffers_held": copy_engine.COPY.held() if copy_engine.COPY else 0}
 
 
 def _books_worker_execute(orig):

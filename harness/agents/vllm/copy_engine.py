@@ -67,6 +67,10 @@ class CopyEngine:
         self.q: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, name="oh-copy", daemon=True).start()
 
+    def held(self) -> int:
+        """Host buffers handed out whose reader is not done (the worker's books at idle: 0)."""
+        return sum(1 for b in self.buffers if not b.free.is_set())
+
     def _loop(self):
         import torch
         while True:
@@ -139,5 +143,10 @@ def before_wait(orig):
             if buf is not None:
                 ev.synchronize()  # the copy itself has landed before the buffer is handed out again
                 buf.free.set()
+                f = state.facts("worker")
+                if isinstance(f.data.get("books"), dict):  # the worker's books were written after its
+                    # step, before this read freed the buffer: after a run's last step nothing else
+                    # rewrites them (0.11.0's gate read 1 buffer held at idle, async on)
+                    f.set(books={**f.data["books"], "host_buffers_held": COPY.held() if COPY else 0})
             state.facts("worker").write()
     return get_output
