@@ -350,3 +350,15 @@ def test_a_refused_case_is_said_with_the_servers_answer():
         ServedStress._count(s, case, Verdict(refused=why))
     lines = summary_lines(s)
     assert "(2 refused)" in lines[0] and lines.count(f"refused (not judged): {why}") == 1, lines
+
+
+def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_counted():
+    """The first 20-minute stress of the current build (stock 0.32.0, small-budget): async on, a
+    request got 1 prompt-logprob entry of 88. Known (reported new) only with the reset's drop of
+    its in-flight step counted for it; the same wording without it is new."""
+    said = "request c3r0: async on: 1 prompt_logprobs entries for 88 prompt tokens (first None)"
+    for ev, known in (({"stale_dropped:reset": 1}, True), ({"stale_dropped:kv_pressure": 1}, False), ({}, False)):
+        v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"))], evidence={said: ev})
+        _classify(v, "0.32.0")
+        assert (v.known == [("async-prompt-logprobs-dropped-on-reset", said)]) == known, (ev, v)
+        assert (v.new == []) == known

@@ -217,8 +217,10 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                 evidence[f.summary] = ev
                 out.append(f)
     for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
+        r = by_rid.get(rid)
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
+            evidence[out[-1].summary] = steps.evidence_of(on_books, r) if on_books is not None and r else {}
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,

@@ -267,6 +267,29 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     avoid=("kv-plenty", "whole-prefill")))
 
 
+# Found by the 20-minute stress of stock 0.32.0 (small-budget configuration, a prefix-cache reset with
+# requests running): a request that asks for prompt logprobs gets only the first entry (None) async
+# on, all of them async off. The V1 runner computes the prompt logprobs of the last prompt chunk and
+# forgets the request's prompt-logprob setting at once (num_prompt_logprobs); they travel with that
+# step's output, which carries the first sample too. When the reset preempts the request with that
+# step in flight, the scheduler drops the step's output as stale (drop_stale_output), and the resumed
+# request, recomputed from its first token, computes no prompt logprobs again. The agent counts the
+# drop per request (`stale_dropped:reset`). Related, not the same: vllm-project/vllm#29071 (chunked
+# prompt logprobs + preemption, fixed), vllm-project/vllm#41411 (eviction during chunked prefill,
+# fixed); none found for the stale drop. Its range starts where the reset drops stale output (0.12.0);
+# measured on 0.32.0 only.
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "async-prompt-logprobs-dropped-on-reset", "prefix_cache_reset",
+    "async scheduling: a request preempted by reset_prefix_cache(reset_running_requests) with its last prompt "
+    "chunk's step in flight loses its prompt logprobs: they travel in that step's output, which the scheduler "
+    "drops as stale, and the runner already forgot that the request asks for them, so the recompute after the "
+    "resume computes none (only the first entry, None, comes back)",
+    "none found for vllm-project/vllm (searched: prompt_logprobs, preemption, reset_prefix_cache, stale output); "
+    "related, fixed: vllm-project/vllm#29071, vllm-project/vllm#41411",
+    "fixtures/vllm_upstream/async_prompt_logprobs_dropped_on_reset.json",
+    match=lambda f: "async on:" in f and "prompt_logprobs entries for" in f, request_evidence="stale_dropped:reset",
+    introduced="0.12.0", runner="v1"))
+
 # Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
 # scheduler built a request's grammar bitmask inside schedule(), while its previous token was still
 # in flight and not yet accepted by its grammar, so the mask was a step behind: the tokens leave the
