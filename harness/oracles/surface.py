@@ -14,7 +14,9 @@ each field with an oracle, judged on the path workload's responses (no request m
   first None, and at each position the same top token in both arms unless the off arm's two best
   were a near tie (harness.oracles.divergence.DEFAULT_TIE_TOL), as output logprobs are judged.
 
-Aborted clients are left out (their response is cut by the client). Fields left out, with why:
+Each turn of a conversation (`<rid>@<k>`, harness.targets.chat_turns) is judged as a request of its
+own whose prompt is the chat template over the messages so far (the client's ids). Aborted clients
+are left out (their response is cut by the client). Fields left out, with why:
 docs/vllm-paths.md ("The request surface").
 """
 from __future__ import annotations
@@ -40,13 +42,16 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
     def add(rid, what):
         out.setdefault(rid.split("#")[0], []).append(what)
 
+    def request_of(rid):  # '#k': a sample of n; '@k': a turn of a conversation (harness.targets.chat_turns)
+        return by_rid.get(rid.split("#")[0].split("@")[0])
+
     ids = {lab: {rid: list(i) for rid, i, _ in run.outputs} for lab, run in (("off", off), ("on", on))}
     fin = {lab: {rid: f for rid, _, f in run.outputs} for lab, run in (("off", off), ("on", on))}
     surf = {lab: getattr(run, "surface", {}) or {} for lab, run in (("off", off), ("on", on))}
     for lab in ("off", "on"):
         usage_seen: dict[str, int] = {}
         for rid, toks in ids[lab].items():
-            r = by_rid.get(rid.split("#")[0])
+            r = request_of(rid)
             if r is None or getattr(r, "abort_after", None) is not None:
                 continue
             f = fin[lab][rid]
@@ -61,10 +66,12 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
             if sf.get("streamed") and not u:  # asked with stream_options.include_usage
                 add(rid, f"async {lab}: a stream asked for usage, and its last chunk had none")
             if u:
-                if u.get("prompt_tokens") != len(r.prompt_ids):
+                # a turn's prompt is the chat template over its conversation so far (the client's ids)
+                plen = len(sf["prompt_ids"]) if sf.get("prompt_ids") is not None else len(r.prompt_ids)
+                if u.get("prompt_tokens") != plen:
                     add(rid, f"async {lab}: usage.prompt_tokens {u.get('prompt_tokens')}, the prompt has "
-                             f"{len(r.prompt_ids)} tokens")
-                usage_seen[r.rid] = u.get("completion_tokens")
+                             f"{plen} tokens")
+                usage_seen[rid.split("#")[0]] = u.get("completion_tokens")
             text = sf.get("text")
             if decode is not None and text is not None and toks:
                 full = decode(toks)
@@ -78,7 +85,7 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
             if n != got:
                 add(base, f"async {lab}: usage.completion_tokens {n}, {got} ids returned")
     for rid, toks in ids["off"].items():
-        r = by_rid.get(rid.split("#")[0])
+        r = request_of(rid)
         if r is None or getattr(r, "abort_after", None) is not None or ids["on"].get(rid) != toks:
             continue  # different ids are the token oracles' to judge
         if fin["on"].get(rid) != fin["off"][rid]:

@@ -39,7 +39,7 @@ XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
 OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
-             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream")
+             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream", "chat", "request_id", "oh_x_request_id")
 
 
 @dataclass
@@ -95,6 +95,12 @@ def features(r: Request) -> list[str]:
             out.append(k)
     if ex.get("top_k") or ex.get("min_p"):
         out.append("top_k/min_p")
+    if ex.get("chat"):  # harness.search.served_chat: a conversation, and client-set request ids
+        out.append("chat")
+    cid = ex.get("oh_x_request_id", ex.get("request_id"))
+    if cid is not None:
+        out.append("duplicate_id" if "-dup-" in str(cid) else
+                   "x-request-id" if "oh_x_request_id" in ex else "request_id")
     if r.stop or ex.get("stop_token_ids"):
         out.append("stop")
     out += [f"lp:{k}" for k, v in XARGS.items() if v in (ex.get("vllm_xargs") or {})]
@@ -222,6 +228,9 @@ def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True
     without our agent: `agent=False`); `priority`: every request carries a priority."""
     mixes = [[draw(requests(tok, f"c{i}r{j}", vllm, priority=priority)) for j in range(draw(st.integers(1, 3)))]
              for i in range(cases)]
+    if vllm:  # conversations, client ids, a duplicate id (vLLM's API: harness.search.served_chat)
+        from harness.search import served_chat
+        mixes = served_chat.redraw(draw, tok, mixes, priority)
     delays, controls = {}, []
     if agent:
         for point in draw(st.sets(st.sampled_from(DELAY_POINTS), max_size=2)):

@@ -12,7 +12,11 @@
   (its counter, as the path rows' `placeholders`);
 - overlap: the async server ran without overlap (the target's own check after every run);
 - surface: the response fields beyond the ids (finish and stop reasons, usage, text, prompt
-  logprobs: harness.oracles.surface), as the path rows judge them.
+  logprobs: harness.oracles.surface), as the path rows judge them;
+- conversations turn by turn, up to the arms' first difference (harness.oracles.turns: later turns
+  have other prompts, left out and counted), and client-set request ids (harness.oracles.request_ids:
+  each client its own answer, a duplicate id's disconnect ending only its own request; kind
+  `request_id`).
 
 A finding that matches a known-upstream entry live in the release (vllm_upstream.classify) is
 known, not new; an entry the agent works around (its counter above 0) is known too.
@@ -31,7 +35,7 @@ RESET = "/reset_prefix_cache?reset_running_requests=true"
 
 @dataclass
 class Finding:
-    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface
+    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface | request_id
     summary: str
     signature: tuple  # what must stay the same while shrinking and on replay
 
@@ -52,6 +56,7 @@ class Verdict:
     # feature -> {"all": Share, "prefill": Share}: its requests' waits, async on (issue 36, item 4)
     feature_overlap: dict = field(default_factory=dict)
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> Share of every request of the case
+    turns: dict = field(default_factory=dict)  # conversations, turns judged and left out (oracles.turns.comparable)
     seconds: float = 0.0
 
     @property
@@ -150,6 +155,9 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
+        from harness.oracles import turns
+        off_run, on_run, v.turns = turns.comparable(arms[False]["run"], arms[True]["run"])
+        arms = {False: {**arms[False], "run": off_run}, True: {**arms[True], "run": on_run}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, getattr(tok, "decode", None))
         if agent:
@@ -192,8 +200,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     counted for the request it names, async on; `decode` (ids -> text) lets the surface oracle
     check each text against its ids."""
     from harness.oracles import books as bookmod
-    from harness.oracles import steps
-    from harness.oracles import surface
+    from harness.oracles import request_ids, steps, surface, turns
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
     from harness.targets import vllm_paths as vp
@@ -218,13 +225,17 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
+    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"]).items()):
+        for what in whats:
+            out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
                                                                                                  run_logprobs(run))]
     if not agent:
         return out
-    sv = steps.compare(case.requests, steps.summed(off["steps"]), steps.summed(on["steps"]))
+    sv = steps.compare(case.requests + turns.as_requests(case.requests, on["run"]), steps.summed(off["steps"]),
+                       steps.summed(on["steps"]))
     for f in sv.findings:
         kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
                 "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
@@ -255,6 +266,12 @@ def _field(what: str) -> str:
     """The response field a surface finding is about (its signature: the figures may change)."""
     m = re.search(r"\b(finish_reason|stop_reason|usage\.\w+|text|prompt_logprobs|ids returned)", what)
     return m.group(1) if m else "surface"
+
+
+def _id_kind(what: str) -> str:
+    """A request-id finding's kind, without figures (its signature)."""
+    return ("crossed" if "crossed" in what else "cut short" if "ended" in what else
+            "response id" if "response id" in what else "request_id")
 
 
 def _sampled_preempted(case, on: dict) -> set:

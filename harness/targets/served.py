@@ -264,18 +264,22 @@ class ServedTarget(Target):
         wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
         if wait > 0:
             time.sleep(wait)
+        from harness.targets import chat_turns
         body = self.payload(r, overlap)
+        kw = {"headers": h} if (h := chat_turns.client_headers(body)) else {}  # X-Request-Id (vLLM only)
         self._sent += 1  # a new request is progress for the watchdog: it may take a step to answer
+        if body.get("chat"):  # a conversation: its turns one after another (harness.targets.chat_turns)
+            return chat_turns.send_conversation(self, client, base, r, body, h)
         if r.abort_after is not None:
-            return self._send_aborted(client, base, r, body)
+            return self._send_aborted(client, base, r, body, **kw)
         if body.get("stream"):
-            return self._send_streamed(client, base, r, body)
-        return self.request(client, base, r, body)
+            return self._send_streamed(client, base, r, body, **kw)
+        return self.request(client, base, r, body, **kw)
 
-    def request(self, client, base: str, r, body: dict) -> list[tuple]:
+    def request(self, client, base: str, r, body: dict, headers: dict | None = None) -> list[tuple]:
         """One request on the engine's own API: [(rid, token ids, finish reason, logprob records)],
         one tuple per returned choice. This: OpenAI completions with ids as "token_id:N"."""
-        resp = client.post(f"{base}/v1/completions", json=body)
+        resp = client.post(f"{base}/v1/completions", json=body, headers=headers)
         if resp.status_code >= 500:  # the engine failed this request: an outcome to compare, not ours
             return [(r.rid, [], f"server error {resp.status_code}: {_error_message(resp)}", [])]
         if resp.status_code != 200:
@@ -289,7 +293,7 @@ class ServedTarget(Target):
             # what else comes back, for the request-surface oracle (harness.oracles.surface)
             self.surface[rid] = {"text": c.get("text"), "stop_reason": c.get("stop_reason"),
                                  "prompt_logprobs": c.get("prompt_logprobs"), "usage": data.get("usage"),
-                                 "request": r.rid, "choices": len(data["choices"])}
+                                 "request": r.rid, "choices": len(data["choices"]), "id": data.get("id")}
         return out
 
     stream_path = "/v1/completions"
@@ -301,13 +305,13 @@ class ServedTarget(Target):
             ids, lps = ids + i, lps + lp
         return ids, lps
 
-    def _send_aborted(self, client, base, r, body):
+    def _send_aborted(self, client, base, r, body, headers: dict | None = None):
         """A client that disconnects after `abort_after` tokens: what the server does on a drop.
         Its documented result is its first `abort_after` tokens."""
         import json
         body = {**body, "stream": True}
         ids, lps = [], []
-        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
+        with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}")
             for line in resp.iter_lines():
@@ -319,14 +323,14 @@ class ServedTarget(Target):
         k = r.abort_after
         return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
 
-    def _send_streamed(self, client, base, r, body):
+    def _send_streamed(self, client, base, r, body, headers: dict | None = None):
         """A client that reads the whole stream, usage included (`stream_options.include_usage`:
         a last chunk with no choice): its ids, finish and stop reason and text summed over the
         chunks, for the token oracles and the request-surface oracle as a plain response's."""
         import json
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        ids, lps, text, finish, stop_reason, usage = [], [], "", None, None, None
-        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
+        ids, lps, text, finish, stop_reason, usage, sid = [], [], "", None, None, None, None
+        with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 resp.read()
                 what = f"{resp.status_code}: {_error_message(resp)}"
@@ -342,9 +346,9 @@ class ServedTarget(Target):
                     text += c.get("text") or ""
                     if c.get("finish_reason"):
                         finish, stop_reason = c["finish_reason"], c.get("stop_reason")
-                usage = event.get("usage") or usage
+                usage, sid = event.get("usage") or usage, sid or event.get("id")
         self.surface[r.rid] = {"text": text, "stop_reason": stop_reason, "prompt_logprobs": None,
-                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True}
+                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True, "id": sid}
         return [(r.rid, ids, finish, lps)]
 
     # -- the progress watchdog ------------------------------------------------------------
