@@ -214,3 +214,63 @@ def test_the_shrinker_drops_a_turn():
     from harness.search.served_shrink import _request_variants
     r = _conv().requests[0]
     assert any(v.extra.get("chat") == ["a", "b"] for v in _request_variants(r))
+
+
+def test_an_abort_pause_judges_the_cut_answers_as_prefixes():
+    """/pause?mode=abort cuts the arms' answers at different points (timing): both cut to their
+    common length, quiet when one is a prefix of the other, a divergence when the tokens inside
+    differ; a duplicate-id survivor cut by the pause is no request-id finding; a case without the
+    control is judged whole."""
+    from harness.oracles import pause_abort
+    a, b = _pair()
+    case = ServedCase([a, b], {}, [(0.2, "pause_abort")], 1)
+    off = [_answer(a, [1, 2, 3, 4, 5], fin="abort"), _answer(b, list(range(10)))]
+    on = [_answer(a, [1, 2, 3], fin="abort"), _answer(b, list(range(6)), fin="abort")]
+    o, n, cut = pause_abort.comparable(case, _run(off), _run(on))
+    assert cut == {"c0r0", "c0r1"} and o.outputs == n.outputs == [("c0r0", [1, 2, 3], "abort"),
+                                                                   ("c0r1", list(range(6)), "abort")]
+    assert _findings(case, {"run": o, "cut": cut}, {"run": n, "cut": cut}, agent=False) == []
+    wrong = [_answer(a, [1, 9, 3], fin="abort"), on[1]]
+    o, n, cut = pause_abort.comparable(case, _run(off), _run(wrong))
+    found = _findings(case, {"run": o, "cut": cut}, {"run": n, "cut": cut}, agent=False)
+    assert [f.kind for f in found] == ["divergence"] and "request c0r0 diverges at token 1" in found[0].summary
+    plain = ServedCase([a, b], {}, [(0.2, "pause")], 1)
+    o, n, cut = pause_abort.comparable(plain, _run(off), _run(on))
+    assert cut == set() and o.outputs == _run(off).outputs
+
+
+def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
+    """allowed_token_ids is drawn on some requests; each is sent again without it (async off, the
+    same seed for an unseeded sampled request) and the summary marks it not exercised when it
+    changed no answer."""
+    from harness.search import served_effects
+    cases = _draw()
+    drawn = [r for c in cases for r in c.requests if "allowed_token_ids" in r.extra]
+    assert drawn and all(1 <= len(r.extra["allowed_token_ids"]) <= 8 and not r.extra.get("chat") for r in drawn)
+    r = Request(rid="c0r0", prompt_ids=[5] * 6, max_new_tokens=4, temperature=1.0)
+    r.extra, r.n = {"allowed_token_ids": [4, 5]}, 1
+    q = Request(rid="c0r1", prompt_ids=[6] * 6, max_new_tokens=4, abort_after=2)
+    q.extra, q.n = {"allowed_token_ids": [4, 5]}, 1
+    case = ServedCase([r, q], {}, [], 1)
+
+    class Off:
+        name, seed, sent = "vllm", 7, []
+
+        def __init__(self, answer):
+            self.answer = answer
+
+        def run(self, reqs, overlap):
+            assert overlap is False
+            self.sent += reqs
+            return _run([(c.rid, self.answer, "length", None) for c in reqs])
+    t = Off([4, 5, 4, 5])
+    off = _run([("c0r0", [4, 5, 4, 5], "length", None), ("c0r1", [4, 5], "abort", None)])
+    assert served_effects.check(t, case, off) == {("c0r0", "allowed_token_ids"): False}
+    import zlib
+    assert [c.rid for c in t.sent] == ["c0r0~no-allowed_token_ids"] and "allowed_token_ids" not in t.sent[0].extra
+    assert t.sent[0].seed == (zlib.crc32(b"c0r0") ^ 7) & 0x7FFFFFFF
+    assert served_effects.check(Off([9, 9, 9, 9]), case, off) == {("c0r0", "allowed_token_ids"): True}
+    assert served_effects.check(t, case, off, cut={"c0r0"}) == {}
+    assert "not exercised" in served_effects.line({"allowed_token_ids": [0, 3]})[0]
+    assert "changed 2 of 3" in served_effects.line({"allowed_token_ids": [2, 3]})[0]
+    assert "not exercised" not in served_effects.line({"allowed_token_ids": [2, 3]})[0]

@@ -52,16 +52,17 @@ def groups(reqs) -> dict[str, list]:
     return out
 
 
-def findings(reqs, off, on) -> dict[str, list[str]]:
-    """rid -> what is wrong with the answer its client got."""
+def findings(reqs, off, on, server_aborted=None) -> dict[str, list[str]]:
+    """rid -> what is wrong with the answer its client got; `server_aborted`: rids the server ended
+    on purpose (/pause?mode=abort: harness.oracles.pause_abort), whose cut is no fault."""
     out: dict[str, list[str]] = {}
     runs = {"off": off, "on": on}
     outs = {lab: {rid: (list(i), f) for rid, i, f in run.outputs} for lab, run in runs.items()}
     surf = {lab: getattr(run, "surface", {}) or {} for lab, run in runs.items()}
     for cid, group in groups(reqs).items():
         for r in group:
-            if r.abort_after is not None:
-                continue  # its client left: its answer is cut by the client
+            if r.abort_after is not None or r.rid in (server_aborted or ()):
+                continue  # its client left, or a pause aborted it: its answer is cut on purpose
             carries = {lab: cid in str((surf[lab].get(r.rid) or {}).get("id") or "") for lab in runs
                        if r.rid in surf[lab]}
             if len(carries) == 2 and carries["on"] != carries["off"]:

@@ -32,14 +32,19 @@ from harness.engine.request import Request
 # the agent's delay points (harness.agents.vllm.points.DELAY_POINTS; not imported: that module is
 # the agent's and its table is checked against it in tests/test_served_search.py)
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
-CONTROLS = ("pause", "reset")
+# "pause" is /pause?mode=keep (requests frozen in place); vLLM 0.32 has two more modes: "wait" (no
+# new request admitted until those running drain) and "abort" (every request in flight aborted:
+# its client gets what was generated so far, finish "abort"; harness.oracles.pause_abort)
+CONTROLS = ("pause", "reset", "pause_wait", "pause_abort")
+PAUSE_MODES = {"pause": "keep", "pause_wait": "wait", "pause_abort": "abort"}
 PAUSE_FOR_S = 0.3
 # what each request body may carry beyond the plain greedy request (the keys of `Request.extra`)
 XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_no_repeat_cli",
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
 OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
-             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream", "chat", "request_id", "oh_x_request_id")
+             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream", "chat", "request_id", "oh_x_request_id",
+             "allowed_token_ids")
 
 
 @dataclass
@@ -90,7 +95,8 @@ def features(r: Request) -> list[str]:
         out.append("n>1")
     if r.repetition_penalty != 1.0 or ex.get("presence_penalty") or ex.get("frequency_penalty"):
         out.append("penalties")
-    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs", "stream"):
+    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs", "stream",
+              "allowed_token_ids"):
         if ex.get(k):
             out.append(k)
     if ex.get("top_k") or ex.get("min_p"):

@@ -23,6 +23,7 @@ import zlib
 from hypothesis import strategies as st
 
 from harness.oracles.request_ids import DUPLICATE_MARK
+from harness.search import served_effects
 from harness.targets.chat_turns import HEADER_KEY, chat_prompt_ids
 
 CHAT, IDS, DUPLICATE = 0, 1, 2  # a mix's hash modulo COIN: what it becomes
@@ -91,5 +92,7 @@ def redraw(draw, tok, mixes: list, priority: bool = False) -> list:
             mix = with_client_ids(draw, mix, i)
         elif coin == DUPLICATE:
             mix = draw(duplicate_pair(tok, i, priority))
+        for r in mix:  # item 3's rule on a field of the async path (harness.search.served_effects)
+            served_effects.maybe_allowed_ids(draw, tok, r)
         out.append(mix)
     return out

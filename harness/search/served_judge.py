@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from harness.search.served_case import PAUSE_FOR_S, ServedCase
+from harness.search.served_case import PAUSE_FOR_S, PAUSE_MODES, ServedCase
 
 RESET = "/reset_prefix_cache?reset_running_requests=true"
 
@@ -57,6 +57,8 @@ class Verdict:
     feature_overlap: dict = field(default_factory=dict)
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> Share of every request of the case
     turns: dict = field(default_factory=dict)  # conversations, turns judged and left out (oracles.turns.comparable)
+    server_aborted: int = 0  # answers cut by /pause?mode=abort, judged as prefixes (oracles.pause_abort)
+    effects: dict = field(default_factory=dict)  # (rid, param) -> it changed the async-off answer (served_effects)
     seconds: float = 0.0
 
     @property
@@ -75,8 +77,8 @@ def _controls(target, overlap: bool, controls, done: threading.Event, got: list)
             if done.wait(max(0.0, t0 + at - time.monotonic())):
                 return  # the run ended first
             try:
-                if what == "pause":
-                    got.append(("pause", c.post(base + "/pause?mode=keep").status_code))
+                if what in PAUSE_MODES:  # mode wait answers once the running requests drained
+                    got.append((what, c.post(base + f"/pause?mode={PAUSE_MODES[what]}").status_code))
                     time.sleep(PAUSE_FOR_S)
                     got.append(("resume", c.post(base + "/resume").status_code))
                 else:
@@ -155,13 +157,17 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
-        from harness.oracles import turns
-        off_run, on_run, v.turns = turns.comparable(arms[False]["run"], arms[True]["run"])
-        arms = {False: {**arms[False], "run": off_run}, True: {**arms[True], "run": on_run}}
+        from harness.oracles import pause_abort, turns
+        raw_off = arms[False]["run"]
+        off_run, on_run, v.turns = turns.comparable(raw_off, arms[True]["run"])
+        off_run, on_run, cut = pause_abort.comparable(case, off_run, on_run)
+        v.server_aborted = len(cut)
+        arms = {False: {**arms[False], "run": off_run, "cut": cut}, True: {**arms[True], "run": on_run, "cut": cut}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, getattr(tok, "decode", None))
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
+        v.effects = _effects(target, case, raw_off, cut, v)
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
     else:
         v.new += errors
@@ -171,6 +177,26 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     _classify(v, version, getattr(target, "runner", None))
     v.seconds = time.monotonic() - t0
     return v
+
+
+def _effects(target, case, off_run, cut, v: Verdict) -> dict:
+    """Item 3's rule (harness.search.served_effects): each drawn parameter of the async path sent
+    once more without it, async off. A server lost in that run is a finding and is started again
+    by the next case; the parameters then count as not judged (no entry), never as having had an
+    effect."""
+    from harness.search import served_effects
+    from harness.targets.base import TargetCrash, TargetError, TargetHang
+    try:
+        return served_effects.check(target, case, off_run, cut)
+    except TargetCrash as e:
+        v.new.append(Finding("crash", f"async off (the run without the drawn parameters): {e}"[:400],
+                             ("crash", "off", _exception(str(e)))))
+    except TargetHang as e:
+        v.new.append(Finding("hang", f"async off (the run without the drawn parameters): {e}"[:400], ("hang", "off")))
+    except TargetError:  # a copy refused: its parameters not judged
+        return {}
+    restart_lost(target)
+    return {}
 
 
 def feature_overlap(case, books: dict) -> dict:
@@ -225,7 +251,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
-    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"]).items()):
+    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
         for what in whats:
             out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))
     for lab, a in (("on", on), ("off", off)):

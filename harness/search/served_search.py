@@ -70,6 +70,7 @@ class ServedStressResult:
     # (harness.oracles.request_ids.counts): what the request-surface draws had to judge
     turns: dict = field(default_factory=dict)
     ids: dict = field(default_factory=dict)
+    effects: dict = field(default_factory=dict)  # param -> [requests it changed, requests judged] (served_effects)
 
     @property
     def cases_per_min(self) -> float:
@@ -134,6 +135,11 @@ class ServedStress:
         for kid, what in v.known:
             k = r.known.setdefault(kid, [0, what])
             k[0] += 1
+        r.ids["server_aborted"] = r.ids.get("server_aborted", 0) + getattr(v, "server_aborted", 0)
+        for (_, p), changed in (getattr(v, "effects", None) or {}).items():
+            acc = r.effects.setdefault(p, [0, 0])
+            acc[0] += bool(changed)
+            acc[1] += 1
         from harness.oracles import request_ids
         for k, n in list((getattr(v, "turns", None) or {}).items()) + list(request_ids.counts(case.requests).items()):
             acc = r.turns if k in ("conversations", "turns", "left_out") else r.ids if k != "cut" else None
@@ -389,10 +395,14 @@ def surface_lines(r) -> list[str]:
     """What the conversations and the client ids gave the oracles to judge (harness.search.served_chat)."""
     from harness.oracles import turns
     out = [turns.line(r.turns)] if r.turns.get("conversations") else []
-    if any(r.ids.values()):
+    if any(r.ids.get(k) for k in ("body", "header", "duplicate_groups")):
         out.append(f"request ids: {r.ids.get('body', 0)} in the body, {r.ids.get('header', 0)} as X-Request-Id; "
                    f"{r.ids.get('duplicate_groups', 0)} duplicate-id pair(s) sent together, "
                    f"{r.ids.get('duplicate_aborts', 0)} with one client disconnecting")
+    from harness.search import served_effects
+    out += served_effects.line(r.effects)
+    if r.ids.get("server_aborted"):
+        out.append(f"pause_abort: {r.ids['server_aborted']} answer(s) cut by /pause?mode=abort, judged as prefixes")
     return out
 
 
