@@ -274,3 +274,19 @@ def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
     assert "not exercised" in served_effects.line({"allowed_token_ids": [0, 3]})[0]
     assert "changed 2 of 3" in served_effects.line({"allowed_token_ids": [2, 3]})[0]
     assert "not exercised" not in served_effects.line({"allowed_token_ids": [2, 3]})[0]
+
+
+def test_header_fields_leave_the_body_as_headers():
+    """X-Request-Id and X-Vllm-Priority are taken out of the body (never sent as unknown fields);
+    under the priority policy some requests send their priority as the header."""
+    from harness.targets.chat_turns import PRIORITY_KEY, client_headers
+    body = {"prompt": [1], HEADER_KEY: "oh-c0r0", PRIORITY_KEY: 2, "priority": 0}
+    assert client_headers(body) == {"X-Request-Id": "oh-c0r0", "X-Vllm-Priority": "2"}
+    assert body == {"prompt": [1], "priority": 0} and client_headers(body) == {}
+    got = []
+    find(sc.submissions(Tok(), priority=True), lambda c: got.append(c) or len(got) >= 40,
+         settings=settings(database=None, max_examples=100, phases=[Phase.generate],
+                           suppress_health_check=list(HealthCheck)), random=random.Random(5))
+    heads = [r for c in got for r in c.requests if PRIORITY_KEY in r.extra]
+    assert heads and all(r.extra[PRIORITY_KEY] == r.priority for r in heads)
+    assert not any(PRIORITY_KEY in r.extra for c in _draw(20) for r in c.requests)  # fcfs: no priority at all

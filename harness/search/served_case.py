@@ -44,7 +44,7 @@ XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_
 OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
              "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream", "chat", "request_id", "oh_x_request_id",
-             "allowed_token_ids")
+             "allowed_token_ids", "oh_x_vllm_priority")
 
 
 @dataclass
@@ -103,6 +103,8 @@ def features(r: Request) -> list[str]:
         out.append("top_k/min_p")
     if ex.get("chat"):  # harness.search.served_chat: a conversation, and client-set request ids
         out.append("chat")
+    if "oh_x_vllm_priority" in ex:
+        out.append("x-vllm-priority")
     cid = ex.get("oh_x_request_id", ex.get("request_id"))
     if cid is not None:
         out.append("duplicate_id" if "-dup-" in str(cid) else

@@ -15,6 +15,9 @@ served_case), one of:
   id (body or header), both running to their length (EOS ignored, nothing that stops them), with
   prompts and max_tokens of different lengths, and in half of them the first disconnects after a
   few tokens: the other must still get its whole answer (harness.oracles.request_ids).
+
+Under the priority policy (configuration `priority`) one request in four sends its priority as the
+`X-Vllm-Priority` header, the body saying 0 (feature `x-vllm-priority`).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from hypothesis import strategies as st
 
 from harness.oracles.request_ids import DUPLICATE_MARK
 from harness.search import served_effects
-from harness.targets.chat_turns import HEADER_KEY, chat_prompt_ids
+from harness.targets.chat_turns import HEADER_KEY, PRIORITY_KEY, chat_prompt_ids
 
 CHAT, IDS, DUPLICATE = 0, 1, 2  # a mix's hash modulo COIN: what it becomes
 COIN = 8
@@ -94,5 +97,7 @@ def redraw(draw, tok, mixes: list, priority: bool = False) -> list:
             mix = draw(duplicate_pair(tok, i, priority))
         for r in mix:  # item 3's rule on a field of the async path (harness.search.served_effects)
             served_effects.maybe_allowed_ids(draw, tok, r)
+            if priority and zlib.crc32(repr(r).encode()) % 4 == 1:  # the priority as a header (X-Vllm-Priority)
+                r.extra[PRIORITY_KEY] = int(getattr(r, "priority", 0))
         out.append(mix)
     return out

@@ -10,7 +10,7 @@ never had: a multi-turn conversation on /v1/chat/completions, and client-set req
   the token oracles compare the turns like any request, and harness.oracles.turns keeps the turns
   after the arms' first difference out (their prompts differ: not comparable).
 - Request ids: `request_id` is a body field of both APIs and goes as it is; the key HEADER_KEY of a
-  Request's body is sent as the `X-Request-Id` header instead (vLLM 0.32 takes the header over
+  Request's body is sent as the `X-Request-Id` header instead (PRIORITY_KEY as `X-Vllm-Priority`) (vLLM 0.32 takes the header over
   the body's field: `OpenAIServing._base_request_id`). The response's `id` is kept for the oracle
   (harness.oracles.request_ids).
 
@@ -23,13 +23,17 @@ from harness.targets.base import TargetError
 
 CHAT_PATH = "/v1/chat/completions"
 HEADER_KEY = "oh_x_request_id"  # a body key of ours: sent as the X-Request-Id header, never in the body
+# the priority as the X-Vllm-Priority header (vLLM 0.32 takes it over the body's `priority`: both
+# APIs, `_get_priority`); the body then says 0, so a server that ignored the header would schedule
+# by 0 (under the priority policy: harness.targets.vllm_configs)
+PRIORITY_KEY = "oh_x_vllm_priority"
+HEADERS = {HEADER_KEY: "X-Request-Id", PRIORITY_KEY: "X-Vllm-Priority"}
 TURN_SEP = "@"  # output rid of turn k: f"{rid}@{k}" ('#' is taken by the n samples of one request)
 
 
 def client_headers(body: dict) -> dict:
     """The headers a request asks for, taken out of its body (mutated)."""
-    rid = body.pop(HEADER_KEY, None)
-    return {"X-Request-Id": str(rid)} if rid is not None else {}
+    return {h: str(v) for k, h in HEADERS.items() if (v := body.pop(k, None)) is not None}
 
 
 def turn_rid(rid: str, k: int) -> str:
