@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from harness.engine.request import Request
 from harness.oracles import request_ids, turns
 from harness.search import served_case as sc
+from harness.search import served_chat
 from harness.search.served_case import ServedCase
 from harness.search.served_judge import _findings
 from harness.targets.base import Run
@@ -32,7 +33,7 @@ class Tok:
 
 def _draw(n=60, seed=3):
     got = []
-    find(sc.submissions(Tok()), lambda c: got.append(c) or len(got) >= n,
+    find(served_chat.submissions(Tok()), lambda c: got.append(c) or len(got) >= n,
          settings=settings(database=None, max_examples=300, phases=[Phase.generate],
                            suppress_health_check=list(HealthCheck)), random=random.Random(seed))
     return got
@@ -284,7 +285,7 @@ def test_header_fields_leave_the_body_as_headers():
     assert client_headers(body) == {"X-Request-Id": "oh-c0r0", "X-Vllm-Priority": "2"}
     assert body == {"prompt": [1], "priority": 0} and client_headers(body) == {}
     got = []
-    find(sc.submissions(Tok(), priority=True), lambda c: got.append(c) or len(got) >= 40,
+    find(served_chat.submissions(Tok(), priority=True), lambda c: got.append(c) or len(got) >= 40,
          settings=settings(database=None, max_examples=100, phases=[Phase.generate],
                            suppress_health_check=list(HealthCheck)), random=random.Random(5))
     heads = [r for c in got for r in c.requests if PRIORITY_KEY in r.extra]

@@ -231,14 +231,16 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priorit
 
 
 @st.composite
-def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False):
+def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False,
+                surface=None):
     """`cases` mixes merged into one submission, with its delays and controls (none on a target
-    without our agent: `agent=False`); `priority`: every request carries a priority."""
+    without our agent: `agent=False`); `priority`: every request carries a priority; `surface`
+    (draw, tok, mixes, priority) -> mixes redraws some mixes over more of vLLM's request surface
+    (harness.search.served_chat.submissions passes its own)."""
     mixes = [[draw(requests(tok, f"c{i}r{j}", vllm, priority=priority)) for j in range(draw(st.integers(1, 3)))]
              for i in range(cases)]
-    if vllm:  # conversations, client ids, a duplicate id (vLLM's API: harness.search.served_chat)
-        from harness.search import served_chat
-        mixes = served_chat.redraw(draw, tok, mixes, priority)
+    if vllm and surface is not None:  # conversations, client ids, ... (harness.search.served_chat)
+        mixes = surface(draw, tok, mixes, priority)
     delays, controls = {}, []
     if agent:
         for point in draw(st.sets(st.sampled_from(DELAY_POINTS), max_size=2)):

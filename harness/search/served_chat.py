@@ -1,5 +1,5 @@
 """The request surface a completions mix never drew (issue 36, item 2): multi-turn chat and
-client-set request ids, drawn into a served submission (harness.search.served_case.submissions).
+client-set request ids, drawn into a served submission (`submissions`: served_case's, with these).
 
 Each mix of a submission is, by a hash of what was drawn for it (a drawn coin repeats: see
 served_case), one of:
@@ -101,3 +101,9 @@ def redraw(draw, tok, mixes: list, priority: bool = False) -> list:
                 r.extra[PRIORITY_KEY] = int(getattr(r, "priority", 0))
         out.append(mix)
     return out
+
+
+def submissions(tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False):
+    """served_case.submissions with this module's draws (what the served search draws)."""
+    from harness.search.served_case import submissions as plain
+    return plain(tok, cases, vllm=vllm, agent=agent, priority=priority, surface=redraw)

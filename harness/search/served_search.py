@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from harness.search.explore import burst_seeds
-from harness.search.served_case import ServedCase, case_features, features, submissions
+from harness.search.served_case import ServedCase, case_features, features
+from harness.search.served_chat import submissions
 from harness.search.served_judge import judge
 from harness.search.served_shrink import shrink
 

@@ -5,14 +5,14 @@ never had: a multi-turn conversation on /v1/chat/completions, and client-set req
   sends the messages so far, the arm's own answers included, and the assistant's answer of turn k
   is appended before turn k+1 (what a chat client does). Each turn comes back as its own output
   `<rid>@<k>` with its token ids and top-5 records (`logprobs` + `return_tokens_as_token_ids`,
-  which vLLM's chat API honours), its finish and stop reason, usage and text, and the prompt ids
-  the client expects the server to see (the model's chat template over the messages, tokenized):
+  which vLLM's chat API honours), its finish and stop reason, usage and text, and the prompt
+  ids the client expects the server to see (the chat template over the messages, tokenized):
   the token oracles compare the turns like any request, and harness.oracles.turns keeps the turns
   after the arms' first difference out (their prompts differ: not comparable).
 - Request ids: `request_id` is a body field of both APIs and goes as it is; the key HEADER_KEY of a
-  Request's body is sent as the `X-Request-Id` header instead (PRIORITY_KEY as `X-Vllm-Priority`) (vLLM 0.32 takes the header over
-  the body's field: `OpenAIServing._base_request_id`). The response's `id` is kept for the oracle
-  (harness.oracles.request_ids).
+  Request's body is sent as the `X-Request-Id` header instead (vLLM 0.32 takes the header over the
+  body's field: `OpenAIServing._base_request_id`), PRIORITY_KEY as `X-Vllm-Priority`. The
+  response's `id` is kept for the oracle (harness.oracles.request_ids).
 
 A conversation is one client thread: its turns go one after another, each only once the previous
 answer is back.
@@ -20,6 +20,7 @@ answer is back.
 from __future__ import annotations
 
 from harness.targets.base import TargetError
+from harness.targets.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
 
 CHAT_PATH = "/v1/chat/completions"
 HEADER_KEY = "oh_x_request_id"  # a body key of ours: sent as the X-Request-Id header, never in the body
@@ -48,7 +49,6 @@ def split_turn(rid: str) -> tuple[str, int | None]:
 
 def chat_body(body: dict) -> dict:
     """A completions body as a chat body: no prompt, logprobs as the chat API asks for them."""
-    from harness.targets.served import TOP_LOGPROBS
     out = {k: v for k, v in body.items() if k not in ("prompt", "chat", "logprobs", "echo", "prompt_logprobs")}
     out.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     return out
@@ -64,24 +64,9 @@ def chat_prompt_ids(tok, messages: list[dict]) -> list[int] | None:
     return list(tok.encode(apply(messages)))
 
 
-def chat_ids_and_logprobs(lp: dict | None) -> tuple[list[int], list]:
-    """Token ids and (own logprob, [(token, logprob)] top-k) per position of a chat choice's
-    `logprobs.content` whose tokens are "token_id:N"."""
-    from harness.targets.served import _tid
-    ids, out = [], []
-    for e in (lp or {}).get("content") or []:
-        ids.append(_tid(e["token"]))
-        top = sorted(((_tid(t["token"]), float(t["logprob"])) for t in e.get("top_logprobs") or []),
-                     key=lambda x: -x[1])
-        own = e.get("logprob")
-        out.append((float(own) if own is not None else float("nan"), top))
-    return ids, out
-
-
 def send_conversation(target, client, base: str, r, body: dict, headers: dict) -> list[tuple]:
     """Every turn of one conversation on one server: [(rid@k, ids, finish, records)]. A turn the
     engine failed (5xx) ends the conversation there (an outcome to compare, as for a request)."""
-    from harness.targets.served import _error_message
     tok = target.tokenizer() if hasattr(target, "tokenizer") else None
     b, messages, out = chat_body(body), [], []
     for k, user in enumerate(body["chat"], 1):
@@ -89,10 +74,10 @@ def send_conversation(target, client, base: str, r, body: dict, headers: dict) -
         rid = turn_rid(r.rid, k)
         resp = client.post(f"{base}{CHAT_PATH}", json={**b, "messages": list(messages)}, headers=headers or None)
         if resp.status_code >= 500:
-            out.append((rid, [], f"server error {resp.status_code}: {_error_message(resp)}", []))
+            out.append((rid, [], f"server error {resp.status_code}: {error_message(resp)}", []))
             break
         if resp.status_code != 200:
-            raise TargetError(f"{target.name}: request {rid} refused with {resp.status_code}: {_error_message(resp)}")
+            raise TargetError(f"{target.name}: request {rid} refused with {resp.status_code}: {error_message(resp)}")
         data = resp.json()
         c = data["choices"][0]
         ids, lps = chat_ids_and_logprobs(c.get("logprobs"))

@@ -24,11 +24,13 @@ from pathlib import Path
 from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
+from harness.targets.openai_wire import TOP_LOGPROBS
+from harness.targets.openai_wire import error_message as _error_message
+from harness.targets.openai_wire import ids_and_logprobs as _ids_and_logprobs
 from harness.targets.server_log import engine_traceback, exception_line
 from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
-TOP_LOGPROBS = 5
 MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
 
 
@@ -594,29 +596,3 @@ class ServedTarget(Target):
 def _current_case() -> str:
     """The suite case running now (pytest's own note), for a death's finding."""
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
-
-
-def _error_message(resp) -> str:
-    try:
-        return str(resp.json()["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
-
-
-def _ids_and_logprobs(lp: dict) -> tuple[list[int], list]:
-    """Token ids and (own logprob, [(token, logprob)] top-k) per position, from an OpenAI
-    completions `logprobs` object whose tokens are "token_id:N" (return_tokens_as_token_ids)."""
-    ids, out = [], []
-    tops = lp.get("top_logprobs") or []
-    for i, (tok, own) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])):
-        ids.append(_tid(tok))
-        top = tops[i] if i < len(tops) and tops[i] else {}
-        out.append((float(own) if own is not None else float("nan"),
-                    sorted(((_tid(t), float(v)) for t, v in top.items()), key=lambda x: -x[1])))
-    return ids, out
-
-
-def _tid(tok: str) -> int:
-    if not tok.startswith("token_id:"):
-        raise TargetError(f"expected a token id, got {tok!r} (the server ignored return_tokens_as_token_ids)")
-    return int(tok[len("token_id:"):])
