@@ -291,3 +291,30 @@ def test_header_fields_leave_the_body_as_headers():
     heads = [r for c in got for r in c.requests if PRIORITY_KEY in r.extra]
     assert heads and all(r.extra[PRIORITY_KEY] == r.priority for r in heads)
     assert not any(PRIORITY_KEY in r.extra for c in _draw(20) for r in c.requests)  # fcfs: no priority at all
+
+
+def test_a_reproducer_keeps_conversations_ids_and_the_new_controls(tmp_path):
+    """A case with a conversation, client ids, a duplicate pair and an abort pause is written and
+    read back to the same bodies (replay sends them as found)."""
+    from harness.search import served_repro
+    from harness.search.served_judge import Finding
+    from harness.targets.served import ServedTarget
+
+    class Fake:
+        name, seed = "vllm", 0
+
+        def payload(self, r, overlap):
+            return ServedTarget.payload(self, r, overlap)
+
+        def model_name(self):
+            return "m"
+    reqs = [r for c in _draw() for r in c.requests]
+    want = {"chat", "duplicate_id", "x-request-id"}
+    case = ServedCase([next(r for r in reqs if f in sc.features(r)) for f in sorted(want)],
+                      {}, [(0.2, "pause_abort"), (0.5, "pause_wait")], 1)
+    d = served_repro.reproducer(Fake(), case, Finding("request_id", "request c0r1: x", ("request_id", "cut short")),
+                                seed=1)
+    _, back = served_repro.load(served_repro.write(str(tmp_path / "r.json"), d))
+    assert back.controls == case.controls and want <= set(sc.case_features(back))
+    for a, b in zip(case.requests, back.requests):
+        assert Fake().payload(a, True) == Fake().payload(b, True)
