@@ -49,7 +49,11 @@ def split_turn(rid: str) -> tuple[str, int | None]:
 
 def chat_body(body: dict) -> dict:
     """A completions body as a chat body: no prompt, logprobs as the chat API asks for them."""
-    out = {k: v for k, v in body.items() if k not in ("prompt", "chat", "logprobs", "echo", "prompt_logprobs")}
+    # special tokens left out of the text (vLLM's default): the answer appended to the next turn is
+    # what a chat client shows, and the surface oracle's text check decodes the ids the same way
+    # (a model that says its end-of-turn token under ignore_eos would put it mid-text otherwise)
+    drop = ("prompt", "chat", "logprobs", "echo", "prompt_logprobs", "skip_special_tokens")
+    out = {k: v for k, v in body.items() if k not in drop}
     out.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     return out
 
