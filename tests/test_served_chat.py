@@ -318,3 +318,38 @@ def test_a_reproducer_keeps_conversations_ids_and_the_new_controls(tmp_path):
     assert back.controls == case.controls and want <= set(sc.case_features(back))
     for a, b in zip(case.requests, back.requests):
         assert Fake().payload(a, True) == Fake().payload(b, True)
+
+
+def test_the_judge_wires_turns_pause_aborts_and_effects():
+    """served_judge.judge on a target that answers from a table (no agent): the later turns of a
+    conversation that differed are counted and left out, an abort pause's cut answers judged as
+    prefixes, allowed_token_ids sent again without it async off; one finding, the turn that differed."""
+    from harness.search.served_judge import judge
+    conv = _conv().requests[0]
+    allow = Request(rid="c1r0", prompt_ids=[3] * 5, max_new_tokens=4)
+    allow.extra, allow.n = {"allowed_token_ids": [4, 5]}, 1
+    cut = Request(rid="c2r0", prompt_ids=[2] * 5, max_new_tokens=6)
+    cut.extra, cut.n = {}, 1
+    case = ServedCase([conv, allow, cut], {}, [(0.0, "pause_abort")], 1)
+    turn = lambda k, ids: (f"c0r0@{k}", ids, "length", _turn(ids, 10 * k))
+    answers = {False: [turn(1, [4, 5, 6]), turn(2, [8, 9, 9]), turn(3, [1, 1, 1]), ("c1r0", [4, 5, 4, 5], "length", None),
+                       ("c2r0", [7, 7, 7, 7], "abort", None)],
+               True: [turn(1, [4, 5, 6]), turn(2, [8, 6, 6]), turn(3, [2, 2, 2]), ("c1r0", [4, 5, 4, 5], "length", None),
+                      ("c2r0", [7, 7], "abort", None)]}
+
+    class Table:
+        name, seed, hung, crashed, sent = "vllm", 0, {}, {}, []
+
+        def url(self, overlap):
+            return "http://x"
+
+        def run(self, reqs, overlap, delays=None):
+            self.sent.append([r.rid for r in reqs])
+            if reqs[0].rid.endswith("~no-allowed_token_ids"):
+                return _run([(reqs[0].rid, [9, 9, 9, 9], "length", None)])
+            return _run(answers[overlap])
+    t = Table()
+    v = judge(t, case, agent=False)
+    assert [f.kind for f in v.new] == ["divergence"] and "request c0r0@2 diverges at token 1" in v.new[0].summary, v.new
+    assert v.turns["turns"] == 2 and v.turns["left_out"] == 2 and v.server_aborted == 1
+    assert v.effects == {("c1r0", "allowed_token_ids"): True} and t.sent[-1] == ["c1r0~no-allowed_token_ids"]
