@@ -249,7 +249,8 @@ def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
     from harness.search import served_effects
     cases = _draw()
     drawn = [r for c in cases for r in c.requests if "allowed_token_ids" in r.extra]
-    assert drawn and all(1 <= len(r.extra["allowed_token_ids"]) <= 8 and not r.extra.get("chat") for r in drawn)
+    assert drawn and all(1 <= len(r.extra["allowed_token_ids"]) <= 8 for r in drawn)
+    assert not any(r.extra.get(k) for r in drawn for k in served_effects.CONFLICTS)  # never a request with no token
     r = Request(rid="c0r0", prompt_ids=[5] * 6, max_new_tokens=4, temperature=1.0)
     r.extra, r.n = {"allowed_token_ids": [4, 5]}, 1
     q = Request(rid="c0r1", prompt_ids=[6] * 6, max_new_tokens=4, abort_after=2)

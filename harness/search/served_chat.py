@@ -78,7 +78,9 @@ def duplicate_pair(draw, tok, i: int, priority: bool = False):
     b.arrival = a.arrival
     if len(b.prompt_ids) == len(a.prompt_ids):  # a crossed answer shows by its prompt's length
         b.prompt_ids = b.prompt_ids[:-1]
-    if draw(st.booleans()):
+    # a hash of the pair, not a drawn coin (which hypothesis's small searches kept at False: a
+    # 3-minute search drew 7 pairs, none with a disconnect)
+    if zlib.crc32(repr((a, b)).encode()) % 2:
         a.abort_after = draw(st.integers(1, ma - 1))
     return [a, b]
 
