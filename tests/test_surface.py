@@ -125,3 +125,19 @@ def test_a_stream_read_whole_is_judged_as_a_response(tmp_path):
         t._send_streamed(c, "http://x", r, {"prompt": [5, 6, 7], "stream": True})
     run.surface = dict(t.surface)
     assert any("last chunk had none" in w for w in surface.findings([r], run, run, _decode)["b"])
+
+
+def test_text_keeps_special_tokens_where_the_request_kept_them():
+    """A completion sent with skip_special_tokens false returns its end-of-turn token in the text
+    (measured on stock 0.32.0: ' no<|im_end|>' for a length-capped regex request under ignore_eos):
+    judged against the ids decoded the same way, quiet; a text that lost a word is still caught.
+    A request that skips them (the chat turns) is judged against the skipping decode."""
+    def decode(ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i == 2))
+    reqs = [_req("a", 3)]
+    kept = [("a", [1, 2, 3], "length", {**_fields([1, 2, 3], text="<1><2><3>"), "skip_special_tokens": False})]
+    assert surface.findings(reqs, _run(kept), _run(kept), decode) == {}
+    lost = [("a", [1, 2, 3], "length", {**_fields([1, 2, 3], text="<1><2>"), "skip_special_tokens": False})]
+    assert "is not its detokenized ids '<1><2><3>'" in surface.findings(reqs, _run(kept), _run(lost), decode)["a"][0]
+    skipped = [("a", [1, 2, 3], "length", _fields([1, 2, 3], text="<1><3>"))]
+    assert surface.findings(reqs, _run(skipped), _run(skipped), decode) == {}

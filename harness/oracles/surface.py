@@ -8,7 +8,8 @@ each field with an oracle, judged on the path workload's responses (no request m
   n samples of one request); a stream that asked for usage (stream_options.include_usage) gets
   it in its last chunk, and its fields are summed over the chunks (ServedTarget._send_streamed);
 - text: equal across the arms wherever the ids are equal (the detokenizer fed the same ids), and
-  the detokenized ids themselves for a request capped by length; one that stopped (a stop string
+  the detokenized ids themselves (special tokens kept where the request kept them) for a request
+  capped by length; one that stopped (a stop string
   or stop token: vLLM leaves it out of the text, not out of the ids) has a prefix of them;
 - prompt logprobs (requests that ask, `prompt_logprobs`): as many entries as prompt tokens, the
   first None, and at each position the same top token in both arms unless the off arm's two best
@@ -74,7 +75,7 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
                 usage_seen[rid.split("#")[0]] = u.get("completion_tokens")
             text = sf.get("text")
             if decode is not None and text is not None and toks:
-                full = decode(toks)
+                full = _decoded(decode, toks, sf.get("skip_special_tokens", True))
                 if f != "length":  # a stop string's text, or a stop token's, is not in the text: its id is
                     if not full.startswith(text):
                         add(rid, f"async {lab}: text {text[:40]!r} is not a prefix of its detokenized ids {full[:40]!r}")
@@ -102,6 +103,19 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
                 for what in add_all:
                     add(rid, what)
     return out
+
+
+def _decoded(decode, toks, skip_special: bool) -> str:
+    """The ids as the server's detokenizer should have written them: a request that keeps special
+    tokens in its text (`skip_special_tokens` false, what the served targets send with completions)
+    has them in the text too (measured: a regex request ending on the end-of-turn token under
+    ignore_eos returned ' no<|im_end|>', both arms); a decode without the switch skips them."""
+    if skip_special:
+        return decode(toks)
+    try:
+        return decode(toks, skip_special_tokens=False)
+    except TypeError:
+        return decode(toks)
 
 
 def _prompt_logprobs(r, off, on) -> list[str]:

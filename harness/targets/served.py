@@ -295,7 +295,8 @@ class ServedTarget(Target):
             # what else comes back, for the request-surface oracle (harness.oracles.surface)
             self.surface[rid] = {"text": c.get("text"), "stop_reason": c.get("stop_reason"),
                                  "prompt_logprobs": c.get("prompt_logprobs"), "usage": data.get("usage"),
-                                 "request": r.rid, "choices": len(data["choices"]), "id": data.get("id")}
+                                 "request": r.rid, "choices": len(data["choices"]), "id": data.get("id"),
+                                 "skip_special_tokens": body.get("skip_special_tokens", True)}
         return out
 
     stream_path = "/v1/completions"
@@ -350,7 +351,8 @@ class ServedTarget(Target):
                         finish, stop_reason = c["finish_reason"], c.get("stop_reason")
                 usage, sid = event.get("usage") or usage, sid or event.get("id")
         self.surface[r.rid] = {"text": text, "stop_reason": stop_reason, "prompt_logprobs": None,
-                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True, "id": sid}
+                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True, "id": sid,
+                               "skip_special_tokens": body.get("skip_special_tokens", True)}
         return [(r.rid, ids, finish, lps)]
 
     # -- the progress watchdog ------------------------------------------------------------
