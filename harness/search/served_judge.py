@@ -235,11 +235,6 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     preempted = _sampled_preempted(case, on) if agent else set()
     on_books = steps.summed(on.get("steps") or {}) if agent else None
     by_rid = {r.rid: r for r in case.requests}
-    # first, being absolute and naming the cause: a client id's answer cut or crossed (the token
-    # oracles then see the same request differ, as a consequence)
-    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
-        for what in whats:
-            out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))
     for _, _, divs in divergences(off["run"], on["run"]):
         for d in divs:
             if not d.near_tie:
@@ -256,6 +251,9 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
+    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
+        for what in whats:
+            out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
