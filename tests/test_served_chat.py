@@ -65,6 +65,8 @@ def test_the_search_draws_conversations_client_ids_and_duplicates():
             assert all(request_ids.runs_to_length(r) for r in group)
             assert len(a.prompt_ids) != len(b.prompt_ids) and a.max_new_tokens != b.max_new_tokens
             assert a.abort_after is None or 1 <= a.abort_after < a.max_new_tokens
+    # a disconnecting client reads a stream: never with prompt_logprobs (vLLM refuses them on a stream)
+    assert not any(r.abort_after is not None and "prompt_logprobs" in r.extra for c in cases for r in c.requests)
     groups = [g for c in cases for g in request_ids.groups(c.requests).values() if len(g) > 1]
     assert any(g[0].abort_after for g in groups) and any(not g[0].abort_after for g in groups)
 

@@ -315,8 +315,10 @@ class ServedTarget(Target):
         body = {**body, "stream": True}
         ids, lps = [], []
         with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}")
+            if resp.status_code != 200:  # the server's reason, for the summary's refusals
+                resp.read()
+                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: "
+                                  f"{_error_message(resp)}")
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
