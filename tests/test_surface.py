@@ -19,7 +19,7 @@ def _run(rows):
     return run
 
 
-def _decode(ids, prompt=()):
+def _decode(ids, prompt=(), skip_special_tokens=True):
     return "".join(f"<{i}>" for i in ids)
 
 
@@ -146,8 +146,24 @@ def test_text_is_judged_as_the_server_detokenizes_special_tokens_and_split_chara
              (emoji[:-1], " café")]
     for ids, served in cases:
         r = vllm_workload._req("a", [5, 6, 7], len(ids), ["stop"])
-        rows = [("a", ids, "length", _fields(ids, text=served))]
+        rows = [("a", ids, "length", {**_fields(ids, text=served), "skip_special_tokens": False})]
         assert surface.findings([r], _run(rows), _run(rows), decode) == {}, (ids, served)
-        bad = [("a", ids, "length", _fields(ids, text=served + "x"))]
+        bad = [("a", ids, "length", {**_fields(ids, text=served + "x"), "skip_special_tokens": False})]
         assert "is not its detokenized ids" in " ".join(surface.findings([r], _run(bad), _run(bad), decode)["a"])
     assert tok.decode(words + [end] + words) != cases[0][1]  # what the plain decode would have compared
+
+
+def test_text_keeps_special_tokens_where_the_request_kept_them():
+    """A completion sent with skip_special_tokens false returns its end-of-turn token in the text
+    (measured on stock 0.32.0: ' no<|im_end|>' for a length-capped regex request under ignore_eos):
+    judged against the ids decoded the same way, quiet; a text that lost a word is still caught.
+    A request that skips them (the chat turns) is judged against the skipping decode."""
+    def decode(ids, prompt=(), skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i == 2))
+    reqs = [_req("a", 3)]
+    kept = [("a", [1, 2, 3], "length", {**_fields([1, 2, 3], text="<1><2><3>"), "skip_special_tokens": False})]
+    assert surface.findings(reqs, _run(kept), _run(kept), decode) == {}
+    lost = [("a", [1, 2, 3], "length", {**_fields([1, 2, 3], text="<1><2>"), "skip_special_tokens": False})]
+    assert "is not its detokenized ids '<1><2><3>'" in surface.findings(reqs, _run(kept), _run(lost), decode)["a"][0]
+    skipped = [("a", [1, 2, 3], "length", _fields([1, 2, 3], text="<1><3>"))]
+    assert surface.findings(reqs, _run(skipped), _run(skipped), decode) == {}

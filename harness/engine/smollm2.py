@@ -103,8 +103,8 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

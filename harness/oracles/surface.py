@@ -8,13 +8,16 @@ each field with an oracle, judged on the path workload's responses (no request m
   n samples of one request); a stream that asked for usage (stream_options.include_usage) gets
   it in its last chunk, and its fields are summed over the chunks (ServedTarget._send_streamed);
 - text: equal across the arms wherever the ids are equal (the detokenizer fed the same ids), and
-  the detokenized ids themselves for a request capped by length; one that stopped (a stop string
+  the detokenized ids themselves (special tokens kept where the request kept them) for a request
+  capped by length; one that stopped (a stop string
   or stop token: vLLM leaves it out of the text, not out of the ids) has a prefix of them;
 - prompt logprobs (requests that ask, `prompt_logprobs`): as many entries as prompt tokens, the
   first None, and at each position the same top token in both arms unless the off arm's two best
   were a near tie (harness.oracles.divergence.DEFAULT_TIE_TOL), as output logprobs are judged.
 
-Aborted clients are left out (their response is cut by the client). Fields left out, with why:
+Each turn of a conversation (`<rid>@<k>`, harness.targets.chat_turns) is judged as a request of its
+own whose prompt is the chat template over the messages so far (the client's ids). Aborted clients
+are left out (their response is cut by the client). Fields left out, with why:
 docs/vllm-paths.md ("The request surface").
 """
 from __future__ import annotations
@@ -24,8 +27,8 @@ from harness.oracles.divergence import DEFAULT_TIE_TOL
 
 def detokenizer(tok):
     """ids (after `prompt`) -> the text a server returns for them, for a tokenizer of ours
-    (harness.engine.smollm2.HFTokenizer, or a Hugging Face one), or None. As vLLM's server does
-    (we send skip_special_tokens false): special tokens kept, and incrementally, with tokenizers'
+    (harness.engine.smollm2.HFTokenizer, or a Hugging Face one), or None. As vLLM's server does:
+    special tokens kept or skipped as the request asked (completions: kept), and incrementally, with tokenizers'
     DecodeStream primed with the prompt, which holds an incomplete UTF-8 character back until
     its last byte and drops it when the request ends first. (The first 20-minute stress read a
     plain decode, which skips special tokens: a sampled request under ignore_eos that drew one
@@ -39,17 +42,17 @@ def detokenizer(tok):
     except ImportError:
         DecodeStream = None
     if backend is None or DecodeStream is None:
-        return lambda ids, prompt=(): hf.decode(list(ids), skip_special_tokens=False)
+        return lambda ids, prompt=(), skip_special_tokens=True: hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def decode(ids, prompt=()):
-        stream, out = DecodeStream(ids=list(prompt), skip_special_tokens=False), []
+    def decode(ids, prompt=(), skip_special_tokens=True):
+        stream, out = DecodeStream(ids=list(prompt), skip_special_tokens=skip_special_tokens), []
         for t in ids:
             try:
                 piece = stream.step(backend, int(t))
             except Exception as e:  # tokenizers' "Invalid prefix": the stream starts again at this token
                 if not str(e).startswith("Invalid prefix"):
                     raise
-                stream = DecodeStream(skip_special_tokens=False)
+                stream = DecodeStream(skip_special_tokens=skip_special_tokens)
                 piece = stream.step(backend, int(t))
             out.append(piece or "")
         return "".join(out)
@@ -74,13 +77,16 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
     def add(rid, what):
         out.setdefault(rid.split("#")[0], []).append(what)
 
+    def request_of(rid):  # '#k': a sample of n; '@k': a turn of a conversation (harness.targets.chat_turns)
+        return by_rid.get(rid.split("#")[0].split("@")[0])
+
     ids = {lab: {rid: list(i) for rid, i, _ in run.outputs} for lab, run in (("off", off), ("on", on))}
     fin = {lab: {rid: f for rid, _, f in run.outputs} for lab, run in (("off", off), ("on", on))}
     surf = {lab: getattr(run, "surface", {}) or {} for lab, run in (("off", off), ("on", on))}
     for lab in ("off", "on"):
         usage_seen: dict[str, int] = {}
         for rid, toks in ids[lab].items():
-            r = by_rid.get(rid.split("#")[0])
+            r = request_of(rid)
             if r is None or getattr(r, "abort_after", None) is not None:
                 continue
             f = fin[lab][rid]
@@ -95,13 +101,16 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
             if sf.get("streamed") and not u:  # asked with stream_options.include_usage
                 add(rid, f"async {lab}: a stream asked for usage, and its last chunk had none")
             if u:
-                if u.get("prompt_tokens") != len(r.prompt_ids):
+                # a turn's prompt is the chat template over its conversation so far (the client's ids)
+                plen = len(sf["prompt_ids"]) if sf.get("prompt_ids") is not None else len(r.prompt_ids)
+                if u.get("prompt_tokens") != plen:
                     add(rid, f"async {lab}: usage.prompt_tokens {u.get('prompt_tokens')}, the prompt has "
-                             f"{len(r.prompt_ids)} tokens")
-                usage_seen[r.rid] = u.get("completion_tokens")
+                             f"{plen} tokens")
+                usage_seen[rid.split("#")[0]] = u.get("completion_tokens")
             text = sf.get("text")
             if decode is not None and text is not None and toks:
-                full = decode(toks, prompt=r.prompt_ids)
+                full = decode(toks, prompt=sf.get("prompt_ids") or r.prompt_ids,
+                              skip_special_tokens=sf.get("skip_special_tokens", True))
                 if f != "length":  # a stop string's text, or a stop token's, is not in the text: its id is
                     if not full.startswith(text):
                         add(rid, f"async {lab}: text {text[:40]!r} is not a prefix of its detokenized ids {full[:40]!r}")
@@ -112,7 +121,7 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
             if n != got:
                 add(base, f"async {lab}: usage.completion_tokens {n}, {got} ids returned")
     for rid, toks in ids["off"].items():
-        r = by_rid.get(rid.split("#")[0])
+        r = request_of(rid)
         if r is None or getattr(r, "abort_after", None) is not None or ids["on"].get(rid) != toks:
             continue  # different ids are the token oracles' to judge
         if fin["on"].get(rid) != fin["off"][rid]:

@@ -32,14 +32,19 @@ from harness.engine.request import Request
 # the agent's delay points (harness.agents.vllm.points.DELAY_POINTS; not imported: that module is
 # the agent's and its table is checked against it in tests/test_served_search.py)
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
-CONTROLS = ("pause", "reset")
+# "pause" is /pause?mode=keep (requests frozen in place); vLLM 0.32 has two more modes: "wait" (no
+# new request admitted until those running drain) and "abort" (every request in flight aborted:
+# its client gets what was generated so far, finish "abort"; harness.oracles.pause_abort)
+CONTROLS = ("pause", "reset", "pause_wait", "pause_abort")
+PAUSE_MODES = {"pause": "keep", "pause_wait": "wait", "pause_abort": "abort"}
 PAUSE_FOR_S = 0.3
 # what each request body may carry beyond the plain greedy request (the keys of `Request.extra`)
 XARGS = {"boost": "oh_boost", "no_repeat": "oh_no_repeat", "no_repeat_cli": "oh_no_repeat_cli",
          "batch_no_repeat": "oh_batch_no_repeat", "batch_no_repeat_cli": "oh_batch_no_repeat_cli"}
 OPTIONS = ("penalties", "bad_words", "min_tokens", "logit_bias", "stop_str", "stop_ids", "regex", "lp", "prompt_lp")
 VLLM_ONLY = ("bad_words", "min_tokens", "structured_outputs", "vllm_xargs", "repetition_penalty", "ignore_eos",
-             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream")
+             "stop_token_ids", "prompt_logprobs", "top_k", "min_p", "stream", "chat", "request_id", "oh_x_request_id",
+             "allowed_token_ids", "oh_x_vllm_priority")
 
 
 @dataclass
@@ -90,11 +95,20 @@ def features(r: Request) -> list[str]:
         out.append("n>1")
     if r.repetition_penalty != 1.0 or ex.get("presence_penalty") or ex.get("frequency_penalty"):
         out.append("penalties")
-    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs", "stream"):
+    for k in ("bad_words", "min_tokens", "logit_bias", "structured_outputs", "prompt_logprobs", "stream",
+              "allowed_token_ids"):
         if ex.get(k):
             out.append(k)
     if ex.get("top_k") or ex.get("min_p"):
         out.append("top_k/min_p")
+    if ex.get("chat"):  # harness.search.served_chat: a conversation, and client-set request ids
+        out.append("chat")
+    if "oh_x_vllm_priority" in ex:
+        out.append("x-vllm-priority")
+    cid = ex.get("oh_x_request_id", ex.get("request_id"))
+    if cid is not None:
+        out.append("duplicate_id" if "-dup-" in str(cid) else
+                   "x-request-id" if "oh_x_request_id" in ex else "request_id")
     if r.stop or ex.get("stop_token_ids"):
         out.append("stop")
     out += [f"lp:{k}" for k, v in XARGS.items() if v in (ex.get("vllm_xargs") or {})]
@@ -209,9 +223,9 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priorit
         r.extra["prompt_logprobs"] = draw(st.sampled_from((1, 2)))
     elif vllm and r.n == 1 and draw(st.integers(0, 3)) == 3:  # read as a stream, usage in its last chunk
         r.extra["stream"] = True
-    # a client that disconnects (it reads a stream: vLLM refuses prompt_logprobs on one, 400; the first
-    # 20-minute stress lost 12 of its 76 runs to that draw)
-    if not huge and draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1 and "prompt_logprobs" not in r.extra:
+    # a client that disconnects reads a stream, and vLLM refuses prompt_logprobs on a stream (400)
+    if (not huge and draw(st.integers(0, 4)) == 0 and r.n == 1 and max_tokens > 1
+            and "prompt_logprobs" not in r.extra):
         r.abort_after = draw(st.integers(1, max_tokens - 1))
     if priority:  # lower runs first; a KV-pressure victim is the highest value (then the newest)
         r.priority = draw(st.integers(0, 3))
@@ -219,11 +233,16 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priorit
 
 
 @st.composite
-def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False):
+def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False,
+                surface=None):
     """`cases` mixes merged into one submission, with its delays and controls (none on a target
-    without our agent: `agent=False`); `priority`: every request carries a priority."""
+    without our agent: `agent=False`); `priority`: every request carries a priority; `surface`
+    (draw, tok, mixes, priority) -> mixes redraws some mixes over more of vLLM's request surface
+    (harness.search.served_chat.submissions passes its own)."""
     mixes = [[draw(requests(tok, f"c{i}r{j}", vllm, priority=priority)) for j in range(draw(st.integers(1, 3)))]
              for i in range(cases)]
+    if vllm and surface is not None:  # conversations, client ids, ... (harness.search.served_chat)
+        mixes = surface(draw, tok, mixes, priority)
     delays, controls = {}, []
     if agent:
         for point in draw(st.sets(st.sampled_from(DELAY_POINTS), max_size=2)):

@@ -12,7 +12,11 @@
   (its counter, as the path rows' `placeholders`);
 - overlap: the async server ran without overlap (the target's own check after every run);
 - surface: the response fields beyond the ids (finish and stop reasons, usage, text, prompt
-  logprobs: harness.oracles.surface), as the path rows judge them.
+  logprobs: harness.oracles.surface), as the path rows judge them;
+- conversations turn by turn, up to the arms' first difference (harness.oracles.turns: later turns
+  have other prompts, left out and counted), and client-set request ids (harness.oracles.request_ids:
+  each client its own answer, a duplicate id's disconnect ending only its own request; kind
+  `request_id`).
 
 A finding that matches a known-upstream entry live in the release (vllm_upstream.classify) is
 known, not new; an entry the agent works around (its counter above 0) is known too.
@@ -24,14 +28,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from harness.search.served_case import PAUSE_FOR_S, ServedCase
+from harness.search.served_case import PAUSE_FOR_S, PAUSE_MODES, ServedCase
 
 RESET = "/reset_prefix_cache?reset_running_requests=true"
 
 
 @dataclass
 class Finding:
-    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface
+    kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface | request_id
     summary: str
     signature: tuple  # what must stay the same while shrinking and on replay
 
@@ -52,6 +56,9 @@ class Verdict:
     # feature -> {"all": Share, "prefill": Share}: its requests' waits, async on (issue 36, item 4)
     feature_overlap: dict = field(default_factory=dict)
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> Share of every request of the case
+    turns: dict = field(default_factory=dict)  # conversations, turns judged and left out (oracles.turns.comparable)
+    server_aborted: int = 0  # answers cut by /pause?mode=abort, judged as prefixes (oracles.pause_abort)
+    effects: dict = field(default_factory=dict)  # (rid, param) -> it changed the async-off answer (served_effects)
     seconds: float = 0.0
 
     @property
@@ -70,8 +77,8 @@ def _controls(target, overlap: bool, controls, done: threading.Event, got: list)
             if done.wait(max(0.0, t0 + at - time.monotonic())):
                 return  # the run ended first
             try:
-                if what == "pause":
-                    got.append(("pause", c.post(base + "/pause?mode=keep").status_code))
+                if what in PAUSE_MODES:  # mode wait answers once the running requests drained
+                    got.append((what, c.post(base + f"/pause?mode={PAUSE_MODES[what]}").status_code))
                     time.sleep(PAUSE_FOR_S)
                     got.append(("resume", c.post(base + "/resume").status_code))
                 else:
@@ -150,11 +157,17 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         restart_lost(target)
     errors = [a["error"] for a in arms.values() if "error" in a]
     if not errors:
-        from harness.oracles import surface
+        from harness.oracles import pause_abort, surface, turns
+        raw_off = arms[False]["run"]
+        off_run, on_run, v.turns = turns.comparable(raw_off, arms[True]["run"])
+        off_run, on_run, cut = pause_abort.comparable(case, off_run, on_run)
+        v.server_aborted = len(cut)
+        arms = {False: {**arms[False], "run": off_run, "cut": cut}, True: {**arms[True], "run": on_run, "cut": cut}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
+        v.effects = _effects(target, case, raw_off, cut, v)
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
     else:
         v.new += errors
@@ -164,6 +177,26 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     _classify(v, version, getattr(target, "runner", None))
     v.seconds = time.monotonic() - t0
     return v
+
+
+def _effects(target, case, off_run, cut, v: Verdict) -> dict:
+    """Item 3's rule (harness.search.served_effects): each drawn parameter of the async path sent
+    once more without it, async off. A server lost in that run is a finding and is started again
+    by the next case; the parameters then count as not judged (no entry), never as having had an
+    effect."""
+    from harness.search import served_effects
+    from harness.targets.base import TargetCrash, TargetError, TargetHang
+    try:
+        return served_effects.check(target, case, off_run, cut)
+    except TargetCrash as e:
+        v.new.append(Finding("crash", f"async off (the run without the drawn parameters): {e}"[:400],
+                             ("crash", "off", _exception(str(e)))))
+    except TargetHang as e:
+        v.new.append(Finding("hang", f"async off (the run without the drawn parameters): {e}"[:400], ("hang", "off")))
+    except TargetError:  # a copy refused: its parameters not judged
+        return {}
+    restart_lost(target)
+    return {}
 
 
 def feature_overlap(case, books: dict) -> dict:
@@ -193,8 +226,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     counted for the request it names, async on; `decode` (ids -> text) lets the surface oracle
     check each text against its ids."""
     from harness.oracles import books as bookmod
-    from harness.oracles import steps
-    from harness.oracles import surface
+    from harness.oracles import request_ids, steps, surface, turns
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
     from harness.targets import vllm_paths as vp
@@ -221,13 +253,17 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
             evidence[out[-1].summary] = steps.evidence_of(on_books, r) if on_books is not None and r else {}
+    for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
+        for what in whats:
+            out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))
     for lab, a in (("on", on), ("off", off)):
         run = a["run"]
         out += [Finding("record", f"async {lab}: {p}", ("record", lab)) for p in record_problems(run.outputs,
                                                                                                  run_logprobs(run))]
     if not agent:
         return out
-    sv = steps.compare(case.requests, steps.summed(off["steps"]), steps.summed(on["steps"]))
+    sv = steps.compare(case.requests + turns.as_requests(case.requests, on["run"]), steps.summed(off["steps"]),
+                       steps.summed(on["steps"]))
     for f in sv.findings:
         kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
                 "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
@@ -258,6 +294,12 @@ def _field(what: str) -> str:
     """The response field a surface finding is about (its signature: the figures may change)."""
     m = re.search(r"\b(finish_reason|stop_reason|usage\.\w+|text|prompt_logprobs|ids returned)", what)
     return m.group(1) if m else "surface"
+
+
+def _id_kind(what: str) -> str:
+    """A request-id finding's kind, without figures (its signature)."""
+    return ("crossed" if "crossed" in what else "cut short" if "ended" in what else
+            "response id" if "response id" in what else "request_id")
 
 
 def _sampled_preempted(case, on: dict) -> set:

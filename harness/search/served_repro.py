@@ -92,7 +92,8 @@ def load(path: str) -> tuple[dict, ServedCase]:
     except (KeyError, TypeError, ValueError) as e:
         raise BadServedRepro(f"{path}: a request body is not one stress wrote ({type(e).__name__}: {e})") from None
     controls = [(float(at), str(w)) for at, w in h.get("controls") or []]
-    bad = [w for _, w in controls if w not in ("pause", "reset")]
+    from harness.search.served_case import CONTROLS
+    bad = [w for _, w in controls if w not in CONTROLS]
     if bad:
-        raise BadServedRepro(f"{path}: unknown control {bad[0]!r} (expected pause or reset)")
+        raise BadServedRepro(f"{path}: unknown control {bad[0]!r} (expected one of {', '.join(CONTROLS)})")
     return d, ServedCase(rs, dict(h.get("delays") or {}), controls, 1)

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from harness.search.explore import burst_seeds
-from harness.search.served_case import ServedCase, case_features, features, submissions
+from harness.search.served_case import ServedCase, case_features, features
+from harness.search.served_chat import submissions
 from harness.search.served_judge import judge
 from harness.search.served_shrink import shrink
 
@@ -66,6 +67,11 @@ class ServedStressResult:
     configs: dict = field(default_factory=dict)
     config_errors: dict = field(default_factory=dict)
     start_s: float = 0.0  # seconds spent starting the servers of the configurations drawn
+    # conversations and turns judged / left out (harness.oracles.turns); requests with client ids
+    # (harness.oracles.request_ids.counts): what the request-surface draws had to judge
+    turns: dict = field(default_factory=dict)
+    ids: dict = field(default_factory=dict)
+    effects: dict = field(default_factory=dict)  # param -> [requests it changed, requests judged] (served_effects)
 
     @property
     def cases_per_min(self) -> float:
@@ -130,6 +136,16 @@ class ServedStress:
         for kid, what in v.known:
             k = r.known.setdefault(kid, [0, what])
             k[0] += 1
+        r.ids["server_aborted"] = r.ids.get("server_aborted", 0) + getattr(v, "server_aborted", 0)
+        for (_, p), changed in (getattr(v, "effects", None) or {}).items():
+            acc = r.effects.setdefault(p, [0, 0])
+            acc[0] += bool(changed)
+            acc[1] += 1
+        from harness.oracles import request_ids
+        for k, n in list((getattr(v, "turns", None) or {}).items()) + list(request_ids.counts(case.requests).items()):
+            acc = r.turns if k in ("conversations", "turns", "left_out") else r.ids if k != "cut" else None
+            if acc is not None:
+                acc[k] = acc.get(k, 0) + n
         for ph, sh in getattr(v, "overlap_total", {}).items():
             r.overlap_total[ph] = r.overlap_total[ph].add(sh) if ph in r.overlap_total else sh
         for f, shares in getattr(v, "feature_overlap", {}).items():
@@ -357,6 +373,7 @@ def summary_lines(s: ServedStress) -> list[str]:
             both = row.arm == "both"
             mark = "" if ron and (roff or not both) else "   <- not exercised"
             out.append(f"  {name:<36} runs {ron}/{roff if both else '-'}  counts {con}/{coff}{mark}")
+    out += surface_lines(r)
     out += overlap_lines(r)
     for kid, (n, what) in sorted(r.known.items()):
         out.append(f"KNOWN UPSTREAM {kid}: in {n} run(s), first: {what[:200]}")
@@ -372,6 +389,21 @@ def summary_lines(s: ServedStress) -> list[str]:
         out.append(f"{r.duplicates} more run(s) failed as an earlier finding did")
     if r.error:
         out.append(f"stopped: {r.error}")
+    return out
+
+
+def surface_lines(r) -> list[str]:
+    """What the conversations and the client ids gave the oracles to judge (harness.search.served_chat)."""
+    from harness.oracles import turns
+    out = [turns.line(r.turns)] if r.turns.get("conversations") else []
+    if any(r.ids.get(k) for k in ("body", "header", "duplicate_groups")):
+        out.append(f"request ids: {r.ids.get('body', 0)} in the body, {r.ids.get('header', 0)} as X-Request-Id; "
+                   f"{r.ids.get('duplicate_groups', 0)} duplicate-id pair(s) sent together, "
+                   f"{r.ids.get('duplicate_aborts', 0)} with one client disconnecting")
+    from harness.search import served_effects
+    out += served_effects.line(r.effects)
+    if r.ids.get("server_aborted"):
+        out.append(f"pause_abort: {r.ids['server_aborted']} answer(s) cut by /pause?mode=abort, judged as prefixes")
     return out
 
 

@@ -30,6 +30,10 @@ def _request_variants(r):
         yield v(abort_after=None)
     if r.arrival:
         yield v(arrival=0)
+    if len(r.extra.get("chat") or ()) > 1:  # a conversation one turn shorter
+        c = v()
+        c.extra["chat"] = c.extra["chat"][:-1]
+        yield c
     for k in sorted(r.extra):
         c = v()
         del c.extra[k]

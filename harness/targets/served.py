@@ -24,11 +24,13 @@ from pathlib import Path
 from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
+from harness.targets.openai_wire import TOP_LOGPROBS
+from harness.targets.openai_wire import error_message as _error_message
+from harness.targets.openai_wire import ids_and_logprobs as _ids_and_logprobs
 from harness.targets.server_log import engine_traceback, exception_line
 from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
-TOP_LOGPROBS = 5
 MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
 
 
@@ -271,18 +273,22 @@ class ServedTarget(Target):
         wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
         if wait > 0:
             time.sleep(wait)
+        from harness.targets import chat_turns
         body = self.leave_out(r.rid, self.payload(r, overlap))
+        kw = {"headers": h} if (h := chat_turns.client_headers(body)) else {}  # X-Request-Id (vLLM only)
         self._sent += 1  # a new request is progress for the watchdog: it may take a step to answer
+        if body.get("chat"):  # a conversation: its turns one after another (harness.targets.chat_turns)
+            return chat_turns.send_conversation(self, client, base, r, body, h)
         if r.abort_after is not None:
-            return self._send_aborted(client, base, r, body)
+            return self._send_aborted(client, base, r, body, **kw)
         if body.get("stream"):
-            return self._send_streamed(client, base, r, body)
-        return self.request(client, base, r, body)
+            return self._send_streamed(client, base, r, body, **kw)
+        return self.request(client, base, r, body, **kw)
 
-    def request(self, client, base: str, r, body: dict) -> list[tuple]:
+    def request(self, client, base: str, r, body: dict, headers: dict | None = None) -> list[tuple]:
         """One request on the engine's own API: [(rid, token ids, finish reason, logprob records)],
         one tuple per returned choice. This: OpenAI completions with ids as "token_id:N"."""
-        resp = client.post(f"{base}/v1/completions", json=body)
+        resp = client.post(f"{base}/v1/completions", json=body, headers=headers)
         if resp.status_code >= 500:  # the engine failed this request: an outcome to compare, not ours
             return [(r.rid, [], f"server error {resp.status_code}: {_error_message(resp)}", [])]
         if resp.status_code != 200:
@@ -296,7 +302,8 @@ class ServedTarget(Target):
             # what else comes back, for the request-surface oracle (harness.oracles.surface)
             self.surface[rid] = {"text": c.get("text"), "stop_reason": c.get("stop_reason"),
                                  "prompt_logprobs": c.get("prompt_logprobs"), "usage": data.get("usage"),
-                                 "request": r.rid, "choices": len(data["choices"])}
+                                 "request": r.rid, "choices": len(data["choices"]), "id": data.get("id"),
+                                 "skip_special_tokens": body.get("skip_special_tokens", True)}
         return out
 
     stream_path = "/v1/completions"
@@ -308,16 +315,17 @@ class ServedTarget(Target):
             ids, lps = ids + i, lps + lp
         return ids, lps
 
-    def _send_aborted(self, client, base, r, body):
+    def _send_aborted(self, client, base, r, body, headers: dict | None = None):
         """A client that disconnects after `abort_after` tokens: what the server does on a drop.
         Its documented result is its first `abort_after` tokens."""
         import json
         body = {**body, "stream": True}
         ids, lps = [], []
-        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
-            if resp.status_code != 200:
+        with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
+            if resp.status_code != 200:  # the server's reason, for the summary's refusals
                 resp.read()
-                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {_error_message(resp)}")
+                raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: "
+                                  f"{_error_message(resp)}")
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -327,14 +335,14 @@ class ServedTarget(Target):
         k = r.abort_after
         return [(r.rid, ids[:k], "abort" if len(ids) >= k else "stop", lps[:k])]
 
-    def _send_streamed(self, client, base, r, body):
+    def _send_streamed(self, client, base, r, body, headers: dict | None = None):
         """A client that reads the whole stream, usage included (`stream_options.include_usage`:
         a last chunk with no choice): its ids, finish and stop reason and text summed over the
         chunks, for the token oracles and the request-surface oracle as a plain response's."""
         import json
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        ids, lps, text, finish, stop_reason, usage = [], [], "", None, None, None
-        with client.stream("POST", f"{base}{self.stream_path}", json=body) as resp:
+        ids, lps, text, finish, stop_reason, usage, sid = [], [], "", None, None, None, None
+        with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 resp.read()
                 what = f"{resp.status_code}: {_error_message(resp)}"
@@ -350,9 +358,10 @@ class ServedTarget(Target):
                     text += c.get("text") or ""
                     if c.get("finish_reason"):
                         finish, stop_reason = c["finish_reason"], c.get("stop_reason")
-                usage = event.get("usage") or usage
+                usage, sid = event.get("usage") or usage, sid or event.get("id")
         self.surface[r.rid] = {"text": text, "stop_reason": stop_reason, "prompt_logprobs": None,
-                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True}
+                               "usage": usage, "request": r.rid, "choices": 1, "streamed": True, "id": sid,
+                               "skip_special_tokens": body.get("skip_special_tokens", True)}
         return [(r.rid, ids, finish, lps)]
 
     # -- the progress watchdog ------------------------------------------------------------
@@ -622,29 +631,3 @@ class ServedTarget(Target):
 def _current_case() -> str:
     """The suite case running now (pytest's own note), for a death's finding."""
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "outside the suites"
-
-
-def _error_message(resp) -> str:
-    try:
-        return str(resp.json()["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
-
-
-def _ids_and_logprobs(lp: dict) -> tuple[list[int], list]:
-    """Token ids and (own logprob, [(token, logprob)] top-k) per position, from an OpenAI
-    completions `logprobs` object whose tokens are "token_id:N" (return_tokens_as_token_ids)."""
-    ids, out = [], []
-    tops = lp.get("top_logprobs") or []
-    for i, (tok, own) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])):
-        ids.append(_tid(tok))
-        top = tops[i] if i < len(tops) and tops[i] else {}
-        out.append((float(own) if own is not None else float("nan"),
-                    sorted(((_tid(t), float(v)) for t, v in top.items()), key=lambda x: -x[1])))
-    return ids, out
-
-
-def _tid(tok: str) -> int:
-    if not tok.startswith("token_id:"):
-        raise TargetError(f"expected a token id, got {tok!r} (the server ignored return_tokens_as_token_ids)")
-    return int(tok[len("token_id:"):])

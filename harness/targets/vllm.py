@@ -227,7 +227,8 @@ class VllmTarget(ServedTarget):
     def payload(self, r, overlap: bool) -> dict:
         body = super().payload(r, overlap)
         if self.config.priority:  # the priority policy orders by it (a request without one: 0)
-            body["priority"] = int(getattr(r, "priority", None) or (getattr(r, "extra", None) or {}).get("priority", 0))
+            body["priority"] = 0 if "oh_x_vllm_priority" in body else int(  # else the header's (chat_turns)
+                getattr(r, "priority", None) or (getattr(r, "extra", None) or {}).get("priority", 0))
         so = body.get("structured_outputs")
         if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
             body.pop("structured_outputs")

@@ -477,6 +477,8 @@ PATCH_SINCE = {
     "presence_penalty_dropped": "0.10.0",  # issue 36, item 3
     "stop_id_lost_in_flight": "0.10.0",  # issue 36, item 2
     "priority_victim_keeps_placeholders": "0.28.0",  # issue 36, item 1 (the priority branch's text)
+    # issue 36, item 2: the internal id with its random suffix, and the abort by it, from 0.14.0
+    "client_abort_by_client_id": "0.14.0",
 }
 
 

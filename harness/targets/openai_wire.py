@@ -1,0 +1,47 @@
+"""What an OpenAI-compatible server's answers look like on the wire, for the served targets
+(harness.targets.served, and the conversations of harness.targets.chat_turns): token ids asked
+for as "token_id:N" (`return_tokens_as_token_ids`, vLLM's), the top-k records of the completions
+and of the chat API, and an error's message."""
+from __future__ import annotations
+
+from harness.targets.base import TargetError
+
+TOP_LOGPROBS = 5
+
+
+def error_message(resp) -> str:
+    try:
+        return str(resp.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
+def token_id(tok: str) -> int:
+    if not tok.startswith("token_id:"):
+        raise TargetError(f"expected a token id, got {tok!r} (the server ignored return_tokens_as_token_ids)")
+    return int(tok[len("token_id:"):])
+
+
+def ids_and_logprobs(lp: dict) -> tuple[list[int], list]:
+    """Token ids and (own logprob, [(token, logprob)] top-k) per position, from an OpenAI
+    completions `logprobs` object whose tokens are "token_id:N" (return_tokens_as_token_ids)."""
+    ids, out = [], []
+    tops = lp.get("top_logprobs") or []
+    for i, (tok, own) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])):
+        ids.append(token_id(tok))
+        top = tops[i] if i < len(tops) and tops[i] else {}
+        out.append((float(own) if own is not None else float("nan"),
+                    sorted(((token_id(t), float(v)) for t, v in top.items()), key=lambda x: -x[1])))
+    return ids, out
+
+
+def chat_ids_and_logprobs(lp: dict | None) -> tuple[list[int], list]:
+    """The same from a chat choice's `logprobs.content` (one entry per token, its top-k a list)."""
+    ids, out = [], []
+    for e in (lp or {}).get("content") or []:
+        ids.append(token_id(e["token"]))
+        top = sorted(((token_id(t["token"]), float(t["logprob"])) for t in e.get("top_logprobs") or []),
+                     key=lambda x: -x[1])
+        own = e.get("logprob")
+        out.append((float(own) if own is not None else float("nan"), top))
+    return ids, out
