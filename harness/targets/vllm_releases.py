@@ -117,8 +117,7 @@ FACTS: dict[str, Since] = {
     # are accepted by the request's grammar; vllm-project/vllm#26866 (0.11.1) builds it after the step is sent
     "grammar_mask_in_schedule": Since(since="0.10.2", until="0.11.1", why="Scheduler.schedule builds the grammar "
                                       "bitmask before the step in flight's tokens are accepted"),
-    # the path row prefix_cache_reset resets with requests running; before, vLLM refuses a reset while
-    # any block is in use (reset_prefix_cache returns False), so the row would never run (0.11.0's sweep)
+    # the row prefix_cache_reset resets with requests running; before, a reset with blocks in use is refused
     "reset_running_requests": Since(since="0.12.0", why="reset_prefix_cache takes reset_running_requests "
                                     "(before, a reset with requests running is refused)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
