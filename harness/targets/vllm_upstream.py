@@ -75,6 +75,14 @@ def _live_as(fact: str) -> dict:
     return {"introduced": f.since, "fixed": f.until}
 
 
+# async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose last
+# token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
+_27922 = dict(
+    what="async scheduling schedules a request capped by max_tokens one step past its last token and throws "
+         "the sample away (tokens unchanged, a step wasted per request)",
+    upstream="vllm-project/vllm#27922 (fixed in 0.12.0)",
+    reproducer="fixtures/vllm_upstream/async_step_past_max_tokens.json", introduced="0.10.0", fixed="0.12.0")
+
 KNOWN_UPSTREAM: list[KnownUpstream] = [
     # the CUDA-only rewind `gen.set_offset(gen.get_offset() - 4)` came with vllm-project/vllm#10097
     # (V1, 2024), before async scheduling: in GPUModelRunner.execute_model in 0.10.x, in
@@ -90,25 +98,13 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
                   engine_exception=True, runner="v1",
                   introduced="", fixed=""),
-    # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose
-    # last token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
-    KnownUpstream("async-step-past-max-tokens", "steps",
-                  "async scheduling schedules a request capped by max_tokens one step past its last token "
-                  "and throws the sample away (tokens unchanged, a step wasted per request)",
-                  "vllm-project/vllm#27922 (fixed in 0.12.0)",
-                  "fixtures/vllm_upstream/async_step_past_max_tokens.json",
-                  match=lambda f: "past max_tokens" in f, request_evidence="scheduled_at_cap",
-                  introduced="0.10.0", fixed="0.12.0"),
+    KnownUpstream("async-step-past-max-tokens", "steps", **_27922,
+                  match=lambda f: "past max_tokens" in f, request_evidence="scheduled_at_cap"),
     # the same, on the row that counts the sampling steps of max_tokens 1 and 2 (0.11.0's sweep: "max_tokens
     # 1: 4 sampling steps async on, 2 off"): claimed when the agent counted a step scheduled past the
     # cap for those requests (equivalence/test_paths.judge)
-    KnownUpstream("async-step-past-max-tokens", "max_tokens_1_2",
-                  "async scheduling schedules a request capped by max_tokens one step past its last token "
-                  "and throws the sample away (tokens unchanged, a step wasted per request)",
-                  "vllm-project/vllm#27922 (fixed in 0.12.0)",
-                  "fixtures/vllm_upstream/async_step_past_max_tokens.json",
-                  match=lambda f: "sampling steps async on" in f, evidence="scheduled_at_cap",
-                  introduced="0.10.0", fixed="0.12.0"),
+    KnownUpstream("async-step-past-max-tokens", "max_tokens_1_2", **_27922,
+                  match=lambda f: "sampling steps async on" in f, evidence="scheduled_at_cap"),
     # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
     # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
     # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).
