@@ -1,0 +1,39 @@
+"""The worker's books at idle count the host buffers of our sampled-id copy (harness/agents/vllm/
+copy_engine.py) that a reader has not handed back. The books are written after each step, before
+the output thread reads that step's ids and frees its buffer; after a run's last step nothing else
+rewrote them, so 0.11.0's gate read one buffer held at idle (a false finding of ours). The reader
+now updates the books when it frees the buffer. Driven here without vLLM: the output object's
+constructor and reader are stand-ins wrapped as the agent wraps vLLM's."""
+import json
+
+import torch
+
+from harness.agents import plan as planmod
+from harness.agents.vllm import copy_engine, state
+
+
+class _Output:
+    def __init__(self, ids):
+        self._sampled_token_ids = ids
+
+
+def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
+    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(copy_engine, "COPY", None)
+    init = copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
+    def get_output(self):  # vLLM's reader: it waits on the copy's event, then reads the host ids
+        self.async_copy_ready_event.synchronize()
+        return self.sampled_token_ids_cpu.flatten().tolist()
+    read = copy_engine.before_wait(get_output)
+    out = _Output.__new__(_Output)
+    init(out, torch.tensor([[7], [9]]))
+    f = state.facts("worker")
+    held = lambda: sum(1 for b in copy_engine.COPY.buffers if not b.free.is_set())  # noqa: E731
+    f.set(books={"host_buffers_held": held(), "step": 1})  # the step's books, its buffer handed out
+    assert f.data["books"]["host_buffers_held"] == 1
+    assert read(out) == [7, 9]
+    assert held() == 0 and f.data["books"]["host_buffers_held"] == 0
+    assert f.data["books"]["step"] == 1  # the rest of the books as the step wrote them
