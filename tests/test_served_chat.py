@@ -242,6 +242,15 @@ def test_an_abort_pause_judges_the_cut_answers_as_prefixes():
     plain = ServedCase([a, b], {}, [(0.2, "pause")], 1)
     o, n, cut = pause_abort.comparable(plain, _run(off), _run(on))
     assert cut == set() and o.outputs == _run(off).outputs
+    # a client that meant to leave at 9 tokens, cut by the pause at 7 in one arm (its stream records
+    # "stop", no server finish): judged as a prefix, not a divergence (the final build's stress)
+    a.abort_after = 9
+    off = [_answer(a, list(range(7)), fin="stop"), _answer(b, list(range(10)))]
+    on = [_answer(a, list(range(9)), fin="abort"), _answer(b, list(range(10)))]
+    o, n, cut = pause_abort.comparable(case, _run(off), _run(on))
+    assert cut == {"c0r0"} and o.outputs[0] == n.outputs[0] == ("c0r0", list(range(7)), "abort")
+    both = [_answer(a, list(range(9)), fin="abort"), _answer(b, list(range(10)))]
+    assert pause_abort.comparable(case, _run(both), _run(both))[2] == set()  # both left at 9: their own
 
 
 def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
