@@ -161,24 +161,20 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     return out
 
 
-def _evidence_sum(pr: vp.PathRun, mechanism: str, which) -> int:
-    """A mechanism the agent counted (async on) over the requests `which` selects."""
+def _evidence_sum(pr: vp.PathRun, mechanism, which) -> int:
+    """The mechanisms the agent counted (async on; `mechanism`: name -> counted) over the requests
+    `which` selects."""
     books = (pr.steps or {}).get(True)
     if not books:
         return 0
     summed = steps.summed(books)
-    return sum(steps.evidence_of(summed, r).get(mechanism, 0) for r in pr.reqs if which(r))
+    return sum(n for r in pr.reqs if which(r) for m, n in steps.evidence_of(summed, r).items() if mechanism(m))
 
 
 def _stale_drops(pr: vp.PathRun, k: int) -> int:
     """In-flight samples of the run's max_tokens-k requests that a preemption dropped, async on (the
     agent's `stale_dropped:<path>` evidence, harness.agents.vllm.steps)."""
-    books = (pr.steps or {}).get(True)
-    if not books:
-        return 0
-    summed = steps.summed(books)
-    return sum(n for r in pr.reqs if r.max_new_tokens == k
-               for m, n in steps.evidence_of(summed, r).items() if m.startswith("stale_dropped:"))
+    return _evidence_sum(pr, lambda m: m.startswith("stale_dropped:"), lambda r: r.max_new_tokens == k)
 
 
 def overlap_on_row(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> str:
@@ -214,7 +210,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
             print(line)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
     if row.name == "max_tokens_1_2":  # the row's requests' own mechanism: a step scheduled past their cap
-        both["scheduled_at_cap"] = _evidence_sum(pr, "scheduled_at_cap", lambda r: r.max_new_tokens in (1, 2))
+        both["scheduled_at_cap"] = _evidence_sum(pr, lambda m: m == "scheduled_at_cap",
+                                                   lambda r: r.max_new_tokens in (1, 2))
     found = row_findings(row, pr)
     lost = overlap_on_row(row, pr, record_property)
     if lost:
