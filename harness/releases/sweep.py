@@ -84,8 +84,10 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
         except KeyboardInterrupt:
             # SIGTERM or Ctrl-C (harness/stopping.py passed it on as SIGINT): the release's gate
             # stops its servers and writes what it found; wait for that (subprocess.run would
-            # give it a quarter of a second, then SIGKILL), and the sweep ends after this release
-            code = _end(p, grace=STOP_GRACE_S)
+            # give it a quarter of a second, then SIGKILL), and the sweep ends after this release.
+            # It has its SIGINT already (the terminal's, or stopping's): a second one could land
+            # after its handlers are gone at exit and turn its 130 into death by signal
+            code = _end(p, grace=STOP_GRACE_S, ask=False)
     secs = time.perf_counter() - t
     if not jp.is_file():  # the gate never reached its table: say why in one line
         return ReleaseResult(version, UNAVAILABLE, seconds=secs, exit_code=code, log_path=str(log),
@@ -99,10 +101,10 @@ def gate_release(version: str, out_dir: Path, extra=(), timeout: float | None = 
 STOP_GRACE_S = 90.0  # a gate told to stop: its servers' grace periods, then its table and JSON
 
 
-def _end(p: subprocess.Popen, grace: float = 10.0) -> int:
+def _end(p: subprocess.Popen, grace: float = 10.0, ask: bool = True) -> int:
     """The release's gate ends: asked first (SIGINT, as Ctrl-C would), SIGKILL after `grace`."""
     import signal
-    if p.poll() is None:
+    if ask and p.poll() is None:
         p.send_signal(signal.SIGINT)
     try:
         return p.wait(grace)
