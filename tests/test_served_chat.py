@@ -367,3 +367,36 @@ def test_the_judge_wires_turns_pause_aborts_and_effects():
     assert [f.kind for f in v.new] == ["divergence"] and "request c0r0@2 diverges at token 1" in v.new[0].summary, v.new
     assert v.turns["turns"] == 2 and v.turns["left_out"] == 2 and v.server_aborted == 1
     assert v.effects == {("c1r0", "allowed_token_ids"): True} and t.sent[-1] == ["c1r0~no-allowed_token_ids"]
+
+
+def test_a_turn_s_divergence_gets_its_own_evidence_and_the_known_entry_claims_it():
+    """The agent keys its books by the prompt ids a client sent: a chat turn's are the template's
+    (with the earlier answers), not its conversation's first prompt. A sampled turn preempted async
+    on with its in-flight sample dropped by a prefix-cache reset is found with that evidence, and
+    async-seeded-preempt-in-flight claims it; the same divergence without the books' preemption
+    stays new (measured: a 15-minute stress's c0r0@2, before turns were keyed)."""
+    from harness.agents.vllm.steps import FIELDS, request_key
+    from harness.search.served_judge import Verdict, _classify
+    case = _conv()
+    case.requests[0].temperature = 0.8
+    off = [("c0r0@1", [4, 5, 6], "length", _turn([4, 5, 6], 10)), ("c0r0@2", [8, 9, 9], "length", _turn([8, 9, 9], 20))]
+    on = off[:1] + [("c0r0@2", [7, 7, 7], "length", _turn([7, 7, 7], 20))]
+    key = request_key([0] * 20, 3)  # turn 2's prompt as sent
+
+    def books(preempted, ev):
+        rec = dict(zip(FIELDS, (key, 4, 3, 0, 0, preempted, "length", ev, 0, 0, 0, 0, 0, 0)))
+        return {"t2": [rec[f] for f in FIELDS]}
+
+    for preempted, ev, claimed in ((1, {"stale_dropped:reset": 1}, True), (0, {}, False)):
+        o, n, _ = turns.comparable(_run(off), _run(on))
+        evidence = {}
+        found = _findings(case, {"run": o, "steps": {}, "books": {}, "counts": {}},
+                          {"run": n, "steps": books(preempted, ev), "books": {}, "counts": {}},
+                          agent=True, evidence=evidence, decode=_decode)
+        div = [f for f in found if f.kind == "divergence"]
+        assert len(div) == 1 and "request c0r0@2 diverges at token 0" in div[0].summary, found
+        assert ("a sampled request preempted async on" in div[0].summary) == claimed, div[0].summary
+        assert evidence[div[0].summary] == ev
+        v = Verdict(new=div, evidence=evidence)
+        _classify(v, "0.32.0", "v1")
+        assert bool(v.known) == claimed and bool(v.new) != claimed, (v.known, v.new)

@@ -232,9 +232,12 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     from harness.targets import vllm_paths as vp
     evidence = {} if evidence is None else evidence
     out = []
-    preempted = _sampled_preempted(case, on) if agent else set()
+    # a chat turn (rid@k) is a request of its own, keyed in the agent's books by the prompt ids
+    # its client sent (the template's), not by its conversation's first prompt
+    reqs = case.requests + turns.as_requests(case.requests, on["run"])
+    preempted = _sampled_preempted(reqs, on) if agent else set()
     on_books = steps.summed(on.get("steps") or {}) if agent else None
-    by_rid = {r.rid: r for r in case.requests}
+    by_rid = {r.rid: r for r in reqs}
     for _, _, divs in divergences(off["run"], on["run"]):
         for d in divs:
             if not d.near_tie:
@@ -262,8 +265,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                                                                                                  run_logprobs(run))]
     if not agent:
         return out
-    sv = steps.compare(case.requests + turns.as_requests(case.requests, on["run"]), steps.summed(off["steps"]),
-                       steps.summed(on["steps"]))
+    sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]))
     for f in sv.findings:
         kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
                 "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
@@ -302,13 +304,14 @@ def _id_kind(what: str) -> str:
             "response id" if "response id" in what else "request_id")
 
 
-def _sampled_preempted(case, on: dict) -> set:
-    """The rids of requests that sample (temperature > 0) and that the async-on arm preempted, by
-    the agent's step books (what KNOWN_UPSTREAM async-seeded-preempt-in-flight claims)."""
+def _sampled_preempted(reqs, on: dict) -> set:
+    """The rids of requests (chat turns included) that sample (temperature > 0) and that the
+    async-on arm preempted, by the agent's step books (what KNOWN_UPSTREAM
+    async-seeded-preempt-in-flight claims)."""
     from harness.agents.vllm.steps import request_key
     from harness.oracles import steps
     books = steps.summed(on.get("steps") or {}).per_key
-    return {r.rid for r in case.requests if r.temperature > 0
+    return {r.rid for r in reqs if r.temperature > 0
             and (books.get(request_key(r.prompt_ids, r.max_new_tokens)) or [0] * 5)[4] > 0}
 
 
