@@ -127,6 +127,35 @@ def test_a_stream_read_whole_is_judged_as_a_response(tmp_path):
     assert any("last chunk had none" in w for w in surface.findings([r], run, run, _decode)["b"])
 
 
+def test_a_stream_that_fails_after_its_first_chunks_is_a_server_error_not_a_missing_usage(tmp_path):
+    """A request the engine fails once its stream has begun gets a 200, some chunks, then an error
+    event and [DONE] (vLLM: a GenerationError's event; older releases' shape `object: error`):
+    its finish is the server's error, as a 5xx answer's, with the ids that came. Both arms failing
+    alike is no finding (the first 20-minute stress of 12-05 filed it as a missing usage); one arm
+    failing where the other answered is caught by the token oracles."""
+    import httpx
+
+    from harness.oracles.reference import divergences
+    from harness.targets.served import ServedTarget
+    r = _req("b", 4, stream=True)
+    for err in ({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}},
+                {"object": "error", "message": "Internal server error", "type": "x", "code": 500}):
+        events = [_chunk(4, "<4>"), err]
+
+        def handler(request, events=events):
+            return httpx.Response(200, text=_sse(events), headers={"content-type": "text/event-stream"})
+        t = ServedTarget(workdir=str(tmp_path))
+        with httpx.Client(transport=httpx.MockTransport(handler)) as c:
+            got = t._send_streamed(c, "http://x", r, {"prompt": [5, 6, 7], "stream": True})
+        assert [(rid, ids, fin) for rid, ids, fin, _ in got] == [("b", [4], "server error 500: Internal server error")]
+        failed = SimpleNamespace(outputs=[(rid, ids, fin) for rid, ids, fin, _ in got], surface=dict(t.surface),
+                                 logprobs={rid: lp for rid, _, _, lp in got})
+        assert surface.findings([r], failed, failed, _decode) == {}
+    answered = SimpleNamespace(outputs=[("b", [4, 5, 6, 7], "length")], surface={},
+                               logprobs={"b": [(-0.1, [(i, -0.1)]) for i in (4, 5, 6, 7)]})
+    assert [d for _, _, divs in divergences(failed, answered) for d in divs], "one arm failed: a divergence"
+
+
 def test_text_is_judged_as_the_server_detokenizes_special_tokens_and_split_characters():
     """vLLM returns the text of its incremental detokenizer with special tokens kept (we send
     skip_special_tokens false) and drops a character whose last byte never came. The first

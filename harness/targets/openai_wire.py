@@ -16,6 +16,17 @@ def error_message(resp) -> str:
         return resp.text[:300]
 
 
+def stream_error(event: dict) -> str | None:
+    """A streamed event that is an error (the server failed the request after its 200 and its
+    first chunks; vLLM sends `{"error": {...}}`, older releases `{"object": "error", ...}`) as a
+    finish reason: "server error CODE: MESSAGE"; None for a chunk."""
+    err = event.get("error") if isinstance(event.get("error"), dict) else (
+        event if event.get("object") == "error" else None)
+    if err is None:
+        return None
+    return f"server error {err.get('code', '?')}: {str(err.get('message', ''))[:300]}"
+
+
 def token_id(tok: str) -> int:
     if not tok.startswith("token_id:"):
         raise TargetError(f"expected a token id, got {tok!r} (the server ignored return_tokens_as_token_ids)")

@@ -27,6 +27,7 @@ from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHa
 from harness.targets.openai_wire import TOP_LOGPROBS
 from harness.targets.openai_wire import error_message as _error_message
 from harness.targets.openai_wire import ids_and_logprobs as _ids_and_logprobs
+from harness.targets.openai_wire import stream_error
 from harness.targets.server_log import engine_traceback, exception_line
 from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler
 
@@ -329,7 +330,11 @@ class ServedTarget(Target):
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                ids, lps = self.stream_update(json.loads(line[6:]), ids, lps)
+                event = json.loads(line[6:])
+                failed = stream_error(event)
+                if failed:
+                    return [(r.rid, ids, failed, lps)]
+                ids, lps = self.stream_update(event, ids, lps)
                 if len(ids) >= r.abort_after:
                     break  # leaving the block closes the connection: the server aborts the request
         k = r.abort_after
@@ -353,6 +358,9 @@ class ServedTarget(Target):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
+                failed = stream_error(event)
+                if failed:  # a failure after the first chunks: said as a 5xx answer's is, with what came
+                    return [(r.rid, ids, failed, lps)]
                 ids, lps = self.stream_update(event, ids, lps)
                 for c in event.get("choices") or []:
                     text += c.get("text") or ""
