@@ -251,6 +251,15 @@ def test_an_abort_pause_judges_the_cut_answers_as_prefixes():
     assert cut == {"c0r0"} and o.outputs[0] == n.outputs[0] == ("c0r0", list(range(7)), "abort")
     both = [_answer(a, list(range(9)), fin="abort"), _answer(b, list(range(10)))]
     assert pause_abort.comparable(case, _run(both), _run(both))[2] == set()  # both left at 9: their own
+    # a stream the pause aborted before its first token ends with no finish reason (vLLM skips the
+    # empty terminal chunk: stock 0.32.0, a 20-minute stress of 12-05): cut, not a duplicate-id finding
+    a.abort_after = None
+    b.ignore_eos, b.max_new_tokens = True, 1
+    none = [_answer(a, list(range(8))), _answer(b, [], fin=None)]
+    o, n, cut = pause_abort.comparable(case, _run(none), _run(none))
+    assert cut == {"c0r1"}
+    assert _findings(case, {"run": o, "cut": cut}, {"run": n, "cut": cut}, agent=False) == []
+    assert request_ids.findings(case.requests, _run(none), _run(none)), "judged whole, it is a finding"
 
 
 def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
