@@ -51,7 +51,10 @@ def test_submissions_cover_the_paths_and_fit_the_servers():
             # what vLLM refuses (400) is never drawn: prompt logprobs on a stream (an aborted client reads one)
             assert not (r.extra.get("prompt_logprobs") and (r.abort_after is not None or r.extra.get("stream")))
             assert r.extra.get("min_tokens", 0) <= r.max_new_tokens
+            # what the engine fails in both arms is never drawn: a forced token against a grammar
+            assert not (r.extra.get("structured_outputs") and sc.XARGS["boost"] in (r.extra.get("vllm_xargs") or {}))
         assert set(c.delays) <= set(sc.DELAY_POINTS)
+    assert any(r.extra.get("structured_outputs") and r.extra.get("vllm_xargs") for c in cases for r in c.requests)
 
 
 def test_a_pressure_mix_fills_the_pool_while_decoding():
@@ -362,3 +365,16 @@ def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_coun
         _classify(v, "0.32.0")
         assert (v.known == [("async-prompt-logprobs-dropped-on-reset", said)]) == known, (ev, v)
         assert (v.new == []) == known
+
+
+def test_a_forced_token_is_never_drawn_against_a_grammar():
+    """boost forces its token past every mask, a grammar's too: vLLM fails such a request in both
+    arms (an error event mid-stream; the first 20-minute stress of 12-05 filed it as a stream
+    without usage), so the draw gives a request with a regex another processor."""
+    both = []
+    find(sc.requests(Tok(), "r0"), lambda r: (r.extra.get("structured_outputs") and r.extra.get("vllm_xargs")
+                                            and both.append(r)) or len(both) >= 20,
+         settings=settings(database=None, max_examples=5000, phases=[Phase.generate],
+                           suppress_health_check=list(HealthCheck)), random=random.Random(5))
+    lps = {k for r in both for k in r.extra["vllm_xargs"]}
+    assert len(both) >= 20 and sc.XARGS["boost"] not in lps and len(lps) >= 2, lps

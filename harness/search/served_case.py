@@ -217,7 +217,9 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priorit
         r.extra["structured_outputs"] = {"regex": draw(st.sampled_from((" [a-z]{3,8}-[0-9]{2,4}", " (yes|no)",
                                                                         " [0-9]{1,3}")))}
     if "lp" in opts:
-        lp = draw(st.sampled_from(sorted(XARGS)))
+        # boost forces its token past every mask, a grammar's too: under a regex the engine fails the
+        # request in both arms (an error event mid-stream, measured on stock 0.32.0), nothing judged
+        lp = draw(st.sampled_from([k for k in sorted(XARGS) if not ("regex" in opts and k == "boost")]))
         r.extra["vllm_xargs"] = {XARGS[lp]: f"{common[0]}:3" if lp == "boost" else 1}
     if "prompt_lp" in opts:  # judged like output logprobs by the surface oracle (harness.oracles.surface)
         r.extra["prompt_logprobs"] = draw(st.sampled_from((1, 2)))
