@@ -355,6 +355,24 @@ def test_a_refused_case_is_said_with_the_servers_answer():
     assert "(2 refused)" in lines[0] and lines.count(f"refused (not judged): {why}") == 1, lines
 
 
+def test_answers_the_server_failed_are_counted_in_the_summary():
+    """An answer the server failed (a 5xx or an error event mid-stream) is judged by its ids only;
+    the summary counts them and names the first distinct ones, so coverage lost to a draw the
+    engine fails is seen, not silent; a run without one says nothing."""
+    from types import SimpleNamespace
+
+    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    s = SimpleNamespace(res=ServedStressResult(), agent=False, config=None)
+    case = _draw(1)[0]
+    ServedStress._count(s, case, Verdict())
+    assert not any(ln.startswith("server errors") for ln in summary_lines(s))
+    what = "server error 500: Internal server error"
+    for _ in range(2):
+        ServedStress._count(s, case, Verdict(server_errors=[("off", "c0r0", what), ("on", "c0r0", what)]))
+    got = [ln for ln in summary_lines(s) if ln.startswith("server errors")]
+    assert len(got) == 1 and ": 4; request c0r0 async off: " + what in got[0], got
+
+
 def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_counted():
     """The first 20-minute stress of the current build (stock 0.32.0, small-budget): async on, a
     request got 1 prompt-logprob entry of 88. Known (reported new) only with the reset's drop of

@@ -58,6 +58,9 @@ class Verdict:
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> Share of every request of the case
     turns: dict = field(default_factory=dict)  # conversations, turns judged and left out (oracles.turns.comparable)
     server_aborted: int = 0  # answers cut by /pause?mode=abort, judged as prefixes (oracles.pause_abort)
+    # answers the server failed (a 5xx, or an error event mid-stream), per arm: their ids judged, no
+    # more (said in the summary: a draw the engine fails in both arms is coverage lost)
+    server_errors: list = field(default_factory=list)  # (arm, rid, "server error CODE: MESSAGE")
     effects: dict = field(default_factory=dict)  # (rid, param) -> it changed the async-off answer (served_effects)
     seconds: float = 0.0
 
@@ -159,6 +162,8 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     if not errors:
         from harness.oracles import pause_abort, surface, turns
         raw_off = arms[False]["run"]
+        v.server_errors = [(lab, rid, str(f)) for lab, ov in (("off", False), ("on", True))
+                           for rid, _, f in arms[ov]["run"].outputs if str(f).startswith("server error")]
         off_run, on_run, v.turns = turns.comparable(raw_off, arms[True]["run"])
         off_run, on_run, cut = pause_abort.comparable(case, off_run, on_run)
         v.server_aborted = len(cut)

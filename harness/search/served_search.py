@@ -51,6 +51,8 @@ class ServedStressResult:
     cases: int = 0
     refused: int = 0
     refusals: list = field(default_factory=list)  # the servers' answers to the first refused cases (distinct)
+    server_errors: int = 0  # answers the server failed (either arm)
+    server_error_whats: list = field(default_factory=list)  # the first distinct ones, with arm and request
     explore_s: float = 0.0
     shrink_s: float = 0.0
     found: list = field(default_factory=list)  # Found, one per new signature
@@ -113,6 +115,10 @@ class ServedStress:
                 r.refusals.append(v.refused)
             return
         r.cases += case.cases
+        r.server_errors += len(v.server_errors)
+        for lab, rid, what in v.server_errors:
+            if len(r.server_error_whats) < 3 and all(what != w for _, _, w in r.server_error_whats):
+                r.server_error_whats.append((lab, rid, what))
         if self.config is not None:
             c = r.configs.setdefault(self.config, {"cases": 0, "runs": 0, "search_s": 0.0, "start_s": 0.0, "segments": 0})
             c["cases"] += case.cases
@@ -364,6 +370,9 @@ def summary_lines(s: ServedStress) -> list[str]:
            f"of search: {r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_runs} runs in {r.shrink_s:.0f} s"
                                                               if r.shrink_runs else "")]
     out += [f"refused (not judged): {why[:300]}" for why in r.refusals]
+    if r.server_errors:
+        out.append(f"server errors (their answers judged up to the error, no further): {r.server_errors}; "
+                   + "; ".join(f"request {rid} async {lab}: {what[:200]}" for lab, rid, what in r.server_error_whats))
     out.append("features (cases that drew each): " + ", ".join(f"{k} {v}" for k, v in sorted(r.features.items())))
     out += config_lines(r)
     if s.agent:
