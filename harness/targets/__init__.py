@@ -15,6 +15,9 @@ def configure(name: str, **kw) -> None:
 
 
 def close_served() -> None:
+    from harness.targets.server_process import stop_each
+    # every pair's servers at once (a gate holds up to three pairs: their shutdowns overlap)
+    stop_each([s for t in _SERVED.values() for s in getattr(t, "servers", {}).values()])
     for t in list(_SERVED.values()):
         t.close()
     _SERVED.clear()  # one server pair per process: every suite of a check reuses it

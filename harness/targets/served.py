@@ -29,7 +29,7 @@ from harness.targets.openai_wire import error_message as _error_message
 from harness.targets.openai_wire import ids_and_logprobs as _ids_and_logprobs
 from harness.targets.openai_wire import stream_error
 from harness.targets.server_log import engine_traceback, exception_line
-from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler
+from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler, stop_each
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
 MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
@@ -192,8 +192,7 @@ class ServedTarget(Target):
             raise
 
     def close(self) -> None:
-        for s in self.servers.values():
-            s.stop()
+        stop_each(self.servers.values())
         self.servers.clear()
 
     def keep(self, path: Path) -> Path:
@@ -208,8 +207,12 @@ class ServedTarget(Target):
         return Path(shutil.copy2(path, dest / Path(path).name))
 
     def cleanup(self) -> None:
-        """Stop the servers and remove the work folder if it is our own temporary one."""
+        """Stop the servers and remove the work folder if it is our own temporary one (at exit:
+        every live server of the process is asked at once, so the pairs' shutdowns overlap)."""
         import shutil
+
+        from harness.targets import server_process
+        server_process.stop_all(grace=10.0)
         self.close()
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
