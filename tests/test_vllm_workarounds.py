@@ -394,7 +394,7 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
 
     from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.agents.vllm.workarounds import MODULES, WORKAROUNDS
-    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 6
+    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 7
     for m in MODULES:
         assert m.PATCHES and all(p in POINTS_BY_NAME for p in m.PATCHES), m.__name__
         if m.FACT is not None:
@@ -404,3 +404,28 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
         switch = re.search(r'"(\w+)" under the plan\'s\s+"stock"', m.__doc__)
         reads = re.findall(r'"(\w+)" (?:not )?in state\.PLAN\.data\.get\("stock"', inspect.getsource(m))
         assert switch and reads == [switch.group(1)], (m.__name__, reads)
+
+
+def test_the_compiler_warm_up_is_skipped_only_with_nothing_to_compile(monkeypatch):
+    """FACT cpu_warmup_under_eager: the warm-up (a profile run) is skipped where the server runs
+    eager or compilation is off, counted; it runs where something compiles, and under the plan's
+    stock switch."""
+    import types
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import eager_warmup
+    ran = []
+    warm = eager_warmup.patch(lambda self: ran.append(self))
+
+    def runner(eager, mode):
+        return types.SimpleNamespace(model_config=types.SimpleNamespace(enforce_eager=eager),
+                                     vllm_config=types.SimpleNamespace(
+                                         compilation_config=types.SimpleNamespace(mode=mode)))
+    for stock, eager, mode, runs in (((), True, 3, False), ((), False, 0, False), ((), False, 3, True),
+                                     (("cpu_eager_warmup",), True, 0, True)):
+        monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": list(stock)}))
+        monkeypatch.setattr(state, "FACTS", {})
+        ran.clear()
+        warm(runner(eager, mode))
+        assert bool(ran) == runs, (stock, eager, mode)
+        assert state.facts("worker").data.get("cpu_eager_warmup_skipped", 0) == (0 if runs else 1)

@@ -114,6 +114,10 @@ POINTS += [
     Point("cpu_sampler", "vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
           "the CPU sampler: in a batch mixing seeded and unseeded requests every row is given a generator "
           "(the unseeded ones a fresh one), so vLLM's generator loop runs and the seeds hold", since="0.11.0", until="0.34.0", runner="v1"),
+    # FACT cpu_warmup_under_eager, unless the plan lists "cpu_eager_warmup" under "stock"
+    Point("cpu_warmup", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner.warming_up_model",
+          "the CPU model runner's warm-up for the compiler: skipped under --enforce-eager (nothing to compile)",
+          until="0.34.0", runner="v1"),
     # FACT ipex_vnni_rejects_no_window, unless the plan lists "ipex_vnni_window" under "stock"
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "

@@ -7,11 +7,11 @@ reproducer in fixtures/vllm_upstream/ runs).
 """
 from __future__ import annotations
 
-from harness.agents.vllm.workarounds import (cpu_reorder, discard_mark, generator_rewind, grammar_indices,
-                                             ipex_decode, mixed_seeds)
+from harness.agents.vllm.workarounds import (cpu_reorder, discard_mark, eager_warmup, generator_rewind,
+                                             grammar_indices, ipex_decode, mixed_seeds)
 
 # in the order the agent installs them (the order of wrapping where two share a point)
-MODULES = (generator_rewind, mixed_seeds, grammar_indices, ipex_decode, cpu_reorder, discard_mark)
+MODULES = (generator_rewind, mixed_seeds, grammar_indices, ipex_decode, cpu_reorder, discard_mark, eager_warmup)
 
 # release fact -> (patch point, the patch): installed only in the releases the fact holds in
 WORKAROUNDS = {m.FACT: (m.POINT, m.patch) for m in MODULES if m.FACT}
