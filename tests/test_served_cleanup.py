@@ -40,6 +40,7 @@ DRIVER = textwrap.dedent("""
     pids = [s.proc.pid for s in t.servers.values()]
     print(" ".join(map(str, pids)), flush=True)
     if sys.argv[2] == "normal":
+        sys.stdin.readline()  # the test has seen the process trees (close() stops them at once)
         t.close()
     else:
         time.sleep(600)
@@ -72,13 +73,16 @@ def _alive(procs):
 def test_servers_stop_on_every_exit_path(tmp_path, how):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     drv = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), how], stdout=subprocess.PIPE, text=True,
-                           env=env)
+                           stdin=subprocess.PIPE, env=env)
     try:
         line = drv.stdout.readline()
         assert line.strip(), "the driver did not start its servers"
         procs = _descendants([int(x) for x in line.split()])
         assert len(procs) >= 4, "expected two servers, each with a child"  # noqa: PLR2004
-        if how != "normal":
+        if how == "normal":
+            drv.stdin.write("go\n")
+            drv.stdin.flush()
+        else:
             drv.send_signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sigkill": signal.SIGKILL}[how])
         drv.wait(30)
         deadline = time.monotonic() + 20
