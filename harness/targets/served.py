@@ -67,6 +67,14 @@ def progress_of(facts: list[dict]) -> tuple[int | None, float | None, int]:
     return (sum(counts) if counts else None), (max(periods) if periods else None), steps
 
 
+def _events(resp):
+    """The data events of a server-sent-events response, parsed, up to `[DONE]`."""
+    import json
+    for line in resp.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
 class ServedTarget(Target):
     """A pair of servers, started lazily on first use and kept for the process's life (every
     suite of a `check` reuses them); `close()` or exit stops them."""
@@ -322,7 +330,6 @@ class ServedTarget(Target):
     def _send_aborted(self, client, base, r, body, headers: dict | None = None):
         """A client that disconnects after `abort_after` tokens: what the server does on a drop.
         Its documented result is its first `abort_after` tokens."""
-        import json
         body = {**body, "stream": True}
         ids, lps = [], []
         with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
@@ -330,10 +337,7 @@ class ServedTarget(Target):
                 resp.read()
                 raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: "
                                   f"{_error_message(resp)}")
-            for line in resp.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            for event in _events(resp):
                 failed = stream_error(event)
                 if failed:
                     return [(r.rid, ids, failed, lps)]
@@ -347,7 +351,6 @@ class ServedTarget(Target):
         """A client that reads the whole stream, usage included (`stream_options.include_usage`:
         a last chunk with no choice): its ids, finish and stop reason and text summed over the
         chunks, for the token oracles and the request-surface oracle as a plain response's."""
-        import json
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         ids, lps, text, finish, stop_reason, usage, sid = [], [], "", None, None, None, None
         with client.stream("POST", f"{base}{self.stream_path}", json=body, headers=headers) as resp:
@@ -357,10 +360,7 @@ class ServedTarget(Target):
                 if resp.status_code >= 500:
                     return [(r.rid, [], f"server error {what}", [])]
                 raise TargetError(f"{self.name}: request {r.rid} refused with {what}")
-            for line in resp.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            for event in _events(resp):
                 failed = stream_error(event)
                 if failed:  # a failure after the first chunks: said as a 5xx answer's is, with what came
                     return [(r.rid, ids, failed, lps)]
