@@ -7,8 +7,8 @@ import os
 import pytest
 
 from harness.targets.vllm import setup as setup_cmd
-from harness.agents.vllm import patches as vllm_patches
-from harness.agents.vllm.patches import PATCHES, PatchError, VllmPatch
+from harness.agents.source_patch import PatchError, apply, diff
+from harness.agents.vllm.patches import PATCHES, VllmPatch
 
 # the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
 pytestmark = pytest.mark.vllm_source
@@ -48,10 +48,10 @@ def test_catalogue_covers_the_async_paths():
 def test_patch_applies_and_compiles(pkg, name):
     p = PATCHES[name]
     source = (pkg / p.file).read_text()
-    after = vllm_patches.apply(p, source)
+    after = apply(p, source)
     assert after != source
     compile(after, str(pkg / p.file), "exec")
-    assert vllm_patches.diff(p, source).count("\n-") >= 1  # a real change of vLLM's own lines
+    assert diff(p, source).count("\n-") >= 1  # a real change of vLLM's own lines
 
 
 def test_missing_text_is_one_clear_error(pkg):
@@ -59,7 +59,7 @@ def test_missing_text_is_one_clear_error(pkg):
                      "this text is not in vLLM\n", "")
     with pytest.raises(PatchError, match=r"gone: the text 'this text is not in vLLM' is not found in "
                                          r"vllm/v1/core/sched/utils.py \(written against vLLM 0.32.0\)"):
-        vllm_patches.apply(gone, (pkg / gone.file).read_text())
+        apply(gone, (pkg / gone.file).read_text())
 
 
 def test_copy_patches_only_its_files_and_never_the_install(pkg, tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 from harness.agents.vllm.v2 import points as v2points
 from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
-from harness.agents.vllm.patches import PATCHES, apply
+from harness.agents.source_patch import apply
+from harness.agents.vllm.patches import PATCHES
 from harness.targets.vllm import releases as vr
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"

@@ -4,14 +4,13 @@ linked copy of the package (harness.targets.sglang.patched_copy) that only the o
 pair imports; the off server stays stock. Each names the class of the article it belongs to and
 the upstream entries of the same kind, and the suite that must catch it.
 
-A search text the installed SGLang no longer has is one clear error (PatchError);
+A search text the installed SGLang no longer has is one clear error (PatchError, harness.agents.source_patch);
 tests/test_sglang_patches.py applies and compiles every patch against the real source.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from harness.agents.sglang_points import WRITTEN_AGAINST
+from harness.agents.source_patch import SourcePatch
 
 RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
@@ -21,35 +20,18 @@ GRAPH = "srt/model_executor/cpu_graph_runner.py"
 NATIVE = "srt/layers/attention/torch_native_backend.py"
 
 
-class PatchError(RuntimeError):
-    """A patch does not apply to the installed SGLang (one line)."""
-
-
-@dataclass(frozen=True)
-class SglangPatch:
-    name: str
-    description: str
-    suite: str  # the suite that must catch it
-    file: str  # relative to the sglang package
-    search: str  # exact source text, found exactly once in `file`
-    replace: str
-    upstream: tuple[str, ...] = ()
-    also: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def edits(self) -> tuple[tuple[str, str], ...]:
-        return ((self.search, self.replace),) + self.also
-
-    @property
-    def point(self) -> str:
-        return self.file.rsplit("/", 1)[-1]
+def SglangPatch(name: str, description: str, suite: str, file: str, search: str, replace: str,
+                upstream: tuple[str, ...] = (), also: tuple[tuple[str, str], ...] = ()) -> SourcePatch:
+    """A source patch of SGLang, in the order the table below writes it (no path row)."""
+    return SourcePatch("sglang", "SGLang", WRITTEN_AGAINST, name, description, suite, file, search, replace,
+                       upstream, also)
 
 
 EQUIV = "test_overlap_equivalence"
 STEPS = "test_steps"  # tests/test_sglang_pair.py: the steps oracle (harness.oracles.steps) over both arms
 PATHS = "test_paths"  # equivalence/test_paths.py's SGLang rows: a pool the path workload outgrows
 
-PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
+PATCHES: dict[str, SourcePatch] = {p.name: p for p in [
     SglangPatch(
         "sglang_decode_reads_before_copy",
         "a result read before its copy: the decode result processor no longer waits on the step's "
@@ -173,18 +155,3 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
 ]}
 
-
-def apply(p: SglangPatch, text: str) -> str:
-    for search, replace in p.edits:
-        n = text.count(search)
-        if n != 1:
-            raise PatchError(f"SGLang patch {p.name}: its search text occurs {n} times in sglang/{p.file} "
-                             f"(written against SGLang {WRITTEN_AGAINST})")
-        text = text.replace(search, replace)
-    return text
-
-
-def check_names(names, exc=ValueError) -> None:
-    unknown = sorted(set(names) - set(PATCHES))
-    if unknown:
-        raise exc(f"unknown SGLang patch {', '.join(unknown)}; known: {', '.join(PATCHES)}")

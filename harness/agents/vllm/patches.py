@@ -8,14 +8,13 @@ vLLM's correct synchronous one. Every patch names the upstream bug it re-creates
 same kind where vLLM's history has no exact one), the path of the async engine it lives on,
 and the suite that must catch it.
 
-A search text that the installed vLLM no longer has is one clear error (PatchError), as the
-agent's patch-point check is; `tests/test_vllm_patches.py` applies and compiles every patch
+A search text that the installed vLLM no longer has is one clear error (PatchError, of the one
+source-patch type both engines share: harness.agents.source_patch), as the agent's patch-point check is; `tests/test_vllm_patches.py` applies and compiles every patch
 against the installed source without starting vLLM.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from harness.agents.source_patch import SourcePatch
 from harness.agents.vllm.points import WRITTEN_AGAINST
 
 SCHED = "v1/core/sched/scheduler.py"
@@ -26,30 +25,13 @@ BATCH = "v1/worker/gpu_input_batch.py"
 SAMPLER = "v1/sample/sampler.py"
 
 
-class PatchError(RuntimeError):
-    """A patch does not apply to the installed vLLM (one line)."""
-
-
-@dataclass(frozen=True)
-class VllmPatch:
-    name: str
-    description: str
-    path: str  # the row of harness.targets.vllm.paths.PATHS whose workload exercises the bug
-    suite: str  # the suite that must catch it
-    file: str  # relative to the vllm package
-    search: str  # exact source text, found exactly once in `file`
-    replace: str
-    upstream: tuple[str, ...] = ()
-    also: tuple[tuple[str, str], ...] = ()  # more (search, replace) edits of the same file
-    device_only: str = ""  # non-empty: why vLLM's CPU build cannot show the bug (mutants skip it there)
-
-    @property
-    def edits(self) -> tuple[tuple[str, str], ...]:
-        return ((self.search, self.replace),) + self.also
-
-    @property
-    def point(self) -> str:  # `faults --target vllm` prints it where an agent fault has its point
-        return self.file.rsplit("/", 1)[-1]
+def VllmPatch(name: str, description: str, path: str, suite: str, file: str, search: str, replace: str,
+              upstream: tuple[str, ...] = (), also: tuple[tuple[str, str], ...] = (),
+              device_only: str = "") -> SourcePatch:
+    """A source patch of vLLM, in the order the table below writes it: the path row (of
+    harness.targets.vllm.paths.PATHS) whose workload exercises the bug comes before the suite."""
+    return SourcePatch("vllm", "vLLM", WRITTEN_AGAINST, name, description, suite, file, search, replace,
+                       upstream, also, device_only, path)
 
 
 # the per-path suite: one row per path of harness.targets.vllm.paths.PATHS, each failing "not
@@ -57,7 +39,7 @@ class VllmPatch:
 PATHS_SUITE = "test_paths"
 
 
-PATCHES: dict[str, VllmPatch] = {p.name: p for p in [
+PATCHES: dict[str, SourcePatch] = {p.name: p for p in [
     # -- preemption with a step in flight --------------------------------------------------
     VllmPatch(
         "preempt_keeps_placeholders",
@@ -429,34 +411,6 @@ PATCHES.update({p.name: p for p in [
         "                await self.abort(request_id)\n",
         ("vllm-project/vllm#10583", "vllm-project/vllm#27987")),
 ]})
-
-
-def check_names(names, exc=ValueError) -> None:
-    unknown = sorted(set(names) - set(PATCHES))
-    if unknown:
-        raise exc(f"unknown vLLM patch {', '.join(unknown)}; known: {', '.join(PATCHES)}")
-
-
-def apply(patch: VllmPatch, source: str) -> str:
-    """`source` (the text of patch.file) with the patch's edits applied; PatchError when a search
-    text is not there exactly once."""
-    for search, replace in patch.edits:
-        n = source.count(search)
-        if n != 1:
-            first = search.strip().splitlines()[0].strip()
-            why = "not found" if n == 0 else f"found {n} times"
-            raise PatchError(f"vLLM patch {patch.name}: the text {first!r} is {why} in vllm/{patch.file} "
-                             f"(written against vLLM {WRITTEN_AGAINST})")
-        source = source.replace(search, replace)
-    return source
-
-
-def diff(patch: VllmPatch, source: str) -> str:
-    """The patch as a unified diff of the installed file (for `faults --target vllm -v` and reports)."""
-    import difflib
-    after = apply(patch, source)
-    return "".join(difflib.unified_diff(source.splitlines(True), after.splitlines(True),
-                                        f"a/vllm/{patch.file}", f"b/vllm/{patch.file}", n=2))
 
 
 def _v2_patches() -> None:

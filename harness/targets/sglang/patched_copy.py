@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.agents.sglang_patches import PATCHES, PatchError, apply
+from harness.agents.sglang_patches import PATCHES
+from harness.agents.source_patch import PatchError
 from harness.targets.sglang import setup as sglang_setup
 from harness.targets.vllm.patched_copy import build_copy, fingerprint, package_in, patched_sources
 
 
 def installed_package(home: Path | None = None) -> Path:
-    return package_in(home or sglang_setup.sglang_home(), "sglang", "overlap-harness setup sglang", PatchError)
+    return package_in(home or sglang_setup.sglang_home(), "sglang", "overlap-harness setup sglang")
 
 
 def ensure_copy(names, home: Path | None = None) -> Path:
@@ -28,6 +29,6 @@ def ensure_copy(names, home: Path | None = None) -> Path:
     home = home or sglang_setup.sglang_home()
     pkg = installed_package(home)
     # first: a patch that does not apply builds nothing
-    sources = patched_sources(names, pkg, PATCHES, apply, "SGLang", PatchError)
+    sources = patched_sources(names, pkg, PATCHES, "SGLang")
     return build_copy(pkg, home / "patched" / "+".join(names), sources, fingerprint(names, pkg, PATCHES),
-                      f"SGLang patch {'+'.join(names)}", PatchError)
+                      f"SGLang patch {'+'.join(names)}")

@@ -263,7 +263,7 @@ class SglangTarget(ServedTarget):
             env.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
         patches = self.patches() if overlap else []
         if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
-            from harness.agents.sglang_patches import PatchError
+            from harness.agents.source_patch import PatchError
             from harness.targets.sglang.patched_copy import ensure_copy
             try:
                 env["PYTHONPATH"] = str(ensure_copy(patches, self.home)) + os.pathsep + env["PYTHONPATH"]

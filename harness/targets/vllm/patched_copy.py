@@ -22,29 +22,29 @@ import subprocess
 from pathlib import Path
 
 from harness.targets.vllm import setup as setup_cmd
-from harness.agents.vllm.patches import PATCHES, PatchError, apply
+from harness.agents.source_patch import PatchError, apply
+from harness.agents.vllm.patches import PATCHES
 
 STAMP = "patched.json"
 
 
 def installed_package(home: Path | None = None) -> Path:
     """The vllm package directory inside the setup venv."""
-    return package_in(home or setup_cmd.vllm_home(), "vllm", "overlap-harness setup vllm", PatchError)
+    return package_in(home or setup_cmd.vllm_home(), "vllm", "overlap-harness setup vllm")
 
 
-def package_in(home: Path, name: str, setup: str, error=PatchError) -> Path:
-    """The package `name` inside `home`'s venv (vLLM's, SGLang's), or `error` naming the setup."""
+def package_in(home: Path, name: str, setup: str) -> Path:
+    """The package `name` inside `home`'s venv (vLLM's, SGLang's), or PatchError naming the setup."""
     found = sorted((home / "venv" / "lib").glob(f"python*/site-packages/{name}/__init__.py"))
     if not found:
-        raise error(f"no {name} package in {home / 'venv'}: run `{setup}`")
+        raise PatchError(f"no {name} package in {home / 'venv'}: run `{setup}`")
     return found[-1].parent
 
 
-def patched_sources(names, pkg: Path, patches=None, apply_patch=None, label: str = "vLLM",
-                    error=PatchError) -> dict[str, str]:
+def patched_sources(names, pkg: Path, patches=None, label: str = "vLLM") -> dict[str, str]:
     """file (relative to the package) -> its text with every named patch applied (vLLM's patches
-    unless an engine gives its own catalogue and apply)."""
-    patches, apply_patch = patches or PATCHES, apply_patch or apply
+    unless an engine gives its own catalogue)."""
+    patches = patches or PATCHES
     out: dict[str, str] = {}
     for name in sorted(names):
         p = patches[name]
@@ -52,8 +52,8 @@ def patched_sources(names, pkg: Path, patches=None, apply_patch=None, label: str
             try:
                 out[p.file] = (pkg / p.file).read_text()
             except OSError as e:
-                raise error(f"{label} patch {name}: cannot read {pkg.name}/{p.file}: {e.strerror}") from None
-        out[p.file] = apply_patch(p, out[p.file])
+                raise PatchError(f"{label} patch {name}: cannot read {pkg.name}/{p.file}: {e.strerror}") from None
+        out[p.file] = apply(p, out[p.file])
     return out
 
 
@@ -92,10 +92,10 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
     pkg = Path(pkg) if pkg else installed_package(home)
     sources = patched_sources(names, pkg)  # first: a patch that does not apply builds nothing
     return build_copy(pkg, home / "patched" / "+".join(names), sources, fingerprint(names, pkg),
-                      f"vLLM patch {'+'.join(names)}", PatchError)
+                      f"vLLM patch {'+'.join(names)}")
 
 
-def build_copy(pkg: Path, root: Path, sources: dict[str, str], want: dict, label: str, error=PatchError) -> Path:
+def build_copy(pkg: Path, root: Path, sources: dict[str, str], want: dict, label: str) -> Path:
     """`root`/<package> as a linked copy of the installed package `pkg` with `sources` (file relative
     to the package -> its patched text) written as real files; reused while its stamp equals `want`.
     One builder for every engine's patched copy (vLLM here, SGLang: harness.targets.sglang.patched_copy)."""
@@ -118,7 +118,7 @@ def build_copy(pkg: Path, root: Path, sources: dict[str, str], want: dict, label
             for pyc in (cache.glob(f"{target.stem}.*.pyc") if cache.is_dir() else ()):
                 os.unlink(pyc)  # the installed module's bytecode: recompiled from the patched text
             if (pkg / rel).read_text() == text:
-                raise error(f"{label}: {package}/{rel} unchanged")
+                raise PatchError(f"{label}: {package}/{rel} unchanged")
         (tmp / STAMP).write_text(json.dumps(want, indent=1))
         shutil.rmtree(root, ignore_errors=True)
         os.replace(tmp, root)

@@ -297,7 +297,7 @@ class VllmTarget(ServedTarget):
         env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
         patches = self.patches() if overlap else []
         if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
-            from harness.agents.vllm.patches import PatchError
+            from harness.agents.source_patch import PatchError
             from harness.targets.vllm.patched_copy import server_pythonpath
             try:
                 env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home,
