@@ -29,6 +29,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_PATH = "harness/engine/server.py"
+sys.path.insert(0, str(ROOT))
+from harness.stopping import end_process  # noqa: E402
 
 
 # -- the server, in a child process ----------------------------------------------------------
@@ -135,12 +137,7 @@ class Child:
         return self.proc.memory_info().rss
 
     def stop(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        end_process(self.p, grace=30)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -99,3 +100,31 @@ def refuse_start(what: str) -> None:
     """Called before starting a server: once a stop was asked for, nothing starts again."""
     if _GOT:
         raise KeyboardInterrupt(f"{stopped_word()} by {signal_name()}: {what} not started")
+
+
+def end_process(p: subprocess.Popen, grace: float = 10.0, ask: int | None = signal.SIGTERM,
+                group: bool = False, kill_wait: float | None = None) -> int | None:
+    """The one way the harness ends a process it started: asked first (`ask`: SIGTERM, or SIGINT
+    as Ctrl-C would; None when it was asked already), SIGKILL after `grace` seconds, and waited
+    for (at most `kill_wait` seconds after the SIGKILL; None: until it is gone). Its exit code,
+    or None if it outlived that wait. `group`: the signals go to the process's whole group (a
+    server started in a session of its own, and what it spawned: an engine core, a worker); the
+    SIGKILL then goes to the group even when its leader ended at once, for the children that
+    outlived it. A signal while waiting out the grace (a second Ctrl-C) ends the wait: SIGKILL now."""
+    def send(sig: int) -> None:
+        try:
+            os.killpg(p.pid, sig) if group else p.send_signal(sig)
+        except (ProcessLookupError, PermissionError):  # gone already (or its id reused)
+            pass
+    if ask is not None and p.poll() is None:
+        send(ask)
+    try:
+        p.wait(grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    if group or p.poll() is None:
+        send(signal.SIGKILL)
+    try:
+        return p.wait(kill_wait)
+    except subprocess.TimeoutExpired:
+        return None

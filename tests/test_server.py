@@ -13,6 +13,7 @@ import pytest
 
 from harness.engine.config import EngineConfig
 from harness.serve import make_server
+from harness.stopping import end_process
 
 CFG = EngineConfig(model="tiny", max_context=512, max_running=8)
 
@@ -217,12 +218,7 @@ def test_serve_command_binds_localhost_and_stops(tmp_path):
         assert c.getresponse().status == 200
         c.close()
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        end_process(p, grace=20)
         p.stderr.close()
 
 

@@ -215,10 +215,6 @@ def run_under_sanitizer(binary: str, tool: str, cmd: list[str], log_path: str, e
     try:
         return proc.wait()
     except BaseException:  # Ctrl-C or our own failure: leave nothing running behind
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        from harness.stopping import end_process
+        end_process(proc, grace=30)
         raise

@@ -102,18 +102,10 @@ STOP_GRACE_S = 90.0  # a gate told to stop: its servers' grace periods, then its
 
 
 def _end(p: subprocess.Popen, grace: float = 10.0, ask: bool = True) -> int:
-    """The release's gate ends: asked first (SIGINT, as Ctrl-C would), SIGKILL after `grace`."""
+    """The release's gate ends: asked first (SIGINT, as Ctrl-C would), SIGKILL after `grace` (or at
+    a second signal while waiting)."""
     import signal
-    if ask and p.poll() is None:
-        p.send_signal(signal.SIGINT)
-    try:
-        return p.wait(grace)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        return p.wait()
-    except KeyboardInterrupt:  # a second signal while waiting: no more waiting
-        p.kill()
-        return p.wait()
+    return stopping.end_process(p, grace, ask=signal.SIGINT if ask else None)
 
 
 def _why(log: Path, code: int) -> str:

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.stopping import end_process
 from harness.targets.base import TargetUnavailable
 from harness.targets.served.log import _log_body, _untagged_line_before, engine_traceback, exception_line
 
@@ -104,22 +105,8 @@ class ServerProcess:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM to the whole process group, SIGKILL after `grace` seconds."""
-        p = self.proc
-        if p.poll() is None:
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        try:  # children that outlived their leader (an engine core, a worker)
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # the SIGKILL also reaches children that outlived their leader (an engine core, a worker)
+        end_process(self.proc, grace, group=True, kill_wait=5.0)
         self._log.close()
         with _LOCK:
             _LIVE.discard(self)
