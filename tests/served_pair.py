@@ -56,19 +56,28 @@ def hand_back(pair, engine: str) -> None:
     restart_lost(pair)
 
 
-@pytest.fixture(scope="session")
-def vllm_pair(tmp_path_factory):
-    from harness import targets
-    yield start_pair("vllm", str(tmp_path_factory.mktemp("vllm-kept")))
-    targets.close_served()
+def pair_fixtures(engine: str, scope: str, **kw):
+    """The one pair fixture of every engine, as the three fixtures a test asks for: `<engine>_pair`
+    (started once per `scope`, its servers stopped after), `<engine>` (that pair, handed back
+    stock after each test: hand_back) and `tok` (its tokenizer). `kw`: the target's settings."""
+    pair_name = f"{engine}_pair"
+
+    @pytest.fixture(scope=scope, name=pair_name)
+    def pair(tmp_path_factory):
+        from harness import targets
+        yield start_pair(engine, str(tmp_path_factory.mktemp(f"{engine}-kept")), **kw)
+        targets.close_served()
+
+    @pytest.fixture(name=engine)
+    def stock(request):
+        p = request.getfixturevalue(pair_name)
+        yield p
+        hand_back(p, engine)
+
+    @pytest.fixture(scope=scope, name="tok")
+    def tok(request):
+        return request.getfixturevalue(pair_name).tokenizer()
+    return pair, stock, tok
 
 
-@pytest.fixture
-def vllm(vllm_pair):
-    yield vllm_pair
-    hand_back(vllm_pair, "vllm")
-
-
-@pytest.fixture(scope="session")
-def tok(vllm_pair):
-    return vllm_pair.tokenizer()
+vllm_pair, vllm, tok = pair_fixtures("vllm", "session")

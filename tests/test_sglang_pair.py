@@ -10,31 +10,15 @@ import pytest
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
 from harness.workloads import presets as workloads
+from tests.served_pair import pair_fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 
-@pytest.fixture(scope="module")
-def sglang_pair(tmp_path_factory):
-    from harness import targets
-    from tests.served_pair import start_pair
-    # without the CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for
-    # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.target.CPU_GRAPH_BS)
-    yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")), cpu_graphs=False)
-    targets.close_served()
-
-
-@pytest.fixture
-def sglang(sglang_pair):
-    """The pair handed back stock, a server that died started again (tests/served_pair.hand_back)."""
-    from tests.served_pair import hand_back
-    yield sglang_pair
-    hand_back(sglang_pair, "sglang")
-
-
-@pytest.fixture(scope="module")
-def tok(sglang_pair):
-    return sglang_pair.tokenizer()
+# the pair (sglang_pair), handed back stock after each test (sglang), its tokenizer (tok); without the
+# CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for it); check's pair
+# and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.target.CPU_GRAPH_BS)
+sglang_pair, sglang, tok = pair_fixtures("sglang", "module", cpu_graphs=False)
 
 
 def _workload(tok, seed=0):
