@@ -30,7 +30,8 @@ from pathlib import Path
 
 from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
 from harness.targets.base import TargetError, TargetUnavailable
-from harness.targets.served.pair import TOP_LOGPROBS, ServedTarget
+from harness.targets.served.engine_pair import EnginePair
+from harness.targets.served.pair import TOP_LOGPROBS
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)
@@ -78,7 +79,7 @@ def sglang_unavailable_reason(python: str, device: str = "cuda") -> str | None:
                                                   f"{(r.stderr.strip().splitlines() or [''])[-1]}")
 
 
-class SglangTarget(ServedTarget):
+class SglangTarget(EnginePair):
     name = "sglang"
     health_path = "/health"
     start_timeout = 900.0  # weights, CUDA graph capture and warm-up, twice on one GPU
@@ -142,37 +143,12 @@ class SglangTarget(ServedTarget):
     def model_name(self) -> str:
         return self.model
 
-    def tokenizer(self):
-        if self._tok is None:
-            from harness.engine.smollm2 import HFTokenizer
-            self._tok = HFTokenizer.from_dir(self.model)
-        return self._tok
-
-    def patches(self) -> list[str]:
-        """The faults that are source patches of SGLang (harness.agents.sglang_patches)."""
+    def patch_catalogue(self) -> dict:
         from harness.agents.sglang_patches import PATCHES
-        return sorted(f for f in self.faults if f in PATCHES)
+        return PATCHES
 
-    def refresh_faults(self, old) -> None:
-        """Agent faults go to the plan; another set of source patches restarts the overlap-on
-        server on its own copy of SGLang when it is next used (the off server keeps running)."""
-        self.set_plan(True)
-
-    def _drop_stale_on(self) -> None:
-        s = self.servers.get(True)
-        if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
-            self.servers.pop(True).stop()  # start() clears its facts
-
-    def start(self, which=(False, True)) -> None:
-        if True in which:
-            self._drop_stale_on()
-        fresh = True in which and True not in self.servers
-        new = [o for o in which if o not in self.servers]
-        super().start(which)
-        if fresh and True in self.servers:
-            self.servers[True].patches = frozenset(self.patches())
-        for overlap in new:
-            self.warm_up(overlap)
+    def server_started(self, overlap: bool) -> None:
+        self.warm_up(overlap)
 
     def warm_up(self, overlap: bool) -> None:
         """One request with a repetition penalty before any run: SGLang compiles its penalty kernel
@@ -191,11 +167,6 @@ class SglangTarget(ServedTarget):
         if r.status_code != 200:
             raise TargetError(f"sglang (overlap {'on' if overlap else 'off'}): the warm-up request was refused "
                               f"({r.status_code}): {r.text[:200]}")
-
-    def url(self, overlap: bool) -> str:
-        if overlap:
-            self._drop_stale_on()
-        return super().url(overlap)
 
     def plan_extra(self) -> dict:
         return {"engine": "sglang", "device": self.device}

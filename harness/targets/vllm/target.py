@@ -22,7 +22,7 @@ from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import setup as setup_cmd
 from harness.targets.base import TargetError, TargetUnavailable
-from harness.targets.served.pair import ServedTarget
+from harness.targets.served.engine_pair import EnginePair
 
 
 def check_fault_names(faults, exc=ValueError) -> None:
@@ -77,7 +77,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
     return ""
 
 
-class VllmTarget(ServedTarget):
+class VllmTarget(EnginePair):
     name = "vllm"
     config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm.configs)
     upstream = vllm_upstream  # its known crashes and their remedies, per release (ServedTarget.known_crash)
@@ -188,12 +188,6 @@ class VllmTarget(ServedTarget):
 
     def model_name(self) -> str:
         return self.model_path
-
-    def tokenizer(self):
-        if self._tok is None:
-            from harness.engine.smollm2 import HFTokenizer
-            self._tok = HFTokenizer.from_dir(self.model_path)
-        return self._tok
 
     def served_key(self) -> str:
         return self.model_path
@@ -321,54 +315,29 @@ class VllmTarget(ServedTarget):
                               f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
         return [f"{n} = {v}" for n, v in json.loads(p.stdout)]
 
-    def patches(self) -> list[str]:
-        """The faults that are source patches of vLLM (harness.agents.vllm.patches)."""
+    def patch_catalogue(self) -> dict:
         from harness.agents.vllm.patches import PATCHES
-        return sorted(f for f in self.faults if f in PATCHES)
-
-    def refresh_faults(self, old) -> None:
-        """The faults changed: agent faults go to the plan; a different set of source patches
-        restarts the async-on server on its own copy of vLLM (the off server keeps running) when
-        it is next used, not now: going back to stock vLLM and on to the same patch again (a
-        test's quiet half between two of its patched ones) costs no start."""
-        self.set_plan(True)
-
-    def _drop_stale_on(self) -> None:
-        """Stop the async-on server when it runs other source patches than the faults ask for."""
-        s = self.servers.get(True)
-        if s is not None and getattr(s, "patches", None) != frozenset(self.patches()):
-            self.servers.pop(True).stop()  # start() clears its facts
+        return PATCHES
 
     def start(self, which=(False, True)) -> None:
         if not self.servers:  # a whole pair: after a known crash, in the configuration that avoids it
             self.config = vllm_configs.after_known_crashes(self.config, self.proven_crashes, self.crash_remedy)
-        if True in which:
-            self._drop_stale_on()
-        fresh = True in which and True not in self.servers
-        pending = [o for o in which if o not in self.servers]
         super().start(which)
-        if fresh and True in self.servers:
-            self.servers[True].patches = frozenset(self.patches())
-        from harness.targets.vllm import build as vllm_build
-        for overlap in pending:  # the runner each server built, as its log says
-            s = self.servers.get(overlap)
-            if s is None:
-                continue
-            try:
-                text = Path(s.log_path).read_text(errors="replace")
-            except OSError:
-                text = ""
-            self.ran[overlap] = vllm_build.runner_in_log(text, self.release)
-            got = self.ran[overlap][0]
-            if got and got != self.runner:
-                self.close()
-                raise TargetError(f"vllm: the {self.runner.upper()} runner was chosen ({self.runner_why}) but the "
-                                  f"server ran {got.upper()}: {self.ran[overlap][1]}")
 
-    def url(self, overlap: bool) -> str:
-        if overlap:
-            self._drop_stale_on()
-        return super().url(overlap)
+    def server_started(self, overlap: bool) -> None:
+        """The runner the server built, as its log says: another than the one chosen is an error."""
+        from harness.targets.vllm import build as vllm_build
+        s = self.servers[overlap]
+        try:
+            text = Path(s.log_path).read_text(errors="replace")
+        except OSError:
+            text = ""
+        self.ran[overlap] = vllm_build.runner_in_log(text, self.release)
+        got = self.ran[overlap][0]
+        if got and got != self.runner:
+            self.close()
+            raise TargetError(f"vllm: the {self.runner.upper()} runner was chosen ({self.runner_why}) but the "
+                              f"server ran {got.upper()}: {self.ran[overlap][1]}")
 
     def check_overlap(self, overlap: bool, facts: list[dict], after_run: bool) -> None:
         err = [f["error"] for f in facts if f.get("error")]
