@@ -6,7 +6,7 @@ import os
 import sys
 
 from harness.commands.run import cmd_run
-from harness.flags import UsageError, _bool_flag, add_engine_flags
+from harness.flags import UsageError, bool_flag, add_engine_flags
 
 EXIT_BAD_INPUT = 2
 
@@ -33,7 +33,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--repetition-penalty", type=float, default=1.0)
     r.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    _bool_flag(r, "chat", False, "wrap each --prompt in the model's chat template")
+    bool_flag(r, "chat", False, "wrap each --prompt in the model's chat template")
     r.add_argument("--timeline", metavar="DIR", help="write a Chrome trace and a PNG timeline into DIR")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(fn=cmd_run)

@@ -9,7 +9,7 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
-def _bool_flag(p, name: str, default: bool, help: str) -> None:
+def bool_flag(p, name: str, default: bool, help: str) -> None:
     p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction,
                    default=default, help=help)
 
@@ -19,7 +19,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     from harness.engine.build import MODELS
     g = p.add_argument_group("engine")
     g.add_argument("--model", default="tiny", choices=MODELS, help="weights to serve (default: tiny)")
-    _bool_flag(g, "overlap", True, "prepare step N+1 while step N runs (default: on)")
+    bool_flag(g, "overlap", True, "prepare step N+1 while step N runs (default: on)")
     g.add_argument("--device", default="sim", choices=("sim", "cuda"), help="simulated device or a real GPU")
     g.add_argument("--policy", default="serial",
                    help="schedule policy: serial | random[:SEED] | pct[:SEED[:DEPTH]] | delay[:STREAM[:MS]]")
@@ -29,7 +29,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=1, help="KV slots per page")
     g.add_argument("--max-context", type=int, default=None, help="positions per slot-table row")
     g.add_argument("--max-prefill-tokens", type=int, default=1024, help="tokens one prefill step may process")
-    _bool_flag(g, "prefix-cache", True, "share cached prompt slots between requests")
+    bool_flag(g, "prefix-cache", True, "share cached prompt slots between requests")
     g.add_argument("--spec", choices=("oracle", "mtp", "ngram"), default=None,
                    help="speculative decoding with this drafter (default: plain decoding)")
     g.add_argument("--spec-k", type=int, default=3, help="draft tokens per window (default 3)")

@@ -31,7 +31,7 @@ def test_copies_cover_each_rows_parameters_and_leave_aborts_out():
 
 
 def test_a_dead_parameter_is_not_exercised():
-    r = vllm_workload._req("pen9", [5, 6, 7], 4, ["penalties"], presence_penalty=1.5)
+    r = vllm_workload.path_request("pen9", [5, 6, 7], 4, ["penalties"], presence_penalty=1.5)
     off = _run([("pen9", [1, 2, 3, 4])])
     dead = effects.effects(off, _run([("pen9~no-presence_penalty", [1, 2, 3, 4])]))
     ok, line = effects.row_verdict("penalties", [r], dead)

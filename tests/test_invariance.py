@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from harness.engine import invariance
 from harness.engine.config import ModelConfig
-from harness.engine.model import PLAIN_TILE, Model, _pack, init_tiny_weights
+from harness.engine.model import PLAIN_TILE, Model, pack_weight, init_tiny_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 # SmolLM2's layer shapes (hidden 576, head_dim 64, 3 kv heads) with a smaller vocabulary: its
@@ -36,7 +36,7 @@ def probe_all() -> dict:
     torch.set_num_threads(1)
     out = {}
     for name, m in models().items():
-        packed = sorted({_pack(w) is not None for w in m.w.values() if w.dim() == 2})
+        packed = sorted({pack_weight(w) is not None for w in m.w.values() if w.dim() == 2})
         v = invariance.verify(m, use_cache=False)
         out[name] = {"line": v.line, "ok": v.ok, "paths": packed, "seconds": v.seconds}
     return out

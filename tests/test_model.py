@@ -113,13 +113,13 @@ def test_linear_runs_every_row_count_on_fixed_tiles():
     """Every row count 1..64 gives a row the bits it has alone, on both matmul paths (a small
     weight on F.linear, a large one packed for oneDNN): each call is one fixed-shape tile."""
     from harness.engine.invariance import _rows_agree
-    from harness.engine.model import _pack
+    from harness.engine.model import pack_weight
     torch.set_num_threads(1)
     m = Model.__new__(Model)
     g = torch.Generator().manual_seed(0)
     m.w = {"small": torch.randn(128, 64, generator=g), "large": torch.randn(1536, 576, generator=g)}
     m._packed = {}
-    assert _pack(m.w["small"]) is None
+    assert pack_weight(m.w["small"]) is None
     for name, w in m.w.items():
         x = torch.randn(64, w.shape[1], generator=g)
         assert _rows_agree(lambda t: m.linear(t, name), x, name) is None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents.sglang_contract import _module_file, check_source
+from harness.agents.engine_source import module_file
+from harness.agents.sglang_contract import check_source
 from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, POINTS_BY_NAME, SERVER_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,14 +19,14 @@ def _copy_points(src: Path, dst: Path) -> None:
     """Only the modules the table names (a few MB less to rewrite than the whole tree)."""
     mods = {p.module for p in POINTS} | {m for m, *_ in CONSTANTS} | {m for m, _ in SERVER_FIELDS}
     for m in mods:
-        f = _module_file(src, m)
+        f = module_file(src, m)
         out = dst / f.relative_to(src)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, out)
 
 
 def _rewrite(root: Path, module: str, old: str, new: str) -> None:
-    f = _module_file(root, module)
+    f = module_file(root, module)
     text = f.read_text()
     assert text.count(old) >= 1, f"{old!r} not in {f}"
     f.write_text(text.replace(old, new))

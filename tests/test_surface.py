@@ -9,7 +9,7 @@ from harness.targets.vllm import workload as vllm_workload
 
 
 def _req(rid, n, **extra):
-    return vllm_workload._req(rid, [5, 6, 7], n, ["stop"], **extra)
+    return vllm_workload.path_request(rid, [5, 6, 7], n, ["stop"], **extra)
 
 
 def _run(rows):
@@ -174,7 +174,7 @@ def test_text_is_judged_as_the_server_detokenizes_special_tokens_and_split_chara
     cases = [(words + [end] + words, " a nullable type<|im_end|> a nullable type"),
              (emoji[:-1], " café")]
     for ids, served in cases:
-        r = vllm_workload._req("a", [5, 6, 7], len(ids), ["stop"])
+        r = vllm_workload.path_request("a", [5, 6, 7], len(ids), ["stop"])
         rows = [("a", ids, "length", {**_fields(ids, text=served), "skip_special_tokens": False})]
         assert surface.findings([r], _run(rows), _run(rows), decode) == {}, (ids, served)
         bad = [("a", ids, "length", {**_fields(ids, text=served + "x"), "skip_special_tokens": False})]

@@ -14,6 +14,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+# the engine-neutral readers, under this module's old names (its checks below call them so)
+from harness.agents.engine_source import find_def as _find
+from harness.agents.engine_source import parse_module as _parse
 from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, SERVER_FIELDS, WRITTEN_AGAINST
 
 
@@ -62,32 +65,6 @@ def _download_and_unpack(version: str, base: Path, src: Path, timeout: float) ->
         raise SourceUnavailable(f"cannot unpack {wheels[-1]}: {e}") from None
     (src / ".complete").write_text(wheels[-1].name + "\n")
     return src
-
-
-def _module_file(root: Path, module: str) -> Path | None:
-    p = root.joinpath(*module.split("."))
-    for cand in (p.with_suffix(".py"), p / "__init__.py"):
-        if cand.is_file():
-            return cand
-    return None
-
-
-def _parse(root: Path, module: str, cache: dict) -> ast.Module | None:
-    if module not in cache:
-        f = _module_file(root, module)
-        cache[module] = ast.parse(f.read_text(encoding="utf-8"), str(f)) if f else None
-    return cache[module]
-
-
-def _find(tree: ast.AST, qualname: str):
-    node = tree
-    for part in qualname.split("."):
-        body = getattr(node, "body", [])
-        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == part), None)
-        if node is None:
-            return None
-    return node
 
 
 def _users(point_name: str) -> str:

@@ -186,8 +186,8 @@ class SglangFault:
     def device_only(self) -> str:
         """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
         acts on the GPU's streams; "" where a CUDA device is visible."""
-        from harness.targets.vllm.setup import _has_cuda
-        return "" if _has_cuda() else GPU_ONLY
+        from harness.targets.vllm.setup import has_cuda
+        return "" if has_cuda() else GPU_ONLY
 
 
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [

@@ -177,12 +177,12 @@ BIG_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64]
 
 def _linear_classes(model) -> list[str]:
     """One weight name per (shape, path) among the weights the model multiplies by."""
-    from harness.engine.model import _pack
+    from harness.engine.model import pack_weight
     seen, names = set(), []
     for name, w in model.w.items():
         if w.dim() != 2 or name.endswith("embed_tokens.weight") and not model.cfg.tie_embeddings:
             continue
-        cls = (tuple(w.shape), _pack(w) is None)
+        cls = (tuple(w.shape), pack_weight(w) is None)
         if cls not in seen:
             seen.add(cls)
             names.append(name)
@@ -197,11 +197,11 @@ def probe(model) -> str | None:
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(dev)
 
-    from harness.engine.model import _pack
+    from harness.engine.model import pack_weight
     H = model.cfg.hidden
     for name in _linear_classes(model):
         w = model.lm_head if name == "model.embed_tokens.weight" else model.w[name]
-        path = "F.linear" if _pack(w) is None else "oneDNN packed"
+        path = "F.linear" if pack_weight(w) is None else "oneDNN packed"
         fn = (lambda t: model.logits(t)) if w is model.lm_head else (lambda t, n=name: model.linear(t, n))
         bad = _rows_agree(fn, rand(MAX_ROWS, w.shape[1]), f"linear {name} [{w.shape[1]} -> {w.shape[0]}, {path}]",
                           BIG_COUNTS if w.numel() > BIG_WEIGHT else None)

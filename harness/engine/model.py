@@ -62,7 +62,7 @@ _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _PACKS: dict[int, object] = {}  # id(weight) -> its packing, shared by every Model over those weights
 
 
-def _pack(w: torch.Tensor):
+def pack_weight(w: torch.Tensor):
     """The weight prepacked for oneDNN, or None where F.linear serves (small weight, not a float32
     CPU tensor, or a torch built without oneDNN). Packed once per weight tensor: stress and the
     GSM8K gate build an engine per run over the same cached weights."""
@@ -140,7 +140,7 @@ class Model:
         w = self.w[name] if w is None else w
         ent = self._packed.get(name)
         if ent is None or ent[0] is not w:  # first use, or the weight was replaced (spec's draft head)
-            ent = self._packed[name] = (w, _pack(w))
+            ent = self._packed[name] = (w, pack_weight(w))
         pk = ent[1]
 
         def tile(t):  # t: exactly T rows

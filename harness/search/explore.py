@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from harness.search.case import DoesNotFit, check
-from harness.search.shrink import _Stop, greedy_shrink
+from harness.search.shrink import StopSearch, greedy_shrink
 from harness.workloads.strategies import POLICY_KINDS, Case, cases
 
 BURST = 10  # examples per hypothesis search before a fresh seed
@@ -78,7 +78,7 @@ class Stress:
         from hypothesis import reject
         now = time.monotonic()
         if now > self._deadline:
-            raise _Stop()
+            raise StopSearch()
         try:
             f, _ = check(case, faults=self.faults, seed=self.seed, model=self.model, detect=self.detect)
         except DoesNotFit:
@@ -99,7 +99,7 @@ class Stress:
             r.first_found_s = time.monotonic() - self._t0
             r.first = r.best = (case, f)
             if not self.shrink:
-                raise _Stop()
+                raise StopSearch()
             self._phase = "shrink"
             r.explore_s = time.monotonic() - self._t0
             self._shrink_end = time.monotonic() + self.shrink_seconds
@@ -163,7 +163,7 @@ class Stress:
                     find(strategy, self._condition, settings=opts, random=random.Random(next(seeds)))
                 except (NoSuchExample, Unsatisfiable):
                     continue  # nothing in this burst: the next one
-        except _Stop:
+        except StopSearch:
             pass
         except KeyboardInterrupt:
             self.res.interrupted = True

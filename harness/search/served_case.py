@@ -136,7 +136,7 @@ def case_features(case: ServedCase) -> list[str]:
 
 
 # -- drawing ------------------------------------------------------------------------------
-def _words(draw, lo, hi):
+def drawn_words(draw, lo, hi):
     from harness.targets.vllm.workload import WORDS
     return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=lo, max_size=hi)))
 
@@ -156,13 +156,13 @@ def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priorit
     from harness.targets.vllm import paths as vp
     from harness.targets.vllm import workload as vllm_workload
     kind = "huge" if huge else draw(st.sampled_from(("short", "long", "prefix")))
-    text = (_words(draw, 2, 12) if kind in ("short", "prefix") else
-            _words(draw, 70, 110) if kind == "long" else
+    text = (drawn_words(draw, 2, 12) if kind in ("short", "prefix") else
+            drawn_words(draw, 70, 110) if kind == "long" else
             # its own first block: three equal prompts (hypothesis's simplest draw) share their blocks;
             # its words from one drawn seed: drawn one by one, hypothesis dropped most pressure
             # submissions for running past its budget of choices (2 of 50 drawn, for 18 coins)
             f"Part {rid}: " + _seeded_words(draw(st.integers(0, 2**32 - 1)), 300))  # > 64 tokens: chunked
-    prompt = vllm_workload._ids(tok, text) if kind != "prefix" else vllm_workload._ids(tok, vllm_workload.PREFIX) + tok.encode(" " + text)
+    prompt = vllm_workload.token_ids(tok, text) if kind != "prefix" else vllm_workload.token_ids(tok, vllm_workload.PREFIX) + tok.encode(" " + text)
     # a huge prompt fills 9 blocks, and crosses into a 10th within 32 tokens of decoding: see submissions
     cut = draw(st.integers(9 * vp.BLOCK - 31, 9 * vp.BLOCK - 8)) if huge else vp.MAX_MODEL_LEN - 32
     max_tokens = draw(st.integers(40, 56) if huge else st.one_of(st.sampled_from((1, 2, 3)), st.integers(4, 24)))

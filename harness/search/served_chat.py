@@ -42,15 +42,15 @@ NOT_IN_PAIR = STOPPERS + ("prompt_logprobs",)
 def conversation(draw, tok, rid: str, priority: bool = False):
     """One conversation of 2-3 turns; its prompt ids are the first turn's (the template over the
     first message), so the steps oracle and the summary see what the engine sees first."""
-    from harness.search.served_case import _words, requests
+    from harness.search.served_case import drawn_words, requests
     from harness.targets.vllm import workload as vllm_workload
     r = draw(requests(tok, rid, True, priority=priority))
     r.n, r.abort_after = 1, None
     for k in NOT_IN_CHAT:
         r.extra.pop(k, None)
     shared = draw(st.booleans())
-    first = (vllm_workload.PREFIX + _words(draw, 1, 6)) if shared else _words(draw, 2, 12)
-    turns = [first] + [_words(draw, 2, 8) for _ in range(draw(st.integers(1, 2)))]
+    first = (vllm_workload.PREFIX + drawn_words(draw, 1, 6)) if shared else drawn_words(draw, 2, 12)
+    turns = [first] + [drawn_words(draw, 2, 8) for _ in range(draw(st.integers(1, 2)))]
     r.extra["chat"] = turns
     r.prompt_ids = chat_prompt_ids(tok, [{"role": "user", "content": first}]) or list(tok.encode(first))
     r.shared_prefix = shared

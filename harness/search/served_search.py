@@ -160,10 +160,10 @@ class ServedStress:
                 acc[ph] = acc[ph].add(sh) if ph in acc else sh
 
     def _condition(self, case: ServedCase) -> bool:
-        from harness.search.shrink import _Stop
+        from harness.search.shrink import StopSearch
         if self._stop or time.monotonic() > self._t0 + self.seconds or (
                 self.max_runs and self.res.runs - self.res.shrink_runs >= self.max_runs):
-            raise _Stop()
+            raise StopSearch()
         if time.monotonic() > self._seg_end:
             raise _SegmentEnd()
         key = _key(case)
@@ -184,7 +184,7 @@ class ServedStress:
         self._new_finding(case, v)
         if self.max_findings and len(self.res.found) >= self.max_findings:
             self._stop = True
-            raise _Stop()
+            raise StopSearch()
         return False
 
     def _new_finding(self, case: ServedCase, v) -> None:
@@ -284,7 +284,7 @@ class ServedStress:
     def run(self) -> ServedStressResult:
         from hypothesis import HealthCheck, Phase, find, settings
         from hypothesis.errors import NoSuchExample, Unsatisfiable
-        from harness.search.shrink import _Stop
+        from harness.search.shrink import StopSearch
         opts = settings(database=None, max_examples=BURST, deadline=None, phases=[Phase.generate],
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
         seeds = burst_seeds(self.seed, *self.shard)
@@ -323,7 +323,7 @@ class ServedStress:
                                                                       "start_s": 0.0, "segments": 0})
                         c["segments"] += 1
                         c["search_s"] += time.monotonic() - seg_t0 - (self.res.shrink_s - seg_shrink)
-        except _Stop:
+        except StopSearch:
             pass
         except KeyboardInterrupt:
             self.res.interrupted = True

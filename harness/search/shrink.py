@@ -41,7 +41,7 @@ def greedy_shrink(case: Case, still_fails, deadline: float) -> Case:
     engine switches and each request, keeping every step that still fails the same way."""
     def attempt(c: Case) -> bool:
         if time.monotonic() > deadline:
-            raise _Stop()
+            raise StopSearch()
         return still_fails(c)
     try:
         changed = True
@@ -64,11 +64,11 @@ def greedy_shrink(case: Case, still_fails, deadline: float) -> Case:
                     if attempt(c):
                         case, changed = c, True
                         break
-    except _Stop:
+    except StopSearch:
         pass
     return case
 
 
-class _Stop(KeyboardInterrupt):
+class StopSearch(KeyboardInterrupt):
     """Ends a hypothesis search from inside the condition (hypothesis re-raises KeyboardInterrupt
     and treats every other exception as a failure to shrink)."""

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 
-def _log_body(line: str) -> str:
+def log_body(line: str) -> str:
     """A log line without vLLM's process tag ("(EngineCore_DP0 pid=9) ") nor its colours (older
     releases colour the tag even in a log file)."""
     return re.sub(r"^\([^)]*pid=\d+\)\s?", "", _ANSI.sub("", line))
@@ -43,10 +43,10 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     blocks = []
     for st in starts:
         block, complete = [lines[st]], False
-        rec = _RECORD.match(_log_body(lines[st]))
+        rec = _RECORD.match(log_body(lines[st]))
         for ln in lines[st + 1:]:
             block.append(ln)
-            body = _log_body(ln)
+            body = log_body(ln)
             if rec is not None:  # a logged traceback: its lines carry the same record prefix
                 if not body.startswith(rec.group(0)):
                     break  # cut by another record
@@ -60,11 +60,11 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     return "\n".join(pick[-limit:])
 
 
-def _untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
+def untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:
     """The last line among the `look` before lines[end] that is no log record (a native
     library's own message, as libnuma's); "" when there is none."""
     for ln in reversed(lines[max(0, end - look):end]):
-        body = _log_body(ln).strip()
+        body = log_body(ln).strip()
         if body and not _LOG_PREFIX.match(body) and not ln.startswith((" ", "\t")):
             return body
     return ""
@@ -78,7 +78,7 @@ def exception_line(tb: str) -> str:
     and its place, which is what tells two assertions apart."""
     if not tb.strip():
         return "no traceback in its log"
-    lines = [_RECORD.sub("", _log_body(ln)) for ln in tb.strip().splitlines()]
+    lines = [_RECORD.sub("", log_body(ln)) for ln in tb.strip().splitlines()]
     last = lines[-1].strip()
     if ":" in last:
         return last

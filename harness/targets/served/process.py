@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.stopping import end_process
 from harness.targets.base import TargetUnavailable
-from harness.targets.served.log import _log_body, _untagged_line_before, engine_traceback, exception_line
+from harness.targets.served.log import log_body, untagged_line_before, engine_traceback, exception_line
 
 _LIVE: set["ServerProcess"] = set()
 _LOCK = threading.Lock()
@@ -68,15 +68,15 @@ class ServerProcess:
             tb = engine_traceback(self.log_path)  # its last lines: the start may be cut off
             why = exception_line(tb)[:300]
             if "(EngineCore" not in tb:  # the API server's: it only says the engine died
-                cause = _untagged_line_before(lines, starts[-1])
+                cause = untagged_line_before(lines, starts[-1])
                 if cause:  # an engine that died in native code leaves no traceback, only this
                     why += f" (before it: {cause[:200]})"
             return why
         keep = [ln for ln in lines if ln.strip() and not re.search(r"\b(WARNING|INFO|DEBUG)\b", ln)]
         errors = [ln for ln in keep if "Error:" in ln or "ERROR" in ln]
         if errors:  # the root cause, not the last line of the traceback that followed it
-            return _log_body(errors[0]).strip()[-300:]
-        return " | ".join(_log_body(ln).strip()[-200:] for ln in (keep or lines)[-n:])
+            return log_body(errors[0]).strip()[-300:]
+        return " | ".join(log_body(ln).strip()[-200:] for ln in (keep or lines)[-n:])
 
     def wait_healthy(self, url: str, timeout: float) -> None:
         import httpx

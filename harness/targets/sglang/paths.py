@@ -15,7 +15,7 @@ from harness.engine.request import Request
 from harness.targets.vllm.paths import PathRow, counts, delta, row_count  # noqa: F401 (the shared helpers)
 # the same prompt text and request builder as vLLM's path workload: the two engines are judged on
 # requests made alike (only the rows and the controls differ)
-from harness.targets.vllm.workload import PREFIX, WORDS, _ids, _req
+from harness.targets.vllm.workload import PREFIX, WORDS, token_ids, path_request
 
 POOL_TOKENS = 1024  # --max-total-tokens: ten long requests need ~1400 at their peak (see build)
 CHUNK = 64  # --chunked-prefill-size: the 93-token shared prefix is prefilled in two chunks
@@ -90,30 +90,30 @@ def build(tok, seed: int = 0) -> list[Request]:
 
     def words(k):
         return " ".join(rng.choice(WORDS) for _ in range(k))
-    prefix = _ids(tok, PREFIX)
+    prefix = token_ids(tok, PREFIX)
     reqs = []
     for i in range(10):  # min_new_tokens, not ignore_eos: SGLang admits an ignore_eos request on all of its
         # new tokens (so it never has to retract it), any other on the decaying estimate
-        reqs.append(_req(f"p{i}", prefix + _ids(tok, words(3)), 128, ["retraction", "chunked_prefill",
+        reqs.append(path_request(f"p{i}", prefix + token_ids(tok, words(3)), 128, ["retraction", "chunked_prefill",
                          "prefix_cache_hit", "relay_decode", "relay_entry_0", "fence", "one_step_old_result",
                          "finish_in_flight"],
                          arrival=0 if i < 5 else SECOND_WAVE, min_new_tokens=128))
-    reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=1, repetition_penalty=1.3,
+    reqs.append(path_request("pen0", token_ids(tok, words(8)), 32, ["penalties"], arrival=1, repetition_penalty=1.3,
                      presence_penalty=0.6, frequency_penalty=0.6, ignore_eos=True))
-    reqs.append(_req("pen1", prefix + _ids(tok, words(3)), 32, ["penalties"], arrival=3,
+    reqs.append(path_request("pen1", prefix + token_ids(tok, words(3)), 32, ["penalties"], arrival=3,
                      frequency_penalty=0.8, ignore_eos=True))
-    reqs.append(_req("g0", _ids(tok, "The id is"), 16, ["grammar", "grammar_delayed_sample"], arrival=1,
+    reqs.append(path_request("g0", token_ids(tok, "The id is"), 16, ["grammar", "grammar_delayed_sample"], arrival=1,
                      regex=" [a-z]{3,8}-[0-9]{2,4}"))
-    reqs.append(_req("g1", _ids(tok, "Answer yes or no, then say why: " + words(4)), 24,
+    reqs.append(path_request("g1", token_ids(tok, "Answer yes or no, then say why: " + words(4)), 24,
                      ["grammar", "grammar_delayed_sample"], arrival=2, regex=" (yes|no), [a-z ]{4,40}\\."))
     for i in range(2):  # an abort while running, and its twin that runs to the end
         text = words(5)
-        r = _req(f"a{i}", _ids(tok, text), 32, ["abort", "abort_in_flight"], arrival=1 + i, ignore_eos=True)
+        r = path_request(f"a{i}", token_ids(tok, text), 32, ["abort", "abort_in_flight"], arrival=1 + i, ignore_eos=True)
         r.abort_after = 4
         reqs.append(r)
-        reqs.append(_req(f"a{i}full", _ids(tok, text), 32, ["abort"], arrival=1 + i, ignore_eos=True))
+        reqs.append(path_request(f"a{i}full", token_ids(tok, text), 32, ["abort"], arrival=1 + i, ignore_eos=True))
     for i, k in enumerate((1, 2, 3)):
-        reqs.append(_req(f"t{i}", _ids(tok, words(2)), k, ["finish_in_flight"], arrival=i))
+        reqs.append(path_request(f"t{i}", token_ids(tok, words(2)), k, ["finish_in_flight"], arrival=i))
     for r in reqs:
         r.temperature = 0.0
     return reqs

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from harness.cache import cache_root
-from harness.targets.vllm.setup import (CPU_TORCH, SetupError, _has_cuda, _model_ok, _read_stamp, _run, _step,
+from harness.targets.vllm.setup import (CPU_TORCH, SetupError, has_cuda, model_ok, read_stamp, run_checked, announce_step,
                                         ensure_agent, venv_python, write_model_dir)
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,29 +86,29 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
     """Make (or confirm) SGLang's venv and the model directory; returns the stamp."""
     import os
     home = home or sglang_home()
-    cuda = _has_cuda() if cuda is None else cuda
+    cuda = has_cuda() if cuda is None else cuda
     py = venv_python(home)
     n = 4
     want = {"format": FORMAT, "package": SGLANG, "device": "cuda" if cuda else "cpu"}
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     if not force and all(stamp.get(k) == v for k, v in want.items()) and py.exists() and stamp.get("venv_ok"):
         print(f"[1-2/{n}] SGLang venv ready: {home / 'venv'} ({SGLANG}, {want['device']})", file=sys.stderr)
     else:
-        t0 = _step(1, n, f"creating the venv {home / 'venv'}")
+        t0 = announce_step(1, n, f"creating the venv {home / 'venv'}")
         if force and (home / "venv").exists():
             shutil.rmtree(home / "venv")
         home.mkdir(parents=True, exist_ok=True)
         if not py.exists():
-            _run([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
+            run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if cuda:
-            _step(2, n, f"installing {SGLANG} (its CUDA build and pins: several GB)")
-            _run(pip + [SGLANG], f"installing {SGLANG}")
+            announce_step(2, n, f"installing {SGLANG} (its CUDA build and pins: several GB)")
+            run_checked(pip + [SGLANG], f"installing {SGLANG}")
             env = dict(os.environ)
         else:
-            _step(2, n, f"installing {CPU_TORCH} (CPU), {SGLANG} without dependencies, its light requirements")
-            _run(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
-            _run(pip + ["--no-deps", SGLANG], f"installing {SGLANG} without dependencies")
+            announce_step(2, n, f"installing {CPU_TORCH} (CPU), {SGLANG} without dependencies, its light requirements")
+            run_checked(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
+            run_checked(pip + ["--no-deps", SGLANG], f"installing {SGLANG} without dependencies")
             reqs = subprocess.run([str(py), "-c", _REQUIREMENTS, ",".join(LIGHT_REQUIREMENTS)], capture_output=True,
                                   text=True)
             if reqs.returncode != 0:
@@ -116,8 +116,8 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
             req_file = home / "requirements.txt"
             # + wheel: the agent's editable install without build isolation (ensure_agent) needs it
             req_file.write_text("\n".join(reqs.stdout.split() + list(EXTRA_REQUIREMENTS) + ["wheel"]) + "\n")
-            _run(pip + ["-r", str(req_file)], f"installing {SGLANG}'s light requirements")
-            _run(pip + ["--no-deps", TORCHVISION_NO_DEPS], f"installing {TORCHVISION_NO_DEPS}")
+            run_checked(pip + ["-r", str(req_file)], f"installing {SGLANG}'s light requirements")
+            run_checked(pip + ["--no-deps", TORCHVISION_NO_DEPS], f"installing {TORCHVISION_NO_DEPS}")
             env = cpu_env(os.environ)
         p = subprocess.run([str(py), "-c", IMPORT_CHECK], capture_output=True, text=True, env=env)
         if p.returncode != 0:
@@ -131,10 +131,10 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         stamp = {**want, "venv_ok": True, "install_s": round(seconds)}
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[3/{n}]", engine="SGLang")
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     md = model_dir(home)
-    if force or not _model_ok(md):
-        _step(4, n, f"writing the SmolLM2 model directory {md}")
+    if force or not model_ok(md):
+        announce_step(4, n, f"writing the SmolLM2 model directory {md}")
         write_model_dir(md)
     else:
         print(f"[4/{n}] model directory ready: {md}", file=sys.stderr)
@@ -149,10 +149,10 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
 def ready(home: Path | None = None) -> str | None:
     """None when `setup sglang` has been run, else why not (one line)."""
     home = home or sglang_home()
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     if not stamp.get("venv_ok") or not venv_python(home).exists():
         return f"no SGLang venv in {home}: run `overlap-harness setup sglang`"
-    if not _model_ok(model_dir(home)):
+    if not model_ok(model_dir(home)):
         return f"no model directory in {model_dir(home)}: run `overlap-harness setup sglang`"
     return None
 
@@ -160,4 +160,4 @@ def ready(home: Path | None = None) -> str | None:
 def installed(home: Path | None = None) -> dict:
     """The stamp of a finished setup ({} when there is none)."""
     home = home or sglang_home()
-    return _read_stamp(home) if ready(home) is None else {}
+    return read_stamp(home) if ready(home) is None else {}

@@ -89,11 +89,11 @@ class SglangTarget(EnginePair):
                  deterministic: bool = False, check_env: bool = True, device: str | None = None,
                  home=None, pair: str = "main", cpu_graphs: bool | None = None, **kw):
         from harness.targets.sglang import setup as sglang_setup
-        from harness.targets.vllm.setup import _has_cuda, venv_python
+        from harness.targets.vllm.setup import has_cuda, venv_python
         check_fault_names(faults, ValueError)
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"unknown SGLang device {device!r}: expected cpu or cuda")
-        self.device = device or ("cuda" if _has_cuda() else "cpu")
+        self.device = device or ("cuda" if has_cuda() else "cpu")
         self.home = home or sglang_setup.sglang_home()
         if python is None and check_env:  # the venv `setup sglang` made, when there is one
             why = sglang_setup.ready(self.home)

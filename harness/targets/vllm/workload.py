@@ -20,11 +20,11 @@ PREFIX = ("You are a careful assistant that answers questions about schedulers. 
 WORDS = "slot table relay fence window step stream token prefix cache batch entry row page copy event".split()
 
 
-def _ids(tok, text):
+def token_ids(tok, text):
     return ([tok.bos_id] if getattr(tok, "add_bos", False) else []) + tok.encode(text)
 
 
-def _req(rid, prompt, n_out, paths, arrival=0, **extra):
+def path_request(rid, prompt, n_out, paths, arrival=0, **extra):
     r = Request(rid=rid, prompt_ids=prompt, max_new_tokens=n_out, arrival=arrival)
     r.paths = set(paths)
     r.extra = extra  # fields of the request body beyond what Request says (ServedTarget.payload)
@@ -45,22 +45,22 @@ def build(tok, seed: int = 0) -> list[Request]:
 
     def words(k):
         return " ".join(rng.choice(WORDS) for _ in range(k))
-    long_prefix = _ids(tok, PREFIX)  # 93 tokens, 2 full blocks: shared, so later requests hit the cache
+    long_prefix = token_ids(tok, PREFIX)  # 93 tokens, 2 full blocks: shared, so later requests hit the cache
     period, comma = tok.encode(".")[-1], tok.encode(",")[-1]
     reqs = []
     # first: short outputs (never the preemption victim: vLLM preempts the newest) and the seeded
     # requests, all prompts together within one step's token budget
     for i, k in enumerate((1, 1, 2, 2)):
-        reqs.append(_req(f"t{i}", _ids(tok, words(2)), k, ["max_tokens_1_2"]))
+        reqs.append(path_request(f"t{i}", token_ids(tok, words(2)), k, ["max_tokens_1_2"]))
     for i in range(2):
-        r = _req(f"s{i}", _ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
+        r = path_request(f"s{i}", token_ids(tok, words(3)), 16 + 4 * i, ["seeded_reorder"], ignore_eos=True)
         r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
         reqs.append(r)
     # prompt logprobs over a prompt prefilled in chunks (issue 36, item 2: compared like output logprobs)
-    r = _req("sx0", _ids(tok, words(90)), 12, ["seeded_partial_prefill"], ignore_eos=True, prompt_logprobs=2)
+    r = path_request("sx0", token_ids(tok, words(90)), 12, ["seeded_partial_prefill"], ignore_eos=True, prompt_logprobs=2)
     r.temperature, r.top_p, r.seed = 0.9, 0.95, rng.randrange(1 << 30)
     reqs.append(r)
-    r = _req("n0", _ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
+    r = path_request("n0", token_ids(tok, words(3)), 14, ["n_gt_1", "seeded_reorder"])
     r.temperature, r.top_p, r.seed, r.n = 0.8, 1.0, 7, 3
     reqs.append(r)
     for r in reqs[4:]:
@@ -69,72 +69,72 @@ def build(tok, seed: int = 0) -> list[Request]:
     # blocks of the 28, whatever else runs or however fast steps are, so both arms preempt;
     # victims resume by recompute (a chunked prefill) with a step in flight
     for i in range(8):
-        reqs.append(_req(f"p{i}", long_prefix + _ids(tok, words(3)), 80 + 4 * i,
+        reqs.append(path_request(f"p{i}", long_prefix + token_ids(tok, words(3)), 80 + 4 * i,
                          ["preemption", "preemption_in_flight", "prefix_cache_hit", "chunked_prefill",
                           "pause_resume", "prefix_cache_reset"], arrival=4, ignore_eos=True))
     # the newest (the first victim) with a frequency penalty: a resumed request's output counts must
     # survive its preemption (V2 rebuilds them on resume: v2_penalty_counts_lost_on_resume)
     reqs[-1].extra["frequency_penalty"] = 0.5
     reqs[-1].paths.add("penalties")
-    reqs.append(_req("pen0", _ids(tok, words(8)), 32, ["penalties"], arrival=3,
+    reqs.append(path_request("pen0", token_ids(tok, words(8)), 32, ["penalties"], arrival=3,
                      repetition_penalty=1.3, frequency_penalty=0.6, ignore_eos=True))
     # presence alone: beside repetition and frequency on pen0 it changed no token (issue 36, item 3)
-    reqs.append(_req("pen2", _ids(tok, words(8)), 32, ["penalties"], arrival=3, presence_penalty=1.5,
+    reqs.append(path_request("pen2", token_ids(tok, words(8)), 32, ["penalties"], arrival=3, presence_penalty=1.5,
                      ignore_eos=True))
-    reqs.append(_req("pen1", long_prefix + _ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"],
+    reqs.append(path_request("pen1", long_prefix + token_ids(tok, words(3)), 32, ["penalties", "prefix_cache_hit"],
                      arrival=6, frequency_penalty=0.8, ignore_eos=True))
-    reqs.append(_req("bw0", _ids(tok, words(6)), 24, ["bad_words"], arrival=3,
+    reqs.append(path_request("bw0", token_ids(tok, words(6)), 24, ["bad_words"], arrival=3,
                      bad_words=[" slot table", " the", " cache"], ignore_eos=True))
-    reqs.append(_req("mt0", _ids(tok, words(4)), 20, ["min_tokens"], arrival=3, min_tokens=12,
+    reqs.append(path_request("mt0", token_ids(tok, words(4)), 20, ["min_tokens"], arrival=3, min_tokens=12,
                      stop_token_ids=[period]))
     for i, k in enumerate((5, 9)):  # the stop token wins as soon as min_tokens lets it: the length says when
-        reqs.append(_req(f"mt{i + 1}", _ids(tok, "Write one short sentence about " + words(2) + ":"), 20,
+        reqs.append(path_request(f"mt{i + 1}", token_ids(tok, "Write one short sentence about " + words(2) + ":"), 20,
                          ["min_tokens", "logit_bias"], arrival=3 + 2 * i, min_tokens=k,
                          stop_token_ids=[period], logit_bias={str(period): 100.0}))
     common = tok.encode(" the")[-1], tok.encode(" and")[-1]
-    reqs.append(_req("lb0", _ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
+    reqs.append(path_request("lb0", token_ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
                      logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
-    reqs.append(_req("st0", _ids(tok, "Write a list of short sentences about the slot table."), 40, ["stop"],
+    reqs.append(path_request("st0", token_ids(tok, "Write a list of short sentences about the slot table."), 40, ["stop"],
                      arrival=3, stop_token_ids=[period]))
-    r = _req("st1", _ids(tok, "Name three things, separated by commas:"), 40, ["stop"], arrival=4)
+    r = path_request("st1", token_ids(tok, "Name three things, separated by commas:"), 40, ["stop"], arrival=4)
     r.stop = (",", ".")
     reqs.append(r)
-    reqs.append(_req("st2", _ids(tok, words(5)), 40, ["stop"], arrival=5, stop_token_ids=[comma, period]))
-    reqs.append(_req("lpc0", _ids(tok, words(6)), 20, ["logits_processor_cli"], arrival=3,
+    reqs.append(path_request("st2", token_ids(tok, words(5)), 40, ["stop"], arrival=5, stop_token_ids=[comma, period]))
+    reqs.append(path_request("lpc0", token_ids(tok, words(6)), 20, ["logits_processor_cli"], arrival=3,
                      vllm_xargs={"oh_boost": f"{common[0]}:3"}, ignore_eos=True))
-    reqs.append(_req("lpe0", _ids(tok, words(6)), 24, ["logits_processor_entry_point"], arrival=3,
+    reqs.append(path_request("lpe0", token_ids(tok, words(6)), 24, ["logits_processor_entry_point"], arrival=3,
                      vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True))
-    reqs.append(_req("lpe1", long_prefix + _ids(tok, words(2)), 24, ["logits_processor_entry_point"], arrival=7,
+    reqs.append(path_request("lpe1", long_prefix + token_ids(tok, words(2)), 24, ["logits_processor_entry_point"], arrival=7,
                      vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True))
-    reqs.append(_req("so0", _ids(tok, "The id is"), 16, ["structured_output"], arrival=4,
+    reqs.append(path_request("so0", token_ids(tok, "The id is"), 16, ["structured_output"], arrival=4,
                      structured_outputs={"regex": " [a-z]{3,8}-[0-9]{2,4}"}))
     # aborted clients and their unaborted twins
     for i, k in enumerate((3, 5)):
-        prompt = _ids(tok, words(6))
-        a = _req(f"ab{i}", prompt, 24, ["abort"], arrival=4 + i, ignore_eos=True)
+        prompt = token_ids(tok, words(6))
+        a = path_request(f"ab{i}", prompt, 24, ["abort"], arrival=4 + i, ignore_eos=True)
         a.abort_after = k
-        reqs += [a, _req(f"ab{i}full", list(prompt), 24, ["abort"], arrival=4 + i, ignore_eos=True)]
+        reqs += [a, path_request(f"ab{i}full", list(prompt), 24, ["abort"], arrival=4 + i, ignore_eos=True)]
     # last: prompts whose greedy continuation repeats, so the two-token bad word is what the model
     # would say next at once, and the no-repeat processor bans a token it wants
-    count = _ids(tok, "one two three one two three one two three one two three one")
-    colours = _ids(tok, "red green blue red green blue red green blue red green blue red")
+    count = token_ids(tok, "one two three one two three one two three one two three one")
+    colours = token_ids(tok, "red green blue red green blue red green blue red green blue red")
     # prompts whose greedy continuation repeats a token at once: a no-repeat processor (a team's
     # installed one acts on every request) changes them, so a placeholder read shows as tokens
-    echo = (_ids(tok, "ha ha ha ha ha ha ha ha ha ha ha ha"), _ids(tok, "0 0 0 0 0 0 0 0 0 0 0 0 0 0"))
+    echo = (token_ids(tok, "ha ha ha ha ha ha ha ha ha ha ha ha"), token_ids(tok, "0 0 0 0 0 0 0 0 0 0 0 0 0 0"))
     # prompt logprobs in a batch of its own too (on lb0, in the main run, async on returned 1 entry of 5
     # once in 5 runs on stock 0.32.0: not understood yet, see docs/vllm-paths.md "The request surface")
-    for r in (_req("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True,
+    for r in (path_request("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True,
                    prompt_logprobs=2),
-              _req("lpe2", colours, 16, ["logits_processor_entry_point"], arrival=1,
+              path_request("lpe2", colours, 16, ["logits_processor_entry_point"], arrival=1,
                    vllm_xargs={"oh_no_repeat": 1}, ignore_eos=True),
-              _req("lpc1", list(colours), 16, ["logits_processor_cli_value"], arrival=1,
+              path_request("lpc1", list(colours), 16, ["logits_processor_cli_value"], arrival=1,
                    vllm_xargs={"oh_no_repeat_cli": 1}, ignore_eos=True),
-              _req("lpb0", list(echo[0]), 16, ["logits_processor_batch_entry_point"], arrival=1,
+              path_request("lpb0", list(echo[0]), 16, ["logits_processor_batch_entry_point"], arrival=1,
                    vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
               # the "ha" prompt: on the "0" one the processor changed no token (issue 36, item 3)
-              _req("lpbc0", list(echo[0]), 16, ["logits_processor_batch_cli"], arrival=1,
+              path_request("lpbc0", list(echo[0]), 16, ["logits_processor_batch_cli"], arrival=1,
                    vllm_xargs={"oh_batch_no_repeat_cli": 1}, ignore_eos=True),
-              *(_req(f"inst{i}", list(e), 16, ["installed_logits_processors"], arrival=2, ignore_eos=True)
+              *(path_request(f"inst{i}", list(e), 16, ["installed_logits_processors"], arrival=2, ignore_eos=True)
                 for i, e in enumerate(echo))):
         r.phase = "last"
         reqs.append(r)
@@ -149,13 +149,13 @@ def build_bare(tok, count, colours, echo) -> list[Request]:
     placeholder repair off, each on the same prompts as its twin on the main pair. The bad-words
     request runs alone, after the others: a batch with bad words is repaired whole (for every
     processor in it), which would hide vllm#52461 from the processors beside it."""
-    bw = _req("bw2", list(count), 16, ["bad_words_bare"], bad_words=[" two three", " three one"], ignore_eos=True)
+    bw = path_request("bw2", list(count), 16, ["bad_words_bare"], bad_words=[" two three", " three one"], ignore_eos=True)
     bw.phase = "bare_words"
-    out = [_req("lpe3", list(colours), 16, ["logits_processor_entry_point_bare"], vllm_xargs={"oh_no_repeat": 1},
+    out = [path_request("lpe3", list(colours), 16, ["logits_processor_entry_point_bare"], vllm_xargs={"oh_no_repeat": 1},
                 ignore_eos=True),
-           _req("lpb1", list(echo[0]), 16, ["logits_processor_batch_entry_point_bare"],
+           path_request("lpb1", list(echo[0]), 16, ["logits_processor_batch_entry_point_bare"],
                 vllm_xargs={"oh_batch_no_repeat": 1}, ignore_eos=True),
-           *(_req(f"inst{i}b", list(e), 16, ["installed_logits_processors_bare"], ignore_eos=True)
+           *(path_request(f"inst{i}b", list(e), 16, ["installed_logits_processors_bare"], ignore_eos=True)
              for i, e in enumerate(echo))]
     for r in out:
         r.phase = "bare"
