@@ -1,9 +1,12 @@
 """The package layout stays as the architecture reads (docs/layout.md): no import cycle among
 harness's modules, counting imports at any depth (a function-level import still ties two
 modules together; a module's own enclosing packages are not edges, Python imports them first
-anyway), and no library module imports a command module (harness.commands, cli). Also the size rules:
-at most 8 modules in the harness root, and a module over 500 lines only with its reason listed
-in docs/layout.md ("Modules over 500 lines", the one place the exceptions live)."""
+anyway), no library module imports a command module (harness.commands, cli), and no module
+imports another's private name. The map is true: every module and folder of harness/ is named in
+docs/layout.md ("Every module of harness/"), and nothing it names is gone. Also the size rules:
+at most 8 modules in the harness root, a module over 500 lines and a folder of more than 12
+entries side by side only with its reason listed in docs/layout.md (the one place the exceptions
+live)."""
 import ast
 from pathlib import Path
 
@@ -112,10 +115,10 @@ def python_files(root: Path) -> list[Path]:
                   if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-def allowed_long(layout_md: str) -> dict[str, str]:
-    """The exceptions docs/layout.md lists: "- `path`: reason" lines under LONG_SECTION."""
+def allowed_long(layout_md: str, section: str = LONG_SECTION) -> dict[str, str]:
+    """The exceptions docs/layout.md lists: "- `path`: reason" lines under `section`."""
     import re
-    body = layout_md.split(LONG_SECTION, 1)[1] if LONG_SECTION in layout_md else ""
+    body = layout_md.split(section, 1)[1] if section in layout_md else ""
     body = body.split("\n## ", 1)[0]
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^- `([^`]+)`: (.+)$", body, re.M)}
 
@@ -159,3 +162,138 @@ def test_every_module_over_500_lines_has_its_reason_in_docs_layout():
     assert allowed, f"docs/layout.md has no {LONG_SECTION!r} section"
     assert all(len(why) > 20 for why in allowed.values()), allowed  # a sentence, not a placeholder
     assert long_problems(ROOT, allowed) == []
+
+
+
+# -- the map is true: every module and folder of harness/ named in docs/layout.md ---------------
+MAP_SECTION = "## Every module of harness/"
+
+
+def mapped(layout_md: str) -> set[str]:
+    """What the map names: a folder line ("harness/x/   what lives there") starts a block, and each
+    line indented by two spaces in it names one module or subfolder ("  name.py   its job");
+    deeper lines continue a description."""
+    import re
+    body = layout_md.split(MAP_SECTION, 1)[1] if MAP_SECTION in layout_md else ""
+    body = body.split("```")[1] if body.count("```") >= 2 else ""
+    out, folder = set(), None
+    for line in body.splitlines():
+        if line.startswith("harness/"):
+            folder = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+            out.add(folder)
+        elif folder and re.match(r"  \S", line):
+            out.add(folder + re.split(r"\s{2,}", line.strip(), maxsplit=1)[0])
+    return out
+
+
+def tree_entries(root: Path) -> set[str]:
+    """Every module (a .py file, a package's __init__ aside) and every folder holding Python under
+    harness/, relative to `root` (a folder ends in /)."""
+    out = set()
+    for p in (root / "harness").rglob("*.py"):
+        if "__pycache__" in p.parts:
+            continue
+        rel = p.relative_to(root)
+        out.update(f"{d.as_posix()}/" for d in list(rel.parents)[:-1])
+        if p.name != "__init__.py":
+            out.add(rel.as_posix())
+    return out
+
+
+def map_problems(root: Path, layout_md: str) -> list[str]:
+    named, there = mapped(layout_md), tree_entries(root)
+    return ([f"{x}: not named in docs/layout.md ({MAP_SECTION[3:]})" for x in sorted(there - named)]
+            + [f"{x}: named in docs/layout.md but not there" for x in sorted(named - there)])
+
+
+def test_the_map_check_catches_a_missing_and_a_stale_module(tmp_path):
+    (tmp_path / "harness" / "pkg").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "pkg/__init__.py", "pkg/b.py"):
+        (tmp_path / "harness" / f).write_text("x = 1\n")
+    md = (f"# x\n{MAP_SECTION}\n\n```\nharness/          the root\n  a.py            one job\n"
+          "                  its description, continued\n  pkg/            a room\n\n"
+          "harness/pkg/      the room\n  b.py            another job\n```\n")
+    assert mapped(md) == {"harness/", "harness/a.py", "harness/pkg/", "harness/pkg/b.py"}
+    assert map_problems(tmp_path, md) == []
+    assert map_problems(tmp_path, md.replace("  b.py            another job\n", "")) == \
+        [f"harness/pkg/b.py: not named in docs/layout.md ({MAP_SECTION[3:]})"]
+    assert map_problems(tmp_path, md.replace("  a.py ", "  c.py ")) == \
+        [f"harness/a.py: not named in docs/layout.md ({MAP_SECTION[3:]})",
+         "harness/c.py: named in docs/layout.md but not there"]
+
+
+def test_every_module_of_harness_is_named_in_docs_layout():
+    md = (ROOT / "docs" / "layout.md").read_text()
+    assert len(mapped(md)) > 150  # the map was read
+    assert map_problems(ROOT, md) == []
+
+
+# -- no folder is a street: at most WIDE entries side by side (a package counts as one) ---------
+WIDE = 12
+WIDE_SECTION = "## Folders over twelve entries"
+
+
+def folder_entries(folder: Path) -> list[str]:
+    """The modules (a package's __init__ aside) and the folders holding Python directly in `folder`."""
+    return sorted([p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+                  + [f"{d.name}/" for d in folder.iterdir()
+                     if d.is_dir() and d.name != "__pycache__" and any(d.rglob("*.py"))])
+
+
+def wide_problems(root: Path, allowed: dict[str, str]) -> list[str]:
+    """A folder over WIDE entries without a listed reason, and a listed one that is no longer wide."""
+    pkg = root / "harness"
+    widths = {f"{d.relative_to(root).as_posix()}/": len(folder_entries(d))
+              for d in [pkg, *pkg.rglob("*")] if d.is_dir() and d.name != "__pycache__"}
+    out = [f"{f}: {n} entries side by side and no reason in docs/layout.md" for f, n in sorted(widths.items())
+           if n > WIDE and f not in allowed]
+    out += [f"{f}: listed in docs/layout.md but {widths.get(f, 0)} entries" for f in sorted(allowed)
+            if widths.get(f, 0) <= WIDE]
+    return out
+
+
+def test_the_width_rule_catches_a_street(tmp_path):
+    street = tmp_path / "harness" / "street"
+    street.mkdir(parents=True)
+    for i in range(WIDE):
+        (street / f"m{i}.py").write_text("x = 1\n")
+    assert wide_problems(tmp_path, {}) == []
+    (street / "room").mkdir()
+    (street / "room" / "__init__.py").write_text("")  # a package counts as one entry
+    assert wide_problems(tmp_path, {}) == [f"harness/street/: {WIDE + 1} entries side by side and no reason in "
+                                           "docs/layout.md"]
+    assert wide_problems(tmp_path, {"harness/street/": "why"}) == []
+    assert wide_problems(tmp_path, {"harness/": "stale"}) == [
+        f"harness/street/: {WIDE + 1} entries side by side and no reason in docs/layout.md",
+        "harness/: listed in docs/layout.md but 1 entries"]
+
+
+def test_no_folder_of_harness_holds_more_than_twelve_entries_without_its_reason():
+    allowed = allowed_long((ROOT / "docs" / "layout.md").read_text(), WIDE_SECTION)
+    assert all(len(why) > 20 for why in allowed.values()), allowed
+    assert wide_problems(ROOT, allowed) == []
+
+
+# -- no module imports another's private name (`from x import _y`) -----------------------------
+# the one left, which the verdicts branch of issue 42 removes (the gate's served pairs as an object)
+PRIVATE_PENDING = {"harness/commands/check.py: harness.gate._served_pair"}
+
+
+def private_imports(root: Path) -> set[str]:
+    out = set()
+    for p in sorted((root / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
+                out.update(f"{p.relative_to(root).as_posix()}: {node.module}.{a.name}" for a in node.names
+                           if a.name.startswith("_") and not a.name.startswith("__"))
+    return out
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "a.py").write_text("from harness.b import (\n    ok,\n    _hidden,\n)\n")
+    assert private_imports(tmp_path) == {"harness/a.py: harness.b._hidden"}
+
+
+def test_no_module_imports_a_private_name_of_another():
+    assert private_imports(ROOT) <= PRIVATE_PENDING
