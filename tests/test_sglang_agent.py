@@ -13,9 +13,9 @@ import types
 import pytest
 
 from harness.agents import plan as plan_mod
-from harness.agents import sglang_agent
-from harness.agents.sglang_agent import AgentError, SglangAgent
-from harness.agents.sglang_points import POINTS_BY_NAME
+from harness.agents.sglang import install as sglang_agent
+from harness.agents.sglang.install import AgentError, SglangAgent
+from harness.agents.sglang.points import POINTS_BY_NAME
 
 
 class Ops:
@@ -205,7 +205,7 @@ def test_in_a_scheduler_process_without_sglang_the_agent_names_the_point(tmp_pat
     """In a scheduler process with a plan but without SGLang, the agent names the point."""
     p = tmp_path / "plan.json"
     plan_mod.write_plan(str(p), {"facts_dir": str(tmp_path)})
-    code = ("import harness.agents.sglang_agent as a\n"
+    code = ("import harness.agents.sglang.install as a\n"
             "def run_scheduler_process():\n    a.register()\n"
             "try:\n    run_scheduler_process()\nexcept a.AgentError as e:\n    print('refused:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -64,8 +64,8 @@ def fault_catalogue(name: str) -> dict:
         from harness.agents.vllm.points import CATALOGUE
         return {**CATALOGUE, **PATCHES}
     if name == "sglang":  # the agent's switches, then source patches of SGLang's own code
-        from harness.agents.sglang_patches import PATCHES
-        from harness.agents.sglang_points import CATALOGUE
+        from harness.agents.sglang.patches import PATCHES
+        from harness.agents.sglang.points import CATALOGUE
         return {**CATALOGUE, **PATCHES}
     from harness.faults import CATALOGUE
     return CATALOGUE

@@ -258,7 +258,7 @@ def check_source(site_packages, version: str | None = None, points=None, attrs=N
     import ast
     from pathlib import Path
 
-    from harness.agents.sglang_contract import _find, _parse
+    from harness.agents.sglang.contract import _find, _parse
     root, cache, problems = Path(site_packages), {}, []
     for p in (points_in(version) if points is None else points):
         tree = _parse(root, p.module, cache)

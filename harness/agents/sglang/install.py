@@ -3,7 +3,7 @@ process that calls `load_plugins()`; it acts only inside scheduler subprocesses 
 the target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
 
 On SGLang's CPU backend (the plan's device "cpu") the device operations are
-harness.agents.sglang_cpu_ops.CpuOps: a delay holds the scheduler thread back, and the result
+harness.agents.sglang.cpu_ops.CpuOps: a delay holds the scheduler thread back, and the result
 copy lands later on a copy thread of the agent (the GPU's asynchrony given back). On a GPU,
 delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
 must hold back: on the forward stream before the step's attention metadata reads
@@ -11,7 +11,7 @@ must hold back: on the forward stream before the step's attention metadata reads
 result copy (point `result_copy`). A delay there widens exactly the window a missing or
 misplaced fence leaves open, so a fault that a fast GPU hides shows up in the tokens.
 
-Faults (sglang_points.CATALOGUE) rewire SGLang's own fence, copy and relay the way the bugs of
+Faults (agents.sglang.points.CATALOGUE) rewire SGLang's own fence, copy and relay the way the bugs of
 each class did; the patch points come from one table that the contract test checks against
 SGLang's source.
 
@@ -31,9 +31,9 @@ import zlib
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
-from harness.agents.sglang_cuda_ops import CudaOps
-from harness.agents.sglang_steps import client_key
-from harness.agents.sglang_points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
+from harness.agents.sglang.cuda_ops import CudaOps
+from harness.agents.sglang.steps import client_key
+from harness.agents.sglang.points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
 
 RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_relay_read_before_write)
@@ -46,14 +46,14 @@ class AgentError(RuntimeError):
 class SglangAgent:
     def __init__(self, plan, facts, ops, resolve=importlib.import_module, steps=None):
         self.plan, self.facts, self.ops, self.resolve = plan, facts, ops, resolve
-        self.steps = steps  # harness.agents.sglang_steps.StepBooks, or None (not counted)
+        self.steps = steps  # harness.agents.sglang.steps.StepBooks, or None (not counted)
         self.rngs: dict[str, random.Random] = {}
         self.originals: dict[str, tuple[object, str, object]] = {}
         self.host: HostOrder | None = None  # the overlap loop's launch / wait order (overlap on only)
         self.tokens = progress.TokenClock()
         self.extended: set = set()  # request ids whose first extend was seen (a later one is a chunk or a resume)
         self.last_step: int | None = None  # the newest step the overlap loop launched (host order)
-        self.fence = None  # harness.agents.sglang_fence.FenceModel: the CPU backend's happens-before
+        self.fence = None  # harness.agents.sglang.fence.FenceModel: the CPU backend's happens-before
         faults = set(plan.data.get("faults", ()))
         unknown = faults - set(CATALOGUE)
         if unknown:
@@ -130,19 +130,19 @@ class SglangAgent:
         if any(getattr(r, "grammar", None) is not None for r in reqs):
             facts.add("path_grammar")
 
-    # -- the fence (harness.agents.sglang_fence) and entry 0 (harness.agents.sglang_entry0) -----------
+    # -- the fence (harness.agents.sglang.fence) and entry 0 (harness.agents.sglang.entry0) -----------
     def table_written(self, what: str, ranges) -> None:
         """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
         if self.fence is not None:
-            from harness.agents.sglang_fence import judge_write
+            from harness.agents.sglang.fence import judge_write
             judge_write(self.fence, self.facts, what, ranges)
 
     def install_fence_model(self) -> None:
-        from harness.agents.sglang_fence import install
+        from harness.agents.sglang.fence import install
         self.fence = install(self.facts, self.originals)
 
     def padded(self, raw, prepared) -> None:
-        from harness.agents.sglang_entry0 import padded
+        from harness.agents.sglang.entry0 import padded
         padded(self.facts, self.last_step, raw, prepared)
 
     # -- patching ---------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class SglangAgent:
                 hb = agent.fence
                 if hb is None:
                     return orig(self, *a, **kw)
-                from harness.agents.sglang_fence import reads_of_batch
+                from harness.agents.sglang.fence import reads_of_batch
                 import torch  # the forward reads on the current stream (the overlap loop's forward stream)
                 step = hb.forward_begins(reads_of_batch(a[0] if a else kw.get("batch")),
                                          hb.name(torch.cpu.current_stream()))
@@ -326,14 +326,14 @@ class SglangAgent:
 
         def table_write(orig):
             def write(self, indices, values, *a, **kw):
-                agent.table_written("write", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                agent.table_written("write", lambda: __import__("harness.agents.sglang.fence", fromlist=["x"])
                                     .ranges_of_write(indices, values))
                 return orig(self, indices, values, *a, **kw)
             return write
 
         def table_assign(orig):
             def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw):
-                agent.table_written("assign", lambda: __import__("harness.agents.sglang_fence", fromlist=["x"])
+                agent.table_written("assign", lambda: __import__("harness.agents.sglang.fence", fromlist=["x"])
                                     .ranges_of_assign(req_pool_indices, start_offset, end_offset))
                 return orig(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw)
             return assign_req_to_token_pool_func
@@ -481,10 +481,10 @@ def register() -> None:
     try:
         ops = CudaOps()
         if plan.data.get("device") == "cpu":
-            from harness.agents.sglang_cpu_ops import CpuOps
+            from harness.agents.sglang.cpu_ops import CpuOps
             ops = CpuOps()
         facts.set(device=plan.data.get("device", "cuda"))
-        from harness.agents.sglang_steps import StepBooks
+        from harness.agents.sglang.steps import StepBooks
         steps_facts = plan_mod.Facts(plan.data.get("facts_dir"), "steps")
         _AGENT = SglangAgent(plan, facts, ops, steps=StepBooks(steps_facts)).install()
         progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report

@@ -14,7 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, SERVER_FIELDS, WRITTEN_AGAINST
+from harness.agents.sglang.points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, SERVER_FIELDS, WRITTEN_AGAINST
 
 
 class SourceUnavailable(Exception):

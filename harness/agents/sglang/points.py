@@ -171,7 +171,7 @@ SERVER_FIELDS = [
 
 
 GPU_ONLY = ("rewires SGLang's streams and events, which are no-ops on its CPU backend: a CUDA GPU shows it "
-            "(the CPU's faults are source patches, harness/agents/sglang_patches.py)")
+            "(the CPU's faults are source patches, harness/agents/sglang/patches.py)")
 
 
 @dataclass(frozen=True)
