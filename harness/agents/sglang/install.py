@@ -25,19 +25,15 @@ from __future__ import annotations
 import importlib
 import random
 import sys
-import time
 import zlib
 
 from harness.agents import plan as plan_mod
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
-from harness.agents.sglang import counters, timing
+from harness.agents.sglang import books, counters, entry0, faults, fence, timing
 from harness.agents.sglang.cuda_ops import CudaOps
-from harness.agents.sglang.points import (BARRIER_BLOCK_MS, CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
+from harness.agents.sglang.points import (CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
                                           WRITTEN_AGAINST)
-
-RELAY_FAULT_MS = 2.0  # how long the moved relay write is held back (sglang_relay_read_before_write)
-
 
 class AgentError(RuntimeError):
     pass
@@ -75,7 +71,7 @@ class SglangAgent:
             return 0.0
         return float(d.get("ms", 0.0))
 
-    # -- the fence (harness.agents.sglang.fence) and entry 0 (harness.agents.sglang.entry0) -----------
+    # -- the fence (harness.agents.sglang.fence) -------------------------------------------------------
     def table_written(self, what: str, ranges) -> None:
         """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
         if self.fence is not None:
@@ -85,10 +81,6 @@ class SglangAgent:
     def install_fence_model(self) -> None:
         from harness.agents.sglang.fence import install
         self.fence = install(self.facts, self.originals)
-
-    def padded(self, raw, prepared) -> None:
-        from harness.agents.sglang.entry0 import padded
-        padded(self.facts, self.last_step, raw, prepared)
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
@@ -118,106 +110,16 @@ class SglangAgent:
         self.originals.clear()
 
     def install(self) -> "SglangAgent":
-        agent, ops, facts = self, self.ops, self.facts
-        fault = self.plan.fault
+        agent, facts = self, self.facts
         facts.set(agent="sglang", written_against=WRITTEN_AGAINST, faults=sorted(self.plan.data.get("faults", ())))
-
-        def war_barrier(orig):
-            def barrier(self):
-                runner = self.model_worker.last_shared_read_runner
-                if fault("sglang_no_war_barrier"):
-                    runner.shared_read_done_event = None  # consumed, as the real barrier does
-                    facts.add("war_barrier_skipped")
-                    return None
-                early = getattr(self, "_oh_early_event", None)
-                if fault("sglang_fence_before_read") and early is not None:
-                    runner.shared_read_done_event = None
-                    self._oh_early_event = None
-                    self.schedule_stream.wait_event(early)
-                    facts.add("fence_moved_early")
-                    return None
-                out = orig(self)
-                if fault("sglang_blocking_copy_schedule"):
-                    ops.blocking_read(self.schedule_stream)
-                    facts.add("blocking_copies")
-                return out
-
-            def _apply_war_barrier(self):
-                # only the overlap loop calls the barrier; a correct one only enqueues a wait, so
-                # the host time spent here says whether the CPU ended up waiting for the GPU
-                t = time.perf_counter()
-                try:
-                    return barrier(self)
-                finally:
-                    facts.add("war_barrier_calls")
-                    if (time.perf_counter() - t) * 1000.0 > BARRIER_BLOCK_MS:
-                        facts.add("barrier_blocked")
-            return _apply_war_barrier
-
-        def graph_pad(orig):
-            def prepare_replay(self, forward_batch, *a, **kw):
-                out = orig(self, forward_batch, *a, **kw)
-                agent.padded(forward_batch, out)
-                return out
-            return prepare_replay
-
-        def relay_stash(orig):
-            def stash(self, future_indices, payload, *a, **kw):
-                if not fault("sglang_relay_read_before_write"):
-                    return orig(self, future_indices, payload, *a, **kw)
-                side = ops.side_stream()
-                side.wait_stream(ops.current_stream())  # the values exist; the next reader is not told
-                ops.keep_alive([future_indices, getattr(payload, "bonus_tokens", None)], side)
-                ops.spin(RELAY_FAULT_MS, side)
-                with ops.stream(side):
-                    out = orig(self, future_indices, payload, *a, **kw)
-                facts.add("relay_writes_moved")
-                return out
-            return stash
-
-        def table_write(orig):
-            def write(self, indices, values, *a, **kw):
-                agent.table_written("write", lambda: __import__("harness.agents.sglang.fence", fromlist=["x"])
-                                    .ranges_of_write(indices, values))
-                return orig(self, indices, values, *a, **kw)
-            return write
-
-        def table_assign(orig):
-            def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw):
-                agent.table_written("assign", lambda: __import__("harness.agents.sglang.fence", fromlist=["x"])
-                                    .ranges_of_assign(req_pool_indices, start_offset, end_offset))
-                return orig(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw)
-            return assign_req_to_token_pool_func
-
-        def books_idle(orig):
-            def _check_req_pool(self, *a, **kw):
-                # SGLang's own check at full idle: the rows back, and every leak its checks reported
-                pool = self.req_to_token_pool
-                total = int(getattr(pool, "size", 0)) + int(getattr(pool, "pre_alloc_size", 0) or 0)
-                facts.add("books_idle_checks")
-                facts.set(books={"req_rows_total": total, "req_rows_free": len(pool.free_slots),
-                                 "pool_leaks": facts.data.get("pool_leaks", 0),
-                                 "first_leak": facts.data.get("first_leak", "")})
-                facts.write()
-                return orig(self, *a, **kw)
-            return _check_req_pool
-
-        def books_leak(orig):
-            def _report_leak(self, pool_name, token_msg, *a, **kw):
-                facts.add("pool_leaks")
-                if not facts.data.get("first_leak"):
-                    facts.set(first_leak=f"{pool_name}: {str(token_msg)[:300]}")
-                facts.write(True)
-                return orig(self, pool_name, token_msg, *a, **kw)
-            return _report_leak
 
         for name, make in (("forward", lambda orig: timing.forward(agent, orig)), ("delayed_sample", lambda orig: counters.delayed_sample(agent, orig)), ("penalty_cumulate", lambda orig: counters.penalty_cumulate(agent, orig)), ("result_copy", lambda orig: timing.result_copy(agent, orig)),
                            ("run_batch", lambda orig: timing.run_batch(agent, orig)),
-                           ("result_wait", lambda orig: timing.result_wait(agent, orig)), ("war_barrier", war_barrier),
-                           ("relay_stash", relay_stash), ("graph_pad", graph_pad), ("retract", lambda orig: counters.retract(agent, orig)),
-                           ("table_write", table_write), ("table_assign", table_assign),
+                           ("result_wait", lambda orig: timing.result_wait(agent, orig)), ("war_barrier", lambda orig: faults.war_barrier(agent, orig)),
+                           ("relay_stash", lambda orig: faults.relay_stash(agent, orig)), ("graph_pad", lambda orig: entry0.graph_pad(agent, orig)), ("retract", lambda orig: counters.retract(agent, orig)),
+                           ("table_write", lambda orig: fence.table_write(agent, orig)), ("table_assign", lambda orig: fence.table_assign(agent, orig)),
                            ("finish_in_flight", lambda orig: counters.finish_in_flight(agent, orig)), ("abort", lambda orig: counters.abort(agent, orig)),
-                           ("books_idle", books_idle), ("books_leak", books_leak)):
+                           ("books_idle", lambda orig: books.books_idle(agent, orig)), ("books_leak", lambda orig: books.books_leak(agent, orig))):
             self._wrap(name, make)
         assert set(DELAY_POINTS) <= set(self.originals)
         if self.plan.data.get("device") == "cpu" and self.plan.data.get("fence_model", True):
