@@ -89,7 +89,7 @@ def test_write_and_assign_cells():
 
 
 def test_through_pytorchs_cpu_streams_as_the_agent_patches_them(tmp_path):
-    """The agent's install_fence_model on the real torch.cpu classes: SGLang's order of calls
+    """The fence model the agent installs (fence.install) on the real torch.cpu classes: SGLang's order of calls
     (forward on its stream, barrier, next write on the schedule stream), then restored."""
     from tests.test_sglang_agent import make_agent
     agent, *_ = make_agent(tmp_path, device="cpu")

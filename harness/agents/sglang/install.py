@@ -1,24 +1,18 @@
-"""The SGLang agent: loaded by SGLang itself (entry point group `sglang.srt.plugins`) in every
-process that calls `load_plugins()`; it acts only inside scheduler subprocesses and only when
-the target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
+"""The SGLang agent's installation in a scheduler subprocess: `register()` is the
+`sglang.srt.plugins` entry point (named `overlap_harness` in pyproject.toml). SGLang calls it in
+every process that loads plugins; it acts only inside scheduler subprocesses and only when the
+target handed it a plan (harness/agents/plan.py). Without a plan it does nothing.
 
-On SGLang's CPU backend (the plan's device "cpu") the device operations are
-harness.agents.sglang.cpu_ops.CpuOps: a delay holds the scheduler thread back, and the result
-copy lands later on a copy thread of the agent (the GPU's asynchrony given back). On a GPU,
-delays spin the GPU (`torch.cuda._sleep`) rather than the host, on the stream whose work they
-must hold back: on the forward stream before the step's attention metadata reads
-`req_to_token` (point `forward`), and on the copy stream, behind the forward, before the
-result copy (point `result_copy`). A delay there widens exactly the window a missing or
-misplaced fence leaves open, so a fault that a fast GPU hides shows up in the tokens.
-
-Faults (agents.sglang.points.CATALOGUE) rewire SGLang's own fence, copy and relay the way the bugs of
-each class did; the patch points come from one table that the contract test checks against
-SGLang's source.
-
-It also records what the overlap oracle judges (harness.agents.host_order, issue 17): when
-`Scheduler.run_batch` launches step N+1 and when the host waits on step N's result
-(`Scheduler.process_batch_result`, whose result processors block on the step's copy-done event
-first), and the progress the target's hang watchdog polls (harness.agents.progress).
+With one it wraps each point of WRAPPERS in the table's order (each wrapper lives in the module of
+its question: timing, counters, faults, fence, entry0, books), then, on SGLang's CPU backend, the
+fence model's wraps of PyTorch's CPU streams and events (fence.install), and starts the facts
+flusher. On the CPU backend (the plan's device "cpu") the device operations are cpu_ops.CpuOps: a
+delay holds the scheduler thread back, and the result copy lands later on a copy thread of the
+agent (the GPU's asynchrony given back). On a GPU (cuda_ops.CudaOps) delays spin the GPU
+(`torch.cuda._sleep`) rather than the host, on the stream whose work they must hold back, so a
+fault that a fast GPU hides shows up in the tokens. The patch points come from one table
+(points.POINTS) that the contract test checks against SGLang's source; a point that is missing is
+an AgentError, written to the facts and raised.
 """
 from __future__ import annotations
 
@@ -32,8 +26,30 @@ from harness.agents import progress
 from harness.agents.host_order import HostOrder
 from harness.agents.sglang import books, counters, entry0, faults, fence, timing
 from harness.agents.sglang.cuda_ops import CudaOps
-from harness.agents.sglang.points import (CATALOGUE, DELAY_POINTS, POINTS_BY_NAME,
-                                          WRITTEN_AGAINST)
+from harness.agents.sglang.points import CATALOGUE, DELAY_POINTS, POINTS_BY_NAME, WRITTEN_AGAINST
+
+# Every point the agent wraps, in the order it wraps them: today's order, kept exactly (it matters
+# where two wrappers share a point, the later one outermost; none here do, but the fence model's
+# wraps of torch.cpu's Stream and Event come after all of these, in install()).
+WRAPPERS = (
+    ("forward", timing.forward),
+    ("delayed_sample", counters.delayed_sample),
+    ("penalty_cumulate", counters.penalty_cumulate),
+    ("result_copy", timing.result_copy),
+    ("run_batch", timing.run_batch),
+    ("result_wait", timing.result_wait),
+    ("war_barrier", faults.war_barrier),
+    ("relay_stash", faults.relay_stash),
+    ("graph_pad", entry0.graph_pad),
+    ("retract", counters.retract),
+    ("table_write", fence.table_write),
+    ("table_assign", fence.table_assign),
+    ("finish_in_flight", counters.finish_in_flight),
+    ("abort", counters.abort),
+    ("books_idle", books.books_idle),
+    ("books_leak", books.books_leak),
+)
+
 
 class AgentError(RuntimeError):
     pass
@@ -75,12 +91,7 @@ class SglangAgent:
     def table_written(self, what: str, ranges) -> None:
         """The scheduler writes req_to_token: judged against the forward steps it is not ordered after."""
         if self.fence is not None:
-            from harness.agents.sglang.fence import judge_write
-            judge_write(self.fence, self.facts, what, ranges)
-
-    def install_fence_model(self) -> None:
-        from harness.agents.sglang.fence import install
-        self.fence = install(self.facts, self.originals)
+            fence.judge_write(self.fence, self.facts, what, ranges)
 
     # -- patching ---------------------------------------------------------------------------------
     def _owner(self, name: str):
@@ -110,20 +121,13 @@ class SglangAgent:
         self.originals.clear()
 
     def install(self) -> "SglangAgent":
-        agent, facts = self, self.facts
+        facts = self.facts
         facts.set(agent="sglang", written_against=WRITTEN_AGAINST, faults=sorted(self.plan.data.get("faults", ())))
-
-        for name, make in (("forward", lambda orig: timing.forward(agent, orig)), ("delayed_sample", lambda orig: counters.delayed_sample(agent, orig)), ("penalty_cumulate", lambda orig: counters.penalty_cumulate(agent, orig)), ("result_copy", lambda orig: timing.result_copy(agent, orig)),
-                           ("run_batch", lambda orig: timing.run_batch(agent, orig)),
-                           ("result_wait", lambda orig: timing.result_wait(agent, orig)), ("war_barrier", lambda orig: faults.war_barrier(agent, orig)),
-                           ("relay_stash", lambda orig: faults.relay_stash(agent, orig)), ("graph_pad", lambda orig: entry0.graph_pad(agent, orig)), ("retract", lambda orig: counters.retract(agent, orig)),
-                           ("table_write", lambda orig: fence.table_write(agent, orig)), ("table_assign", lambda orig: fence.table_assign(agent, orig)),
-                           ("finish_in_flight", lambda orig: counters.finish_in_flight(agent, orig)), ("abort", lambda orig: counters.abort(agent, orig)),
-                           ("books_idle", lambda orig: books.books_idle(agent, orig)), ("books_leak", lambda orig: books.books_leak(agent, orig))):
-            self._wrap(name, make)
+        for name, make in WRAPPERS:
+            self._wrap(name, lambda orig, make=make: make(self, orig))
         assert set(DELAY_POINTS) <= set(self.originals)
         if self.plan.data.get("device") == "cpu" and self.plan.data.get("fence_model", True):
-            self.install_fence_model()
+            self.fence = fence.install(facts, self.originals)
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self

@@ -102,7 +102,7 @@ POINTS = [
           "step N+1 gathers its input ids from the relay: must follow the stash"),
     Point("plugins", "sglang.srt.plugins", "load_plugins", (), ("GENERAL_PLUGINS_GROUP",),
           "loads every entry point of the plugin group"),
-    # -- the paths the overlap loop has, counted on both arms (SglangAgent.count_paths) ----------
+    # -- the paths the overlap loop has, counted on both arms (counters.count_paths) ---------------
     Point("retract", "sglang.srt.managers.schedule_batch", "ScheduleBatch.retract_decode", ("self",),
           ("reqs",), "retraction: the KV pool cannot hold the next decode step; it returns the retracted "
           "requests first"),
