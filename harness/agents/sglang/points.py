@@ -181,13 +181,10 @@ class SglangFault:
     point: str  # a POINTS name
     suite: str  # the black-box suite that must catch it
     upstream: tuple[str, ...] = ()
-
-    @property
-    def device_only(self) -> str:
-        """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
-        acts on the GPU's streams; "" where a CUDA device is visible."""
-        from harness.targets.vllm.setup import _has_cuda
-        return "" if _has_cuda() else GPU_ONLY
+    # why a machine without a CUDA device cannot show it (`mutants` lists it and runs nothing):
+    # every agent fault acts on the GPU's streams. The host knows whether a device is visible: the
+    # target's catalogue (harness.targets.fault_catalogue) clears it where one is.
+    device_only: str = GPU_ONLY
 
 
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [
