@@ -23,7 +23,7 @@ from harness.targets.base import TargetError
 from harness.targets.served.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
 
 # the keys sent as headers and the turn ids, shared with the oracles that judge the answers
-from harness.workloads.client import HEADER_KEY, HEADERS, PRIORITY_KEY, TURN_SEP, split_turn, turn_rid  # noqa: F401
+from harness.workloads.client import HEADERS, turn_rid
 
 CHAT_PATH = "/v1/chat/completions"
 

@@ -4,7 +4,6 @@ Facts with a source check (SOURCE_CHECKS) are verified against each cached wheel
 tests/test_vllm_releases.py, without installing it."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from harness.agents.release import release_key  # one parse of a release number, the agent's and ours
