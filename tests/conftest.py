@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def sglang_src():
     """SGLang's source of the release the agent is written against (the patch and contract tests)."""
-    from harness.agents.sglang_contract import SourceUnavailable, fetch_source
+    from harness.agents.sglang.contract import SourceUnavailable, fetch_source
     try:
         return fetch_source()
     except SourceUnavailable as e:

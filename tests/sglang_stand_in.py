@@ -272,7 +272,7 @@ def install_modules():
 
 def run_scheduler_process(overlap):
     """Named as SGLang's: the agent acts only inside it."""
-    from harness.agents import sglang_agent
+    from harness.agents.sglang import install as sglang_agent
     install_modules()
     sglang_agent.register()  # what load_plugins() does through the entry point
     sched = Scheduler(overlap)

@@ -10,7 +10,8 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from harness.oracles.sanitizer import SanitizerUnavailable, find_sanitizer, gate_result, parse_report
+from harness.commands.sanitize import gate_result
+from harness.oracles.sanitizer import SanitizerUnavailable, find_sanitizer, parse_report
 
 FIX = Path(__file__).parent / "fixtures" / "sanitizer"
 CLI = [sys.executable, "-m", "harness.cli"]

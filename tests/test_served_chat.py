@@ -18,7 +18,7 @@ from harness.search.served import chat as served_chat
 from harness.search.served.case import ServedCase
 from harness.search.served.judge import _findings
 from harness.targets.base import Run
-from harness.targets.served.chat_turns import HEADER_KEY
+from harness.workloads.client import HEADER_KEY
 
 
 class Tok:
@@ -303,7 +303,8 @@ def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
 def test_header_fields_leave_the_body_as_headers():
     """X-Request-Id and X-Vllm-Priority are taken out of the body (never sent as unknown fields);
     under the priority policy some requests send their priority as the header."""
-    from harness.targets.served.chat_turns import PRIORITY_KEY, client_headers
+    from harness.targets.served.chat_turns import client_headers
+    from harness.workloads.client import PRIORITY_KEY
     body = {"prompt": [1], HEADER_KEY: "oh-c0r0", PRIORITY_KEY: 2, "priority": 0}
     assert client_headers(body) == {"X-Request-Id": "oh-c0r0", "X-Vllm-Priority": "2"}
     assert body == {"prompt": [1], "priority": 0} and client_headers(body) == {}

@@ -13,9 +13,9 @@ import types
 import pytest
 
 from harness.agents import plan as plan_mod
-from harness.agents import sglang_agent
-from harness.agents.sglang_agent import AgentError, SglangAgent
-from harness.agents.sglang_points import POINTS_BY_NAME
+from harness.agents.sglang import install as sglang_agent
+from harness.agents.sglang.install import AgentError, SglangAgent
+from harness.agents.sglang.points import POINTS_BY_NAME
 
 
 class Ops:
@@ -187,6 +187,25 @@ def test_stand_ins_have_the_contracts_signatures():
         assert params[:len(p.params)] == p.params, name
 
 
+def test_the_table_wraps_its_points_in_order_each_by_the_module_of_its_question(tmp_path):
+    """install() walks WRAPPERS, one wrapper per point of the contract table, each a named
+    function of a question's module (never install's own), and what sits at each point is the
+    wrapper its row names, bearing the name of the function it wraps (a row that pairs a point
+    with another point's wrapper fails here)."""
+    from harness.agents.sglang.install import WRAPPERS
+    agent, *_ = make_agent(tmp_path)
+    names = [n for n, _ in WRAPPERS]
+    assert len(set(names)) == len(names) and set(names) <= set(POINTS_BY_NAME)
+    assert list(agent.originals) == names  # no fence model off the CPU: the table alone
+    for name, make in WRAPPERS:
+        owner, attr, _ = agent.originals[name]
+        assert make.__module__ != sglang_agent.__name__ and make.__module__.startswith("harness.agents.sglang.")
+        now = getattr(owner, attr)  # the point's wrapper is the one its row makes, named as what it wraps
+        assert now.__module__ == make.__module__ and now.__qualname__.startswith(f"{make.__name__}.<locals>."), name
+        assert now.__name__ == attr, name
+    agent.uninstall()
+
+
 def test_no_plan_no_patching(monkeypatch):
     monkeypatch.delenv(plan_mod.ENV, raising=False)
     sglang_agent.register()
@@ -205,7 +224,7 @@ def test_in_a_scheduler_process_without_sglang_the_agent_names_the_point(tmp_pat
     """In a scheduler process with a plan but without SGLang, the agent names the point."""
     p = tmp_path / "plan.json"
     plan_mod.write_plan(str(p), {"facts_dir": str(tmp_path)})
-    code = ("import harness.agents.sglang_agent as a\n"
+    code = ("import harness.agents.sglang.install as a\n"
             "def run_scheduler_process():\n    a.register()\n"
             "try:\n    run_scheduler_process()\nexcept a.AgentError as e:\n    print('refused:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.agents.engine_source import module_file
-from harness.agents.sglang_contract import check_source
-from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, POINTS_BY_NAME, SERVER_FIELDS
+from harness.agents.sglang.contract import check_source
+from harness.agents.sglang.points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, POINTS_BY_NAME, SERVER_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The fence model (harness.agents.sglang_fence) on its own and through PyTorch's CPU streams and
+"""The fence model (harness.agents.sglang.fence) on its own and through PyTorch's CPU streams and
 events as the agent patches them: it flags a req_to_token write that overlaps the reads of a
 forward step it is not ordered after (no barrier; a read-done event recorded before the reads),
 and stays quiet where SGLang's barrier, or a host wait on the step's copy, orders it. No server:
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.agents import plan as plan_mod
-from harness.agents.sglang_fence import FenceModel, ranges_of_assign, ranges_of_write
+from harness.agents.sglang.fence import FenceModel, ranges_of_assign, ranges_of_write
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_write_and_assign_cells():
 
 
 def test_through_pytorchs_cpu_streams_as_the_agent_patches_them(tmp_path):
-    """The agent's install_fence_model on the real torch.cpu classes: SGLang's order of calls
+    """The fence model the agent installs (fence.install) on the real torch.cpu classes: SGLang's order of calls
     (forward on its stream, barrier, next write on the schedule stream), then restored."""
     from tests.test_sglang_agent import make_agent
     agent, *_ = make_agent(tmp_path, device="cpu")

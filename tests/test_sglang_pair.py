@@ -238,7 +238,7 @@ def test_padded_rows_on_entry_0(sglang, tok):
 def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
     """The fence class by source patch: the barrier waits on nothing (sglang_war_barrier_no_wait), or
     on a read-done event recorded before torch_native's reads (sglang_read_done_before_reads). On a
-    CPU nothing races and the tokens stay equal; the agent's fence model (harness.agents.sglang_fence)
+    CPU nothing races and the tokens stay equal; the agent's fence model (harness.agents.sglang.fence)
     reports each req_to_token write that overlaps an in-flight step's reads unordered (measured on
     the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
     0 hazards) and the off arm has nothing in flight."""

@@ -1,9 +1,9 @@
-"""The SGLang source patches (harness/agents/sglang_patches.py) against SGLang 0.5.23's real
+"""The SGLang source patches (harness/agents/sglang/patches.py) against SGLang 0.5.23's real
 source: each applies exactly once, compiles, and changes its file; a text SGLang no longer has
 is one clear error. SGLang is not imported (tests/test_sglang_pair.py runs them)."""
 import pytest
 
-from harness.agents.sglang_patches import PATCHES, SglangPatch
+from harness.agents.sglang.patches import PATCHES, SglangPatch
 from harness.agents.source_patch import PatchError, apply
 
 

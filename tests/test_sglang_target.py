@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents.sglang_points import SERVER_FIELDS
+from harness.agents.sglang.points import SERVER_FIELDS
 from harness.engine.request import Request
 from harness.targets.base import TargetError, TargetHang, TargetUnavailable
 from harness.targets.sglang.target import SglangTarget, parse_generate, setting_verdict

@@ -79,7 +79,7 @@ def test_facts_match_the_release_source(version):
 def test_patch_points_exist_in_each_release(version, tmp_path):
     """Every point the table says the release has is in its source (a wrong `since` fails here)."""
     site = _sources(_wheel(version), tmp_path)
-    assert vllm_points.check_source(site, version) == []
+    assert vllm_points.check_source(site, version, facts=vr.release(version).facts) == []
 
 
 def test_a_point_claimed_too_early_is_named(tmp_path, monkeypatch):
@@ -98,9 +98,12 @@ def test_old_output_attribute_names_are_checked(tmp_path):
     """0.11.0's async output keeps the host ids and the event underscored: the table says so, and
     the public names would be reported missing there."""
     site = _sources(_wheel("0.11.0"), tmp_path)
-    assert vllm_points.output_attrs("0.11.0") == ("_sampled_token_ids_cpu", "_async_copy_ready_event")
-    assert vllm_points.check_source(site, "0.11.0") == []
-    assert any("async_copy_ready_event: never assigned" in p for p in vllm_points.check_source(site, "0.13.0"))
+    from harness.agents.release import Release
+    old = vr.release("0.11.0").facts
+    assert vllm_points.output_attrs(Release("0.11.0", old)) == ("_sampled_token_ids_cpu", "_async_copy_ready_event")
+    assert vllm_points.check_source(site, "0.11.0", facts=old) == []
+    new = vr.release("0.13.0").facts
+    assert any("async_copy_ready_event: never assigned" in p for p in vllm_points.check_source(site, "0.13.0", facts=new))
 
 
 # -- the table's own promises ----------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 
-from harness.oracles.sanitizer import (SanitizerUnavailable, TOOLS, find_sanitizer, gate_result, parse_report,
+from harness.oracles.sanitizer import (Finding, Report, SanitizerUnavailable, TOOLS, find_sanitizer, parse_report,
     run_under_sanitizer, write_junit)
 
 
@@ -93,3 +93,29 @@ def add_commands(sub) -> None:
                    help="extra argument for compute-sanitizer itself (repeatable), e.g. --sanitizer-arg=--leak-check=full")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the command to check")
     s.set_defaults(fn=cmd_sanitize)
+
+
+def gate_result(rep: Report, tool: str, command_rc: int | None, seconds: float = 0.0):
+    """The sanitizer's report as the gate's verdict table: one suite per kind of finding, and the
+    command's exit status (the command adapts the oracle to the gate; the oracle knows no gate)."""
+    from harness.gate import GateResult, SuiteResult
+    res = GateResult(seconds=seconds)
+    by_kind: dict[str, list[Finding]] = {}
+    for f in rep.findings:
+        by_kind.setdefault(f.kind, []).append(f)
+    if not by_kind:
+        res.suites[f"{tool}"] = SuiteResult(f"{tool}", cases=1, passed=1)
+    for kind, fs in by_kind.items():
+        errs = [f for f in fs if not f.warning]
+        s = SuiteResult(f"{tool}: {kind}", cases=len(fs), passed=len(fs) - len(errs), failed=len(errs))
+        s.first_failure = (errs or fs)[0].one_line()
+        res.suites[s.suite] = s
+    if rep.error_summary and not any(not f.warning for f in rep.findings):
+        # the summary counted errors whose text we did not recognise: never report a pass
+        res.suites[f"{tool}: unparsed"] = SuiteResult(f"{tool}: unparsed", cases=1, failed=1,
+                                                      first_failure=f"ERROR SUMMARY says {rep.error_summary}")
+    if command_rc is not None:
+        ok = command_rc == 0
+        res.suites["command"] = SuiteResult("command", cases=1, passed=int(ok), failed=int(not ok),
+                                            first_failure="" if ok else f"exit status {command_rc}")
+    return res

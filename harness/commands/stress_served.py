@@ -90,7 +90,7 @@ def make_served(a, bad):
             t.start()
             return t, t.tokenizer(), t.version
         if a.target == "sglang":  # SGLang 0.5.23 (CPU backend here): judged black-box, as an OpenAI pair
-            from harness.agents.sglang_points import WRITTEN_AGAINST
+            from harness.agents.sglang.points import WRITTEN_AGAINST
             t = targets.make_target("sglang", frozenset(a.fault), out_dir=a.out)
             t.start()
             return t, t.tokenizer(), WRITTEN_AGAINST

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from harness.hazards.clocks import VectorClock
+from harness.device.clocks import VectorClock
 
 HOST = "host"
 _HERE = os.path.dirname(os.path.abspath(__file__))

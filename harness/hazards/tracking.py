@@ -22,7 +22,7 @@ dim-0 row, i.e. per KV slot (`row_unit_ndim`; None tracks every element everywhe
 The check. Accesses are stamped with their op's vector clock (program order). Two
 accesses to a common element of a buffer, at least one a write, from different threads
 (streams, host) are a hazard when neither happens before the other
-(`clocks.happens_before` on the accessing thread's component: a of thread t happens before
+(`harness.device.clocks.happens_before` on the accessing thread's component: a of thread t happens before
 b iff a.clock[t] <= b.clock[t]; the vectorized check below is that test). Accesses are buffered
 when they execute and checked in *issue order* (op id; a host access sits between the
 ops issued before and after it), which is a linearization of happens-before, so the

@@ -150,29 +150,6 @@ def parse_report(text: str) -> Report:
     return rep
 
 
-def gate_result(rep: Report, tool: str, command_rc: int | None, seconds: float = 0.0):
-    from harness.gate import GateResult, SuiteResult
-    res = GateResult(seconds=seconds)
-    by_kind: dict[str, list[Finding]] = {}
-    for f in rep.findings:
-        by_kind.setdefault(f.kind, []).append(f)
-    if not by_kind:
-        res.suites[f"{tool}"] = SuiteResult(f"{tool}", cases=1, passed=1)
-    for kind, fs in by_kind.items():
-        errs = [f for f in fs if not f.warning]
-        s = SuiteResult(f"{tool}: {kind}", cases=len(fs), passed=len(fs) - len(errs), failed=len(errs))
-        s.first_failure = (errs or fs)[0].one_line()
-        res.suites[s.suite] = s
-    if rep.error_summary and not any(not f.warning for f in rep.findings):
-        # the summary counted errors whose text we did not recognise: never report a pass
-        res.suites[f"{tool}: unparsed"] = SuiteResult(f"{tool}: unparsed", cases=1, failed=1,
-                                                      first_failure=f"ERROR SUMMARY says {rep.error_summary}")
-    if command_rc is not None:
-        ok = command_rc == 0
-        res.suites["command"] = SuiteResult("command", cases=1, passed=int(ok), failed=int(not ok),
-                                            first_failure="" if ok else f"exit status {command_rc}")
-    return res
-
 
 def write_junit(path: str, rep: Report, tool: str, command_rc: int | None, seconds: float) -> None:
     errors = [f for f in rep.findings if not f.warning]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 
-from harness.targets.served.chat_turns import split_turn
+from harness.workloads.client import split_turn
 
 
 def conversations(run) -> dict[str, list[tuple[int, str]]]:

@@ -64,8 +64,13 @@ def fault_catalogue(name: str) -> dict:
         from harness.agents.vllm.points import CATALOGUE
         return {**CATALOGUE, **PATCHES}
     if name == "sglang":  # the agent's switches, then source patches of SGLang's own code
-        from harness.agents.sglang_patches import PATCHES
-        from harness.agents.sglang_points import CATALOGUE
+        from dataclasses import replace
+
+        from harness.agents.sglang.patches import PATCHES
+        from harness.agents.sglang.points import CATALOGUE
+        from harness.targets.vllm.setup import _has_cuda
+        if _has_cuda():  # every agent fault acts on the GPU's streams: shown where a CUDA device is visible
+            return {**{n: replace(f, device_only="") for n, f in CATALOGUE.items()}, **PATCHES}
         return {**CATALOGUE, **PATCHES}
     from harness.faults import CATALOGUE
     return CATALOGUE

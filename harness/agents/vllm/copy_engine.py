@@ -106,7 +106,7 @@ COPY: CopyEngine | None = None  # the worker's, made on its first async output
 
 
 def output_copy(orig):
-    ids_attr, event_attr = output_attrs(state.release())
+    ids_attr, event_attr = output_attrs(state.release_facts())
 
     def __init__(self, *a, **kw):
         global COPY
@@ -126,7 +126,7 @@ def output_copy(orig):
 
 
 def before_wait(orig):
-    event_attr = output_attrs(state.release())[1]
+    event_attr = output_attrs(state.release_facts())[1]
 
     def get_output(self):
         state.PLAN.delay("before_wait", step_period())

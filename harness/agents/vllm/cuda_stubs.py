@@ -74,7 +74,7 @@ class CudaStubs:
         return False
 
 
-STUB_CUDA = {"on": False, "runner": False}  # set by install.register() from the release table
+STUB_CUDA = {"on": False, "runner": False}  # set by install.register() from the plan's release facts
 
 
 def cuda_stubs(on: bool, args, names=CudaStubs.NAMES):
@@ -86,13 +86,10 @@ def cuda_stubs(on: bool, args, names=CudaStubs.NAMES):
     return CudaStubs(args, names)
 
 
-def needs_cuda_stubs(v: str | None) -> bool:
-    """The release fact that turns the stubs on: async output path, no stubs of vLLM's own, no device."""
-    from harness.targets.vllm.releases import TORCH, release
-    if v is None or v not in TORCH:
-        return False
-    r = release(v)
-    if not r.has("async_output") or r.has("vllm_stubs_cuda"):
+def needs_cuda_stubs(release) -> bool:
+    """The release fact that turns the stubs on (a release of the table, harness.agents.release):
+    async output path, no stubs of vLLM's own, no device."""
+    if not release.works_around("async_output") or release.has("vllm_stubs_cuda"):
         return False
     import torch
     return not torch.cuda.is_available()

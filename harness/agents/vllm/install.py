@@ -1,6 +1,7 @@
 """The agent's installation in each of vLLM's processes: `register()` is the `vllm.general_plugins`
 entry point (named `overlap_harness` in pyproject.toml). Without a plan it does nothing. With one
-it reads which release it runs in and patches, in this order (the order of wrapping where two
+it reads which release it runs in, and the release table's facts there that the target wrote into
+the plan (harness.agents.release), and patches, in this order (the order of wrapping where two
 patches share a point):
 1. timing, the copy engine and the penalty fault at the points that release has (PATCHES);
 2. the workarounds whose release fact holds there (harness.agents.vllm.workarounds);
@@ -46,12 +47,6 @@ PATCHES = {
 }
 
 
-def holds(v: str | None, fact: str) -> bool:
-    """The release table's fact holds in release v (a release the table does not know: no)."""
-    from harness.targets.vllm.releases import TORCH, release
-    return v is not None and v in TORCH and release(v).has(fact)
-
-
 def register() -> None:
     """vLLM calls this in each of its processes (vllm.plugins.load_general_plugins)."""
     global _INSTALLED
@@ -64,16 +59,17 @@ def register() -> None:
     state.register_stack_dump()
     try:
         v = state.release()
+        rel = state.release_facts()  # the release table's facts there, as the target wrote them into the plan
         from harness.agents.vllm.v2 import runner as v2runner
         runner = v2runner.decide(state.PLAN.data, v)  # the worker's points are that runner's (V2: harness.agents.vllm.v2)
         here = {p.name for p in points_in(v, runner)}
-        cuda_stubs.STUB_CUDA["on"] = cuda_stubs.needs_cuda_stubs(v)
-        cuda_stubs.STUB_CUDA["runner"] = cuda_stubs.STUB_CUDA["on"] and holds(v, "runner_records_default_stream")
+        cuda_stubs.STUB_CUDA["on"] = cuda_stubs.needs_cuda_stubs(rel)
+        cuda_stubs.STUB_CUDA["runner"] = cuda_stubs.STUB_CUDA["on"] and rel.works_around("runner_records_default_stream")
         for point, make in PATCHES.items():
             if point in here:
                 patch(point, make)
         for w in WORKAROUND_MODULES:
-            if w.FACT is None or holds(v, w.FACT):
+            if w.FACT is None or rel.works_around(w.FACT):
                 for point, make in w.PATCHES.items():
                     if point in here:
                         patch(point, make)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.agents.release import Release, release_key
+
 WRITTEN_AGAINST = "0.32.0"
 
 
@@ -27,7 +29,6 @@ class Point:
     runner: str = ""
 
     def exists_in(self, version: str | None) -> bool:
-        from harness.targets.vllm.releases import release_key
         if version is None:  # not known: a release from now on (a point that is gone is not there)
             return not self.until
         v = release_key(version)
@@ -216,11 +217,10 @@ ATTRIBUTES.update({
 })
 
 
-def output_attrs(version: str | None) -> tuple[str, str]:
-    """(host ids, copy event): the async output's attribute names in `version` (underscored before
-    the release table's public_output_attrs)."""
-    from harness.targets.vllm.releases import release
-    if version is not None and not release(version, newer_by_range=True).has("public_output_attrs"):
+def output_attrs(release: Release) -> tuple[str, str]:
+    """(host ids, copy event): the async output's attribute names in the release (underscored where
+    the plan says the release table's public_output_attrs does not hold; public where it does not say)."""
+    if release.told and not release.has("public_output_attrs"):
         return "_sampled_token_ids_cpu", "_async_copy_ready_event"
     return "sampled_token_ids_cpu", "async_copy_ready_event"
 
@@ -232,13 +232,13 @@ ATTRIBUTE_SINCE = {("books_scheduler", "deferred_frees"): "0.24.0", ("books_sche
                    ("books_request", "num_in_flight_tokens"): "0.26.0"}
 
 
-def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, ...]]:
-    from harness.targets.vllm.releases import release_key
+def attributes(name: str, release: Release) -> tuple[str | None, tuple[str, ...]]:
+    version = release.version
     cls, attrs = ATTRIBUTES.get(name, (None, ()))
     if version is not None:
         attrs = tuple(a for a in attrs if release_key(version) >= release_key(ATTRIBUTE_SINCE.get((name, a), "0")))
     if name == "output_copy":
-        attrs = ("_sampled_token_ids", *output_attrs(version))
+        attrs = ("_sampled_token_ids", *output_attrs(release))
     return cls, attrs
 
 
@@ -249,17 +249,20 @@ def points_in(version: str | None, runner: str | None = None) -> list[Point]:
 
 
 def check_source(site_packages, version: str | None = None, points=None, attrs=None,
-                 label: str = "point", class_missing: bool = False) -> list[str]:
+                 label: str = "point", class_missing: bool = False, facts=None) -> list[str]:
     """One line per patch point (or attribute) the vLLM source under `site_packages` lacks,
     found with `ast`, without importing vLLM; with a `version`, the points that release should
     have (a point from a later release is not looked for). `points`, `attrs` (name -> (class,
     attributes)) and `label` default to V1's; V2's check (harness.agents.vllm.v2.points) passes
-    its own, and counts a class it reads that is missing (class_missing)."""
+    its own, and counts a class it reads that is missing (class_missing). `facts`: the release
+    table's facts of `version` (a contract test reads the table; without them the attributes are
+    the newest releases')."""
     import ast
     from pathlib import Path
 
     from harness.agents.engine_source import find_def, parse_module
     root, cache, problems = Path(site_packages), {}, []
+    release = Release(version, None if facts is None else frozenset(facts))
     for p in (points_in(version) if points is None else points):
         tree = parse_module(root, p.module, cache)
         if tree is None:
@@ -268,7 +271,7 @@ def check_source(site_packages, version: str | None = None, points=None, attrs=N
         if find_def(tree, p.qualname) is None and not _imports(tree, p.qualname):
             problems.append(f"{p.module}.{p.qualname}: not found ({label} {p.name}: {p.why[:60]})")
             continue
-        cls, want = attributes(p.name, version) if attrs is None else attrs(p.name)
+        cls, want = attributes(p.name, release) if attrs is None else attrs(p.name)
         node = find_def(tree, cls) if cls else None
         if cls and node is None and class_missing:
             problems.append(f"{p.module}.{cls}: not found ({label} {p.name})")

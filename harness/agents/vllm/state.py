@@ -1,5 +1,6 @@
 """What every part of the vLLM agent shares in one process: the plan it was handed (None: inert),
-its facts files (one per role: api, engine, worker, error), and the release it runs in.
+its facts files (one per role: api, engine, worker, error), and the release it runs in (what the
+target wrote into the plan about it: harness.agents.release).
 
 Read as `state.PLAN` / `state.facts(role)` (never `from ... import PLAN`): install.register()
 sets the plan once per process, and the tests hand a module a plan of their own by setting it here.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from harness.agents import plan as planmod
 from harness.agents import progress
+from harness.agents import release as releasemod
 
 PLAN: planmod.Plan | None = None
 FACTS: dict[str, planmod.Facts] = {}
@@ -41,3 +43,8 @@ def release() -> str | None:
         except PackageNotFoundError:
             continue
     return None
+
+
+def release_facts() -> releasemod.Release:
+    """The release this process runs, with the release table's facts the target wrote into the plan."""
+    return releasemod.from_plan(PLAN.data if PLAN else None, release())

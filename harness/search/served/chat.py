@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from harness.oracles.request_ids import DUPLICATE_MARK
 from harness.search.served import effects as served_effects
-from harness.targets.served.chat_turns import HEADER_KEY, PRIORITY_KEY, chat_prompt_ids
+from harness.targets.served.chat_turns import chat_prompt_ids
+from harness.workloads.client import HEADER_KEY, PRIORITY_KEY
 
 CHAT, IDS, DUPLICATE = 0, 1, 2  # a mix's hash modulo COIN: what it becomes
 COIN = 8

@@ -22,29 +22,15 @@ from __future__ import annotations
 from harness.targets.base import TargetError
 from harness.targets.served.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
 
+# the keys sent as headers and the turn ids, shared with the oracles that judge the answers
+from harness.workloads.client import HEADERS, turn_rid
+
 CHAT_PATH = "/v1/chat/completions"
-HEADER_KEY = "oh_x_request_id"  # a body key of ours: sent as the X-Request-Id header, never in the body
-# the priority as the X-Vllm-Priority header (vLLM 0.32 takes it over the body's `priority`: both
-# APIs, `_get_priority`); the body then says 0, so a server that ignored the header would schedule
-# by 0 (under the priority policy: harness.targets.vllm.configs)
-PRIORITY_KEY = "oh_x_vllm_priority"
-HEADERS = {HEADER_KEY: "X-Request-Id", PRIORITY_KEY: "X-Vllm-Priority"}
-TURN_SEP = "@"  # output rid of turn k: f"{rid}@{k}" ('#' is taken by the n samples of one request)
 
 
 def client_headers(body: dict) -> dict:
     """The headers a request asks for, taken out of its body (mutated)."""
     return {h: str(v) for k, h in HEADERS.items() if (v := body.pop(k, None)) is not None}
-
-
-def turn_rid(rid: str, k: int) -> str:
-    return f"{rid}{TURN_SEP}{k}"
-
-
-def split_turn(rid: str) -> tuple[str, int | None]:
-    """(the request's rid, its turn or None) of an output rid."""
-    head, sep, k = rid.partition(TURN_SEP)
-    return (head, int(k)) if sep and k.isdigit() else (rid, None)
 
 
 def chat_body(body: dict) -> dict:

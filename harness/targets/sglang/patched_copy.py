@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.agents.sglang_patches import PATCHES
+from harness.agents.sglang.patches import PATCHES
 from harness.agents.source_patch import PatchError
 from harness.targets.sglang import setup as sglang_setup
 from harness.targets.vllm.patched_copy import build_copy, fingerprint, package_in, patched_sources

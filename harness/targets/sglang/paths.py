@@ -37,7 +37,7 @@ SECOND_WAVE = 50  # arrival of the second five long requests: 1.5 s (served.ARRI
 ENTRY0_VIOLATIONS = ("pad_rows_off_entry0", "graph step(s) whose padded rows did not point at entry 0 (req-pool "
                      "row 0, KV slot 0) or whose requests held it (the agent's first: first_entry0_violation)")
 
-# the fence on the CPU: the agent's happens-before model (harness.agents.sglang_fence) judges every
+# the fence on the CPU: the agent's happens-before model (harness.agents.sglang.fence) judges every
 # req_to_token write against the forward steps in flight; the path is a write that overlaps an
 # in-flight step's reads and that SGLang's barrier ordered after them (measured on stock 0.5.23:
 # 29 of 276 writes, overlap on)

@@ -27,7 +27,7 @@ from harness.targets.vllm.setup import (CPU_TORCH, SetupError, has_cuda, model_o
                                         ensure_agent, venv_python, write_model_dir)
 
 ROOT = Path(__file__).resolve().parents[3]
-SGLANG = "sglang==0.5.23"  # the agent's points were written against this source (sglang_points)
+SGLANG = "sglang==0.5.23"  # the agent's points were written against this source (agents.sglang.points)
 CPU_PATH = Path(__file__).resolve().parent / "cpu_path"
 TORCHVISION_NO_DEPS = "torchvision==0.28.0"  # the index's build for torch 2.13 (CUDA-built: see cpu_path)
 # what the server, the scheduler and a Llama model import on the CPU path; versions come from the

@@ -5,7 +5,7 @@ Where: on a CUDA GPU as SGLang ships, or on the CPU (no GPU visible): SGLang's C
 (`--device cpu`, SGLANG_USE_CPU_ENGINE=1, the `torch_native` attention backend, float32), in the
 venv `overlap-harness setup sglang` makes (harness/targets/sglang/setup.py), with
 harness/targets/sglang/cpu_path first on the servers' PYTHONPATH (the CPU kernel operations
-SGLang imports, in plain PyTorch: see its README). The agent (harness.agents.sglang_agent) is
+SGLang imports, in plain PyTorch: see its README). The agent (harness.agents.sglang.install) is
 loaded by SGLang itself in each scheduler subprocess through the `sglang.srt.plugins` entry
 point; it holds back the forward and the result copy by a seeded policy (the GPU spun on its
 stream; on the CPU the step's own thread, and the result copy moved to a copy thread of the
@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
+from harness.agents.sglang.points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served.engine_pair import EnginePair
 from harness.targets.served.pair import TOP_LOGPROBS
@@ -127,13 +127,13 @@ class SglangTarget(EnginePair):
         """Why sampled requests cannot be compared across the arms here ("" where they can)."""
         if self.deterministic:
             return ""
-        from harness.agents.sglang_points import WRITTEN_AGAINST
+        from harness.agents.sglang.points import WRITTEN_AGAINST
         where = (", which has no attention backend for the CPU (torch_native is not among "
                  "DETERMINISTIC_ATTENTION_BACKEND_CHOICES)") if self.device == "cpu" else ", which this pair runs without"
         return UNSEEDED.format(v=WRITTEN_AGAINST, where=where)
 
     def provoke_plans(self) -> list[dict]:
-        """test_provoked_delays' plans in SGLang's own points (sglang_points.DELAY_POINTS): the forward
+        """test_provoked_delays' plans in SGLang's own points (agents.sglang.points.DELAY_POINTS): the forward
         held back before it reads req_to_token, the result copy held back past the host's next launch."""
         return [{"result_copy": {"p": 1.0, "ms": 150.0}},
                 {"forward": {"p": 0.5, "ms": 20.0}, "result_copy": {"p": 0.5, "ms": 60.0}},
@@ -144,7 +144,7 @@ class SglangTarget(EnginePair):
         return self.model
 
     def patch_catalogue(self) -> dict:
-        from harness.agents.sglang_patches import PATCHES
+        from harness.agents.sglang.patches import PATCHES
         return PATCHES
 
     def server_started(self, overlap: bool) -> None:
@@ -175,7 +175,7 @@ class SglangTarget(EnginePair):
         # the target's faults and default delays stay in force on the overlap-on server
         if overlap and not delays:
             delays = self.delays
-        from harness.agents.sglang_points import CATALOGUE, GPU_ONLY
+        from harness.agents.sglang.points import CATALOGUE, GPU_ONLY
         agent_faults = {f for f in set(faults) | (self.faults if overlap else set()) if f in CATALOGUE}
         if agent_faults and self.device == "cpu":
             raise TargetUnavailable(f"sglang fault {', '.join(sorted(agent_faults))} {GPU_ONLY}")
@@ -230,7 +230,7 @@ class SglangTarget(EnginePair):
             env.setdefault("OMP_NUM_THREADS", "1")
             # SGLang runs its write-after-read barrier only on CUDA (streams are no-ops elsewhere); on
             # by this switch of SGLang's own, the CPU runs the GPU's barrier code, whose order the
-            # agent's fence model records and judges (harness.agents.sglang_fence)
+            # agent's fence model records and judges (harness.agents.sglang.fence)
             env.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
         patches = self.patches() if overlap else []
         if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
@@ -400,9 +400,9 @@ def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[
 
 
 def check_fault_names(names, exc=ValueError) -> None:
-    """The agent's faults (sglang_points.CATALOGUE) and the source patches (sglang_patches.PATCHES)."""
-    from harness.agents.sglang_patches import PATCHES
-    from harness.agents.sglang_points import CATALOGUE
+    """The agent's faults (agents.sglang.points.CATALOGUE) and the source patches (agents.sglang.patches.PATCHES)."""
+    from harness.agents.sglang.patches import PATCHES
+    from harness.agents.sglang.points import CATALOGUE
     unknown = sorted(set(names) - set(CATALOGUE) - set(PATCHES))
     if unknown:
         raise exc(f"unknown SGLang fault {', '.join(unknown)}; known: {', '.join([*CATALOGUE, *PATCHES])}")

@@ -11,7 +11,7 @@ import re
 from harness.agents.vllm.steps import request_key
 from harness.targets.vllm.upstream import KnownUpstream
 
-PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (sglang_agent: point penalty_cumulate)
+PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (agents.sglang: point penalty_cumulate)
 
 KNOWN: list[KnownUpstream] = [
     # read in 0.5.23's source: ScheduleBatch.prepare_for_decode calls cumulate_penalty_output_tokens,

@@ -4,15 +4,9 @@ Facts with a source check (SOURCE_CHECKS) are verified against each cached wheel
 tests/test_vllm_releases.py, without installing it."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-def release_key(version: str) -> tuple[int, ...]:
-    """"0.11.0" -> (0, 11, 0); a local or pre-release tail ("0.13.0+cpu", "0.14.0rc1") is dropped."""
-    m = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if m is None:
-        raise ValueError(f"not a release number: {version!r}")
-    return tuple(int(x) for x in m.group(0).split("."))
+from harness.agents.release import release_key  # one parse of a release number, the agent's and ours
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,12 @@ class Release:
         """The model runners this release has: V1 until 0.34.0, V2 from the first CPU worker that builds it."""
         return tuple(r for r, ok in (("v1", not self.has("v1_runner_removed")), ("v2", self.has("v2_runner"))) if ok)
 
+    def agent_plan(self, version: str) -> dict:
+        """What the agent must know of this release, as plan keys (harness.agents.release): it
+        imports nothing of this table, so the target writes the facts into the plan."""
+        from harness.agents.release import to_plan
+        return to_plan(version, self.facts, version in TORCH)
+
     def label(self) -> str:
         """What the release is, in the verdict's words: its package, and what it runs over."""
         if self.overlay_base:

@@ -56,7 +56,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
     V2's runner its own table says for the worker's points (harness.agents.vllm.v2.rows)."""
     if runner == "v2":
         from harness.agents.vllm.v2.rows import row_absent as v2_absent
-        why = v2_absent(row, version)
+        why = v2_absent(row, version, vllm_releases.ROW_NEEDS.get(row, ()))
         if why:
             return why
     if version is None:
@@ -196,8 +196,8 @@ class VllmTarget(EnginePair):
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
         return row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
 
-    def plan_extra(self) -> dict:
-        return {"release": self.version, "runner": self.runner}  # the agent patches what this release has
+    def plan_extra(self) -> dict:  # the agent patches what this release has, and works around what its facts say
+        return {**self.release.agent_plan(self.version), "runner": self.runner}
 
     def what_ran(self) -> str:
         """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the

@@ -18,14 +18,14 @@ ABSENT = {
 }
 
 
-def row_absent(row: str, version: str | None) -> str:
-    """"n/a on V2 (V): why" when V2's runner lacks what the row attacks or counts; "" when it has it."""
+def row_absent(row: str, version: str | None, needs=()) -> str:
+    """"n/a on V2 (V): why" when V2's runner lacks what the row attacks or counts; "" when it has it.
+    `needs`: what the row needs, as the release table says (its ROW_NEEDS entry; the target passes it)."""
     from harness.agents.vllm.v2.points import POINTS_BY_NAME
-    from harness.targets.vllm import releases as vllm_releases
     where = f"n/a on the V2 runner{f' ({version})' if version else ''}"
     if row in ABSENT:
         return f"{where}: {row}: {ABSENT[row]}"
-    for need in vllm_releases.ROW_NEEDS.get(row, ()):
+    for need in needs:
         if not need.startswith("point:"):
             continue
         v1 = need[6:]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 
+from harness.agents.release import release_key
+
 V1_GONE = "0.34.0"  # the first release without vllm/v1/worker/gpu_model_runner.py
 V2_DEFAULT = "0.32.0"  # the first release checked whose config defaults to V2 where Triton works
 
 
 def decide(plan_data: dict | None, version: str | None, env=None) -> str:
-    from harness.targets.vllm.releases import release_key
     env = os.environ if env is None else env
     want = (plan_data or {}).get("runner")
     if want in ("v1", "v2"):

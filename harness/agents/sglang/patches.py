@@ -9,7 +9,7 @@ tests/test_sglang_patches.py applies and compiles every patch against the real s
 """
 from __future__ import annotations
 
-from harness.agents.sglang_points import WRITTEN_AGAINST
+from harness.agents.sglang.points import WRITTEN_AGAINST
 from harness.agents.source_patch import SourcePatch
 
 RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
@@ -125,7 +125,7 @@ PATCHES: dict[str, SourcePatch] = {p.name: p for p in [
         "a table write without the fence: the write-after-read barrier still consumes the forward's "
         "read-done event but no longer makes the schedule stream wait on it (or on the forward stream), "
         "so the scheduler's req_to_token writes for step N+1 are not ordered after step N's reads (on a "
-        "CPU nothing races: the agent's fence model, harness.agents.sglang_fence, judges the order)",
+        "CPU nothing races: the agent's fence model, harness.agents.sglang.fence, judges the order)",
         PATHS, SCHED,
         "        if ev is not None and not envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():\n"
         "            self.schedule_stream.wait_event(ev)\n"

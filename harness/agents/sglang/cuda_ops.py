@@ -1,4 +1,4 @@
-"""The SGLang agent's device operations on a CUDA GPU (harness.agents.sglang_cpu_ops is the CPU
+"""The SGLang agent's device operations on a CUDA GPU (harness.agents.sglang.cpu_ops is the CPU
 backend's): delays spin the GPU on the stream whose work they hold back, events are CUDA events."""
 from __future__ import annotations
 

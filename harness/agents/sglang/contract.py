@@ -17,7 +17,7 @@ from pathlib import Path
 # the engine-neutral readers, under this module's old names (its checks below call them so)
 from harness.agents.engine_source import find_def as _find
 from harness.agents.engine_source import parse_module as _parse
-from harness.agents.sglang_points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, SERVER_FIELDS, WRITTEN_AGAINST
+from harness.agents.sglang.points import CATALOGUE, CONSTANTS, DELAY_POINTS, POINTS, SERVER_FIELDS, WRITTEN_AGAINST
 
 
 class SourceUnavailable(Exception):

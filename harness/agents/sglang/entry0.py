@@ -41,3 +41,11 @@ def padded(facts, last_step, raw, prepared) -> None:
     except (AttributeError, TypeError, ValueError, RuntimeError) as e:
         if not facts.data.get("first_entry0_violation"):
             facts.set(graph_pad_unread=str(e)[:200])
+
+
+def graph_pad(agent, orig):
+    def prepare_replay(self, forward_batch, *a, **kw):
+        out = orig(self, forward_batch, *a, **kw)
+        padded(agent.facts, agent.last_step, forward_batch, out)
+        return out
+    return prepare_replay

@@ -102,7 +102,7 @@ POINTS = [
           "step N+1 gathers its input ids from the relay: must follow the stash"),
     Point("plugins", "sglang.srt.plugins", "load_plugins", (), ("GENERAL_PLUGINS_GROUP",),
           "loads every entry point of the plugin group"),
-    # -- the paths the overlap loop has, counted on both arms (SglangAgent.count_paths) ----------
+    # -- the paths the overlap loop has, counted on both arms (counters.count_paths) ---------------
     Point("retract", "sglang.srt.managers.schedule_batch", "ScheduleBatch.retract_decode", ("self",),
           ("reqs",), "retraction: the KV pool cannot hold the next decode step; it returns the retracted "
           "requests first"),
@@ -171,7 +171,7 @@ SERVER_FIELDS = [
 
 
 GPU_ONLY = ("rewires SGLang's streams and events, which are no-ops on its CPU backend: a CUDA GPU shows it "
-            "(the CPU's faults are source patches, harness/agents/sglang_patches.py)")
+            "(the CPU's faults are source patches, harness/agents/sglang/patches.py)")
 
 
 @dataclass(frozen=True)
@@ -181,13 +181,10 @@ class SglangFault:
     point: str  # a POINTS name
     suite: str  # the black-box suite that must catch it
     upstream: tuple[str, ...] = ()
-
-    @property
-    def device_only(self) -> str:
-        """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
-        acts on the GPU's streams; "" where a CUDA device is visible."""
-        from harness.targets.vllm.setup import has_cuda
-        return "" if has_cuda() else GPU_ONLY
+    # why a machine without a CUDA device cannot show it (`mutants` lists it and runs nothing):
+    # every agent fault acts on the GPU's streams. The host knows whether a device is visible: the
+    # target's catalogue (harness.targets.fault_catalogue) clears it where one is.
+    device_only: str = GPU_ONLY
 
 
 CATALOGUE: dict[str, SglangFault] = {f.name: f for f in [

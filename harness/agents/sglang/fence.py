@@ -224,3 +224,18 @@ def install(facts, originals: dict) -> FenceModel:
         setattr(cls, attr, fn)
     facts.set(fence_model=True)
     return hb
+
+
+# -- the agent's points that write req_to_token (each write judged against the model) ---------------
+def table_write(agent, orig):
+    def write(self, indices, values, *a, **kw):
+        agent.table_written("write", lambda: ranges_of_write(indices, values))
+        return orig(self, indices, values, *a, **kw)
+    return write
+
+
+def table_assign(agent, orig):
+    def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw):
+        agent.table_written("assign", lambda: ranges_of_assign(req_pool_indices, start_offset, end_offset))
+        return orig(req_pool_indices, req_to_token, start_offset, end_offset, *a, **kw)
+    return assign_req_to_token_pool_func

@@ -1,0 +1,115 @@
+"""The paths, counted on both arms (facts `path_*`, what "not exercised" is judged by): what a
+launched step exercises (count_paths, called from the launch: harness.agents.sglang.timing), and
+the points that count a path of their own: a retraction, a request finishing while its next step
+is in flight, an abort of a running or in-flight request, a sample delayed behind the grammar, and
+the penalties that take in a token one step old.
+"""
+from __future__ import annotations
+
+from harness.agents.sglang.steps import client_key
+
+
+def count_paths(agent, sched, batch) -> None:
+    """What a launched step exercises (facts `path_*`): a prefill chunk of a longer prompt, a
+    first extend that starts from a cached prefix, a decode step whose input ids come from the
+    relay (FutureMap), penalties and grammar that read the newest token."""
+    reqs = list(getattr(batch, "reqs", None) or ())
+    mode = getattr(batch, "forward_mode", None)
+    extend = bool(getattr(mode, "is_extend", lambda: False)())
+    facts = agent.facts
+    if extend:
+        chunked = getattr(sched, "chunked_req", None)
+        if chunked is not None and any(r is chunked for r in reqs):
+            facts.add("path_chunked_prefill")
+        for r in reqs:
+            rid = getattr(r, "rid", None)
+            if rid in agent.extended:
+                continue
+            agent.extended.add(rid)
+            if getattr(r, "prefix_len", 0) > 0:
+                facts.add("path_prefix_hit")
+    elif getattr(mode, "is_decode", lambda: False)() and reqs:
+        facts.add("path_relay_decode")  # step N+1's input ids gathered from step N's relay entries
+    info = getattr(batch, "sampling_info", None)
+    orch = getattr(info, "penalizer_orchestrator", None)
+    if orch is not None and getattr(orch, "is_required", False):
+        facts.add("path_penalties")
+    if any(getattr(r, "grammar", None) is not None for r in reqs):
+        facts.add("path_grammar")
+
+
+def retract(agent, orig):
+    facts = agent.facts
+
+    def retract_decode(self, *a, **kw):
+        out = orig(self, *a, **kw)
+        n = len(out[0]) if isinstance(out, tuple) and out and isinstance(out[0], list) else 0
+        if n:
+            facts.add("path_retraction", n)
+            if agent.steps is not None:
+                agent.steps.retracted(out[0])
+        return out
+    return retract_decode
+
+
+def finish_in_flight(agent, orig):
+    facts = agent.facts
+
+    def _reqs_finishing_inflight(self, batch, *a, **kw):
+        out = orig(self, batch, *a, **kw)
+        if out:
+            facts.add("path_finish_in_flight", len(out))
+        return out
+    return _reqs_finishing_inflight
+
+
+def abort(agent, orig):
+    facts = agent.facts
+
+    def abort_request(self, recv_req, *a, **kw):
+        rid = getattr(recv_req, "rid", None)
+        queued = [b for b, _ in (getattr(self, "result_queue", None) or ())]
+
+        def holds(batches):
+            return bool(rid) and any(str(getattr(r, "rid", "")).startswith(rid) for b in batches
+                                     if b is not None for r in (getattr(b, "reqs", None) or ()))
+        if holds(queued + [getattr(self, "running_batch", None)]):
+            facts.add("path_abort_running")
+        if holds(queued):  # a launched step whose result is not processed yet: in flight
+            facts.add("path_abort_in_flight")
+        return orig(self, recv_req, *a, **kw)
+    return abort_request
+
+
+def penalty_cumulate(agent, orig):
+    facts = agent.facts
+
+    def cumulate_penalty_output_tokens(self, *a, **kw):
+        # the token each request's penalties take in now is req.output_ids[-1]: one step old
+        # when the previous step's token is still in flight (its result not processed yet),
+        # i.e. when the request's tokens so far do not exceed what its KV already covers
+        try:
+            seq = [int(x) for x in self.seq_lens_cpu.tolist()]
+            for r, n in zip(self.reqs, seq):
+                if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
+                    facts.add("penalty_stale_tokens")
+                    key = client_key(r)
+                    if key:
+                        with facts._lock:  # the flusher serialises facts.data on its thread
+                            by = facts.data.setdefault("penalty_stale_by_req", {})
+                            if key in by or len(by) < 4096:
+                                by[key] = by.get(key, 0) + 1
+        except (AttributeError, TypeError, ValueError):
+            pass
+        return orig(self, *a, **kw)
+    return cumulate_penalty_output_tokens
+
+
+def delayed_sample(agent, orig):
+    facts = agent.facts
+
+    def launch_batch_sample_if_needed(self, batch_result, *a, **kw):
+        if batch_result is not None and getattr(batch_result, "delay_sample_func", None) is not None:
+            facts.add("path_delayed_sample")  # sampled after the previous token reached the grammar
+        return orig(self, batch_result, *a, **kw)
+    return launch_batch_sample_if_needed
