@@ -28,6 +28,21 @@ def pytest_configure(config):
         check_fault_names(config.getoption("--oh-target", default="ref"), faults, pytest.UsageError)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after skipping.py set wasxfail
+def pytest_runtest_makereport(item, call):
+    """Each case's status and finding code (harness.verdict), as data on its report: read by the
+    gate's collector, and written into JUnit XML as the case's properties `status` and `finding`.
+    Set where a case's outcome is decided: its call, or a setup that did not pass."""
+    rep = yield
+    if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+        from harness.verdict.outcome import status_of
+        status, code, kid = status_of(rep, call.excinfo.value if call.excinfo else None)
+        props = [("status", status.value), ("finding", code)] + ([("known_id", kid)] if kid else [])
+        rep.user_properties = [*rep.user_properties, *props]
+        item.user_properties.extend(props)  # the teardown report's: what pytest's JUnit XML writes
+    return rep
+
+
 @dataclass(frozen=True)
 class Options:
     target: str

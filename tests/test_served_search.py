@@ -1,16 +1,16 @@
 """The served search without a server: the case generator, the shrinker, the reproducer writer and
 reader, the known-upstream classification of stress findings, and the CLI's one-line errors
-(harness/search/served_*.py, harness/commands/stress_served.py). The searches against vLLM itself
+(harness/search/served/, harness/commands/stress_served.py). The searches against vLLM itself
 are tests/test_vllm_stress.py."""
 import random
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
-from harness.search import served_case as sc
-from harness.search import served_repro
-from harness.search.served_judge import Finding, Verdict, _classify
-from harness.search.served_shrink import shrink
+from harness.search.served import case as sc
+from harness.search.served import repro as served_repro
+from harness.search.served.judge import Finding, Verdict, _classify
+from harness.search.served.shrink import shrink
 
 
 class Tok:
@@ -187,13 +187,15 @@ def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
     from harness.targets.vllm import upstream as vllm_upstream
     k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
     d, case = served_repro.load(k.reproducer)
-    assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
+    assert len(case.requests) == 1 and case.controls and d["harness"]["verdict"]["kind"] == "divergence"
+    assert k.codes == ("divergence.sampled_preempted",)  # what served_judge codes a sampled, preempted request's
 
 
 def test_known_upstream_claims_only_its_own_findings():
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
-                     "preempted async on)", ("divergence",))
-    plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",))
+                     "preempted async on)", ("divergence",), "divergence.sampled_preempted", "c0r0")
+    plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",),
+                    "divergence", "c0r1")
     # the entry's mechanism counted by the agent for that request: its in-flight sample dropped on the reset path
     v = Verdict(new=[seeded, plain], counts_on={"cpu_generator_rewinds": 2},
                 evidence={seeded.summary: {"stale_dropped:reset": 1}})
@@ -201,7 +203,7 @@ def test_known_upstream_claims_only_its_own_findings():
     assert v.new == [plain]
     assert {k for k, _ in v.known} == {"async-seeded-preempt-in-flight", "cpu-seeded-partial-prefill"}
     past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
-                   ("steps", "past max_tokens"))
+                   ("steps", "past max_tokens"), "steps.past_cap", "c0r0")
     v = Verdict(new=[past], evidence={past.summary: {"scheduled_at_cap": 1}})
     _classify(v, "0.32.0")  # fixed in 0.12.0: new here
     assert v.new == [past]
@@ -220,7 +222,7 @@ def test_known_upstream_is_per_runner():
     gone (the 0.33.0/0.34.0 V2 gates printed "cpu-seeded-partial-prefill: no longer reproduces")."""
     from harness.targets.vllm import upstream as vllm_upstream
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
-                     "preempted async on)", ("divergence",))
+                     "preempted async on)", ("divergence",), "divergence.sampled_preempted", "c0r0")
     for runner, claimed in (("v1", True), (None, True), ("v2", False)):
         v = Verdict(new=[seeded], evidence={seeded.summary: {"stale_dropped:reset": 1}})
         _classify(v, "0.33.0", runner)
@@ -263,7 +265,7 @@ def test_a_reproducer_that_does_not_replay_falls_back_on_one_that_does(tmp_path)
     other case fails once, by luck, then never again. Shrinking keeps the lucky steps (one run
     each), so the smallest case does not replay; the reproducer written is the one that replays
     most often (here the case as found, 3 of 3), with its rate."""
-    from harness.search import served_search as ss
+    from harness.search.served import explore as ss
     case = next(c for c in _draw(30, seed=5) if len(c.requests) >= 4)
     case.requests[0].extra["bad_words"] = [" the"]
     lucky = set()
@@ -305,7 +307,7 @@ def test_replay_tries_below_one_is_one_line_before_a_server_starts(tmp_path, cap
 def test_a_crash_signature_does_not_name_the_request():
     """A crash that names vLLM's request id (a KeyError on it) must give the same signature on
     replay, where the id is new (the output_index_map_shared search's reproducer did not replay)."""
-    from harness.search.served_judge import _exception
+    from harness.search.served.judge import _exception
     a = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-8fb273866332d9ca-0-85fb76ba' (log /a)")
     b = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-93ab00ff1234abcd-0-1a2b3c4d' (log /b)")
     assert a == b == "KeyError: 'cmpl-X'"
@@ -318,7 +320,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
     reset path the entry records), or with nothing counted, is new and says why."""
     said = ("request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request preempted async on)")
     for ev, counted in (({"stale_dropped:kv_pressure": 1}, "counted: stale_dropped:kv_pressure 1"), ({}, "")):
-        f = Finding("divergence", said, ("divergence",))
+        f = Finding("divergence", said, ("divergence",), "divergence.sampled_preempted", "c0r0")
         v = Verdict(new=[f], evidence={said: ev})
         _classify(v, "0.32.0")
         assert v.known == [] and len(v.new) == 1, v
@@ -326,7 +328,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
                                            "its mechanism (stale_dropped:reset) was not counted"), v.new[0].summary
         assert counted in v.new[0].summary
     past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
-                   ("steps", "past max_tokens"))
+                   ("steps", "past max_tokens"), "steps.past_cap", "c0r0")
     v = Verdict(new=[past])
     _classify(v, "0.11.0")  # in its range, but the request was never scheduled with its last token in flight
     assert v.known == [] and "looks like known upstream async-step-past-max-tokens" in v.new[0].summary
@@ -336,7 +338,7 @@ def test_no_known_entry_claims_by_wording_alone():
     from harness.targets.vllm import upstream as vp
     alone = [k.id for k in vp.KNOWN_UPSTREAM if vp.claims_by_wording_alone(k)]
     assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
-    injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)
+    injected = vp.KnownUpstream("x", "stress", "-", "", "-", codes=("divergence",))
     assert vp.claims_by_wording_alone(injected)
 
 
@@ -345,7 +347,7 @@ def test_a_refused_case_is_said_with_the_servers_answer():
     can be fixed, instead of a bare count."""
     from types import SimpleNamespace
 
-    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    from harness.search.served.explore import ServedStress, ServedStressResult, summary_lines
     s = SimpleNamespace(res=ServedStressResult(), agent=False)
     case = _draw(1)[0]
     why = "vllm: request c0r1 refused with 400: prompt_logprobs is not supported with streaming"
@@ -361,7 +363,7 @@ def test_answers_the_server_failed_are_counted_in_the_summary():
     engine fails is seen, not silent; a run without one says nothing."""
     from types import SimpleNamespace
 
-    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    from harness.search.served.explore import ServedStress, ServedStressResult, summary_lines
     s = SimpleNamespace(res=ServedStressResult(), agent=False, config=None)
     case = _draw(1)[0]
     ServedStress._count(s, case, Verdict())
@@ -379,7 +381,8 @@ def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_coun
     its in-flight step counted for it; the same wording without it is new."""
     said = "request c3r0: async on: 1 prompt_logprobs entries for 88 prompt tokens (first None)"
     for ev, known in (({"stale_dropped:reset": 1}, True), ({"stale_dropped:kv_pressure": 1}, False), ({}, False)):
-        v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"))], evidence={said: ev})
+        v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"), "surface.prompt_logprobs_count.on",
+                                 "c3r0")], evidence={said: ev})
         _classify(v, "0.32.0")
         assert (v.known == [("async-prompt-logprobs-dropped-on-reset", said)]) == known, (ev, v)
         assert (v.new == []) == known

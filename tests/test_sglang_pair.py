@@ -193,7 +193,7 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
     # with the agent's per-request evidence; anything else fails
     from harness.targets.sglang import upstream as sglang_upstream
     left, known = sglang_upstream.claim(reqs, runs[True], divergences(runs[False], runs[True]))
-    print("\n".join(known))
+    print("\n".join(f"KNOWN UPSTREAM {kid}: {f}" for kid, f in known))
     bad = [d for _, _, divs in left for d in divs if not d.near_tie]
     assert not bad, bad[0].describe(tok.decode)
     for ov in (True, False):

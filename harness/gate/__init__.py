@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 
 from harness import stopping
+from harness.verdict import Status
+
+PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, SKIPPED = (Status.PASS, Status.FAIL, Status.KNOWN, Status.NA,
+                                                      Status.NOT_EXERCISED, Status.HANG, Status.SKIPPED)
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: this file is harness/gate/__init__.py
 SUITE_DIRS = ("races", "equivalence", "evals")
@@ -69,7 +73,7 @@ class _Collector:
     def __init__(self, progress, durations: dict | None = None):
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
-        self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+        self.records: list[tuple] = []  # (node id, suite, outcome, message, first step, status)
         self.cases: list[dict] = []  # case_record per case, for `check --json`
         self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
         self.known = durations or {}  # node id -> seconds, from earlier runs
@@ -94,19 +98,19 @@ class _Collector:
         for k, v in report.user_properties:
             if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised"):
                 self.extra.append((report.nodeid, k, v))
-        if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
-            self.extra.append((report.nodeid, "known", report.wasxfail))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
-        if report.skipped and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: why")
-            why = str(report.longrepr[2]).removeprefix("Skipped: ")
-            if why.startswith("n/a in "):
-                self.extra.append((report.nodeid, "na", why))
-            if why.startswith("not exercised"):
-                self.extra.append((report.nodeid, "not_exercised", f"{report.nodeid.split('::')[-1]}: {why}"))
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
-        self.records.append((report.nodeid, suite, outcome, msg, step))
-        self.cases.append(case_record(report, suite, outcome, msg))
+        case = case_record(report, suite, outcome, msg)
+        # what the gate lists apart, by the case's status and finding code (harness.verdict)
+        if case["status"] == KNOWN:
+            self.extra.append((report.nodeid, "known", report.wasxfail))
+        elif case["status"] == NA and case["finding"] == "row.absent":
+            self.extra.append((report.nodeid, "na", case["detail"]))
+        elif case["status"] == NOT_EXERCISED and outcome == "skipped":
+            self.extra.append((report.nodeid, "not_exercised", f"{report.nodeid.split('::')[-1]}: {case['detail']}"))
+        self.records.append((report.nodeid, suite, outcome, msg, step, case["status"]))
+        self.cases.append(case)
         if self.progress:
             self.progress(suite, report)
 
@@ -115,13 +119,13 @@ class _Collector:
         res = GateResult()
         last = len(self.order)
         ranked = sorted(enumerate(self.records), key=lambda r: (self.order.get(r[1][0], last), r[0]))
-        for _, (_, suite, outcome, msg, step) in ranked:
+        for _, (_, suite, outcome, msg, step, status) in ranked:
             s = res.suites.setdefault(suite, SuiteResult(suite))
             s.cases += 1
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
-            if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
+            if status == HANG and msg not in res.hangs:
                 res.hangs.append(msg)
         for nid, sec in self.durations.items():  # where a gate's time goes (the sweep's 6-minute goal)
             s = res.suites.get(Path(nid.split("::")[0]).stem)
@@ -201,13 +205,21 @@ def _longest_first(config, log, cost):
 
 
 def case_record(report, suite: str, outcome: str, msg: str) -> dict:
-    """One case as `check --json` writes it: its status (harness.gate.json_report.STATUSES) and detail."""
-    from harness.gate.json_report import case_status
-    reason = ""
-    if outcome == "skipped":
-        reason = getattr(report, "wasxfail", "") or _skip_reason(report)
-    status, detail = case_status(outcome, msg, reason)
-    return {"id": report.nodeid, "suite": suite, "status": status, "detail": detail}
+    """One case as `check --json` writes it: its status (harness.verdict.Status), the finding code
+    and the detail line, from the status and code the plugin put on its report (harness.plugin)."""
+    props = dict(report.user_properties)
+    status = props.get("status") or {"passed": PASS, "failed": FAIL}.get(outcome, SKIPPED)
+    if status == PASS:
+        detail = ""
+    elif outcome == "failed":
+        detail = msg.removeprefix("Failed: ")
+    elif status == KNOWN:  # "<id>: <finding>": the id from the data, the words as the suite gave them
+        kid = props.get("known_id", "")
+        detail = f"{kid}: " + report.wasxfail.removeprefix(f"KNOWN UPSTREAM {kid}:").strip()
+    else:
+        detail = getattr(report, "wasxfail", "") or _skip_reason(report)
+    return {"id": report.nodeid, "suite": suite, "status": str(status), "finding": props.get("finding", ""),
+            "known": props.get("known_id", ""), "detail": detail}
 
 
 def _skip_reason(report) -> str:
