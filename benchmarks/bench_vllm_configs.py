@@ -21,15 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def measure(name: str) -> dict:
     from harness import targets
-    from harness.search.served_case import ServedCase
-    from harness.search.served_judge import judge
+    from harness.search.served.case import ServedCase
+    from harness.search.served.judge import judge
     from harness.targets.vllm import workload as vllm_workload
     from harness.targets.base import TargetError, TargetUnavailable
     from harness.engine.request import Request
     row = {"config": name}
     t0 = time.perf_counter()
+    pairs = targets.Pairs()
     try:
-        t = targets.make_target("vllm", config=name)
+        t = pairs.get("vllm", config=name)
         t.start()
         row["start_s"] = round(time.perf_counter() - t0, 1)
         tok = t.tokenizer()
@@ -49,7 +50,7 @@ def measure(name: str) -> dict:
         row["start_s"] = round(time.perf_counter() - t0, 1)
         row["verdict"] = "cannot start: " + (str(e).strip().splitlines() or ["?"])[0][:300]
     finally:
-        targets.close_served()
+        pairs.close()
     return row
 
 

@@ -37,7 +37,6 @@ from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import TargetCrash
 from harness.targets.served.pair import ServedTarget
-from harness.targets.vllm.releases import release_in_force
 from harness.verdict import outcome
 from harness.verdict import Finding, code_of
 
@@ -62,8 +61,8 @@ def path_run(target, tok, oh_options):
     eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
     print(surface.summary(reqs, runs[False], runs[True]))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
-                      installed=target.installed_logits_processors(), release=release_in_force(target),
-                      runner=getattr(target, "runner", None), steps=stepbooks, effects=eff,
+                      installed=target.installed_logits_processors(), release=target.version,
+                      runner=target.runner, steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out))
@@ -95,11 +94,10 @@ def bare_run(target, tok, oh_options):
     cost most of a minute)."""
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
-    from harness import targets
     from harness.agents.vllm.patches import PATCHES
     from harness.targets.base import TargetError, TargetUnavailable
     try:
-        t = targets.make_target("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
+        t = oh_options.make("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
         t.start()
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
@@ -111,7 +109,7 @@ def bare_run(target, tok, oh_options):
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
-                      release=release_in_force(t), runner=getattr(t, "runner", None), left_out=dict(t.left_out))
+                      release=t.version, runner=t.runner, left_out=dict(t.left_out))
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
@@ -301,7 +299,7 @@ def test_path(target, row, record_property, request):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     if row.cpu_reason:
         outcome.na(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}", "cpu_build")
-    version = getattr(target, "version", None)
+    version = target.version
     absent = target.row_absent(row.name) if hasattr(target, "row_absent") else ""
     if absent:  # the release (runner, configuration) has no such path: n/a, reported apart by the gate
         outcome.na(absent)
@@ -355,7 +353,7 @@ def sglang_path_run(target, tok):
     on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
     stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
-                      release=getattr(target, "version", None), steps=stepbooks, controls={"stale": stale})
+                      release=target.version, steps=stepbooks, controls={"stale": stale})
 
 
 def _sglang_rows():

