@@ -16,7 +16,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 @pytest.fixture(scope="module")
 def sglang_pair(tmp_path_factory, oh_pairs):
-    from harness import targets
     from tests.served_pair import start_pair
     # without the CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for
     # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.target.CPU_GRAPH_BS)
@@ -97,7 +96,6 @@ def test_a_slow_result_copy_keeps_tokens(sglang, tok):
 @pytest.mark.parametrize("patch,delays", [("sglang_decode_reads_before_copy", SLOW_COPY),
                                           ("sglang_relay_entry_padded_row", None)])
 def test_each_source_patch_is_caught(sglang, tok, patch, delays, oh_pairs):
-    from harness import targets
     from harness.targets.base import TargetError
     reqs = _workload(tok)
     off = sglang.run(reqs, overlap=False)
@@ -142,7 +140,6 @@ def _capped(tok, seed):
 def test_steps_overlap_never_adds_one(sglang, tok, patch, oh_pairs):
     """Overlap may save steps, never add them: stock SGLang leaves a request its in-flight result
     finishes out of the next step (counted: path_finish_in_flight); the patch decodes it once more."""
-    from harness import targets
     from harness.oracles import steps
     reqs = _capped(tok, seed=3)
     off = sglang.run(reqs, overlap=False)
@@ -206,7 +203,6 @@ def test_reservation_one_window_short_is_caught(sglang, tok, oh_pairs):
     """sglang_decode_reservation_short: the decode capacity check one window short on the overlap-on
     server; the path workload outgrows the pool, where stock SGLang retracts (the test above) the
     patched one schedules a step the pool cannot hold and its scheduler dies ('Out of memory')."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     from harness.targets.base import TargetError, TargetUnavailable
     reqs = sp.build(tok)
@@ -233,7 +229,6 @@ def test_padded_rows_on_entry_0(sglang, tok, oh_pairs):
     padded rows keep the last padded replay's rows and KV slots): the agent reports it. Its tokens
     did not change in the measured run (the stale slots were no longer read), so only the agent's
     check catches this patch, deterministically, wherever a batch is padded twice in a row."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the CPU graph runner is the CPU's; on a GPU every CUDA-graph batch pads (check's pair)")
@@ -258,7 +253,6 @@ def test_table_write_without_the_fence_is_caught(sglang, tok, patch, oh_pairs):
     reports each req_to_token write that overlaps an in-flight step's reads unordered (measured on
     the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
     0 hazards) and the off arm has nothing in flight."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")

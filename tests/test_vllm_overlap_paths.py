@@ -59,7 +59,6 @@ def test_stock_overlaps_on_every_path(vllm, tok):
 
 @pytest.mark.on_server(CHUNK)
 def test_a_held_recompute_chunk_is_lost_on_its_path_only(vllm, tok, oh_pairs):
-    from harness import targets
     try:
         assert oh_pairs.get("vllm", {CHUNK}) is vllm
         reqs, books = _books_on(vllm, tok)  # the run-level oracle passes it (it would raise)
@@ -86,7 +85,6 @@ def test_stock_worker_overlaps_its_copies(vllm, tok):
 
 @pytest.mark.on_server(WORKER)
 def test_a_worker_waiting_for_the_copy_is_lost(vllm, tok, oh_pairs):
-    from harness import targets
     from harness.targets.base import TargetError
     try:
         assert oh_pairs.get("vllm", {WORKER}) is vllm

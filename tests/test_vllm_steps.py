@@ -86,7 +86,6 @@ def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, 
     of the async-on server: an abort ignored while a step is in flight (the request decodes on for
     a client that is gone) and admission held back while steps are in flight (the anchor keeps one
     in flight whenever a newcomer arrives)."""
-    from harness import targets
     reqs = _with_aborts_and_arrivals(tok)
     off_run, off = _run_with_books(vllm, reqs, False)
     try:
@@ -104,7 +103,6 @@ def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, 
 
 @pytest.mark.on_server(PATCH)
 def test_the_steps_oracle_catches_what_tokens_miss(vllm, tok, oh_pairs):  # noqa: F811
-    from harness import targets
     reqs = _workload(tok)
     off_run, off = _run_with_books(vllm, reqs, False)
     try:

@@ -32,7 +32,6 @@ def test_stress_is_quiet_on_stock_vllm(vllm, tok, tmp_path):  # noqa: F811
 
 @pytest.mark.on_server(PATCH)
 def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_path, oh_pairs):  # noqa: F811
-    from harness import targets
     from harness.search.served import repro as served_repro
     from harness.search.served.judge import judge
     try:
