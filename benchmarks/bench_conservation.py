@@ -71,7 +71,7 @@ def main() -> int:
         line = (f"books on {out['books_on_s']} s vs off {out['books_off_s']} s over {a.repeats} rounds of the "
                 f"suite's cases: ratio {out['ratio']:.3f}")
     else:
-        from harness.commands.check import worker_count
+        from harness.flags import worker_count
         workers = worker_count("auto")
         off_s, off = gate(False, workers)
         on_s, on = gate(True, workers)

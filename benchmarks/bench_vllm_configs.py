@@ -28,8 +28,9 @@ def measure(name: str) -> dict:
     from harness.engine.request import Request
     row = {"config": name}
     t0 = time.perf_counter()
+    pairs = targets.Pairs()
     try:
-        t = targets.make_target("vllm", config=name)
+        t = pairs.get("vllm", config=name)
         t.start()
         row["start_s"] = round(time.perf_counter() - t0, 1)
         tok = t.tokenizer()
@@ -49,7 +50,7 @@ def measure(name: str) -> dict:
         row["start_s"] = round(time.perf_counter() - t0, 1)
         row["verdict"] = "cannot start: " + (str(e).strip().splitlines() or ["?"])[0][:300]
     finally:
-        targets.close_served()
+        pairs.close()
     return row
 
 

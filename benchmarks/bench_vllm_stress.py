@@ -22,7 +22,8 @@ def rates(minutes: float = 1.5, batch: int = 4, rounds: int = 1, seed: int = 5) 
     """{"batched": cases/min, "single": cases/min, ...} measured on one warm pair."""
     from harness import targets
     from harness.search.served.explore import ServedStress
-    t = targets.make_target("vllm")
+    pairs = targets.Pairs()
+    t = pairs.get("vllm")
     t.start()
     tok = t.tokenizer()
     out = tempfile.mkdtemp(prefix="oh-bench-vllm-stress-")
@@ -37,7 +38,7 @@ def rates(minutes: float = 1.5, batch: int = 4, rounds: int = 1, seed: int = 5) 
                 got[side][1] += r.explore_s
                 got[side][2] += r.runs
     finally:
-        targets.close_served()
+        pairs.close()
         shutil.rmtree(out, ignore_errors=True)  # nothing is shrunk, so no reproducer is written there
     res = {side: 60 * c / s for side, (c, s, _) in got.items()}
     res["runs"] = {side: n for side, (_, _, n) in got.items()}

@@ -37,7 +37,8 @@ from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import TargetCrash
 from harness.targets.served.pair import ServedTarget
-from harness.targets.vllm.releases import release_in_force
+from harness.verdict import outcome
+from harness.verdict import Finding, code_of
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,8 @@ def path_run(target, tok, oh_options):
     eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
     print(surface.summary(reqs, runs[False], runs[True]))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
-                      installed=target.installed_logits_processors(), release=release_in_force(target),
-                      runner=getattr(target, "runner", None), steps=stepbooks, effects=eff,
+                      installed=target.installed_logits_processors(), release=target.version,
+                      runner=target.runner, steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out))
@@ -93,11 +94,10 @@ def bare_run(target, tok, oh_options):
     cost most of a minute)."""
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
-    from harness import targets
     from harness.agents.vllm.patches import PATCHES
     from harness.targets.base import TargetError, TargetUnavailable
     try:
-        t = targets.make_target("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
+        t = oh_options.make("vllm", frozenset(f for f in target.faults if f not in PATCHES), pair="bare")
         t.start()
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
@@ -109,7 +109,7 @@ def bare_run(target, tok, oh_options):
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
-                      release=release_in_force(t), runner=getattr(t, "runner", None), left_out=dict(t.left_out))
+                      release=t.version, runner=t.runner, left_out=dict(t.left_out))
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
@@ -119,13 +119,13 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     for _, _, divs in divergences(pr.off, pr.on):
         for d in divs:
             if d.rid.split("#")[0] in rids and not d.near_tie:
-                out.append(f"request {d.rid} diverges at token {d.position} ({d.verdict}): off "
-                           f"{d.expected[:6]} vs on {d.got[:6]}")
+                out.append(Finding(f"request {d.rid} diverges at token {d.position} ({d.verdict}): off "
+                                   f"{d.expected[:6]} vs on {d.got[:6]}", "divergence", d.rid.split("#")[0]))
     for lab, run in (("on", pr.on), ("off", pr.off)):  # a record that is not its token's: a race
         mine = [o for o in run.outputs if o[0].split("#")[0] in rids]
-        out += [f"async {lab}: {p}" for p in record_problems(mine, run_logprobs(run))]
+        out += [Finding(f"async {lab}: {p}", f"record.{lab}") for p in record_problems(mine, run_logprobs(run))]
     for rid in sorted(rids):  # the other fields of its responses (issue 36, item 2)
-        out += [f"request {rid}: {w}" for w in pr.surface.get(rid, ())]
+        out += [Finding(f"request {rid}: {w}", code_of(w), rid) for w in pr.surface.get(rid, ())]
     if row.name == "max_tokens_1_2":
         for k in (1, 2):
             on, off = pr.counts_on.get(f"sampled_max{k}", 0), pr.counts_off.get(f"sampled_max{k}", 0)
@@ -136,13 +136,14 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
             # small --max-num-seqs makes the workload's prefix-cache reset hit them: configuration one-seq)
             dropped = _stale_drops(pr, k)
             if off != want or not want <= on <= want + dropped:
-                out.append(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected"
-                           + (f" (+{dropped} allowed: in-flight samples dropped by a preemption)" if dropped else ""))
+                out.append(Finding(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected"
+                                   + (f" (+{dropped} allowed: in-flight samples dropped by a preemption)" if dropped
+                                      else ""), "steps.sampling"))
     if row.placeholders:  # a value-reading processor of ours counts what it read: said first
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
             if c.get(row.placeholders, 0):
-                out.insert(0, f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
-                              f"where an output token id belongs ({row.placeholders})")
+                out.insert(0, Finding(f"async {lab}: the processor read {c[row.placeholders]} placeholder(s) "
+                                      f"where an output token id belongs ({row.placeholders})", f"placeholders.{lab}"))
     if row.violations:  # an invariant the agent checks where the path runs (SGLang's entry 0)
         counter, what = row.violations
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
@@ -202,12 +203,12 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     arms = [("on", c_on)] + ([("off", c_off)] if row.arm == "both" else [])
     for lab, c in arms:
         if c <= 0 and not crash:
-            pytest.fail(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
-                        f"{', '.join(row.counters)})", pytrace=False)
+            outcome.not_exercised(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
+                                  f"{', '.join(row.counters)})", "path.not_run")
     if pr.effects is not None and not crash:  # the bare pair's rows: their twins on the main pair judge it
         exercised, line = effects.row_verdict(row.name, pr.reqs, pr.effects)
-        if exercised is False:
-            pytest.fail(line, pytrace=False)
+        if exercised is False:  # a parameter that changed nothing: its path was not attacked
+            outcome.not_exercised(line, "effects.none")
         if line:
             print(line)
     both = {k: pr.counts_on.get(k, 0) + pr.counts_off.get(k, 0) for k in set(pr.counts_on) | set(pr.counts_off)}
@@ -217,7 +218,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     found = row_findings(row, pr)
     lost = overlap_on_row(row, pr, record_property)
     if lost:
-        found.insert(0, lost)
+        found.insert(0, Finding(lost, "overlap.lost"))
     new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
                                   version if version is not None else pr.release,
                                   evidence=evidence or _request_evidence(pr), runner=pr.runner)
@@ -232,9 +233,8 @@ def _request_evidence(pr: vp.PathRun):
         return None
     summed, by_rid = steps.summed(books), {r.rid: r for r in pr.reqs}
 
-    def of(finding: str) -> dict:
-        words = finding.split()
-        r = by_rid.get(words[1].split("#")[0]) if len(words) > 1 and words[0] == "request" else None
+    def of(finding: str) -> dict:  # the request a Finding names (harness.verdict.Finding.rid)
+        r = by_rid.get(finding.rid.split("#")[0]) if isinstance(finding, Finding) else None
         return steps.evidence_of(summed, r) if r is not None else {}
     return of
 
@@ -261,9 +261,9 @@ def _report(row: str, new, seen, gone, record_property=None) -> None:
             record_property("known_gone", kid)
         print(f"known upstream {kid} no longer reproduces on {row}")
     if new:
-        pytest.fail(f"{row}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), pytrace=False)
+        outcome.fail(f"{row}: {new[0]}" + (f" (+{len(new) - 1} more)" if len(new) > 1 else ""), code_of(new[0]))
     if seen:
-        pytest.xfail(f"KNOWN UPSTREAM {seen[0][0]}: {seen[0][1]}" + (f" (+{len(seen) - 1} more)" if len(seen) > 1 else ""))
+        outcome.known(seen[0][0], seen[0][1], len(seen) - 1)
 
 
 def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
@@ -271,16 +271,17 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
     them, and never leave a request waiting with budget free where the off arm ran it. Fails as
     "not exercised" when the agent kept no books or no request capped by max_tokens compared."""
     if not pr.steps.get(False) or not pr.steps.get(True):
-        pytest.fail("not exercised: steps: the agent kept no books of the requests' steps "
-                    f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} requests)",
-                    pytrace=False)
+        outcome.not_exercised("not exercised: steps: the agent kept no books of the requests' steps "
+                              f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} "
+                              "requests)", "steps.no_books")
     v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]))
     line = steps.summary_line(v)
     if record_property is not None:
         record_property("path_count", f"steps={v.compared}/{v.compared}")
     print(line)
     if v.length_capped == 0:
-        pytest.fail(f"not exercised: steps: no request capped by max_tokens was compared ({line})", pytrace=False)
+        outcome.not_exercised(f"not exercised: steps: no request capped by max_tokens was compared ({line})",
+                              "steps.none_capped")
     # a known entry claims a step finding only with its mechanism counted for that request (issue 36)
     new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release, evidence=v.evidence.get,
                                              runner=pr.runner)
@@ -297,11 +298,11 @@ def test_path(target, row, record_property, request):
     if target.name != "vllm" or not getattr(target, "paths", False):  # before its CPU reasons: vLLM's
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     if row.cpu_reason:
-        pytest.skip(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}")
-    version = getattr(target, "version", None)
+        outcome.na(f"{row.name}: not on vLLM's CPU build: {row.cpu_reason}", "cpu_build")
+    version = target.version
     absent = target.row_absent(row.name) if hasattr(target, "row_absent") else ""
-    if absent:  # the release has no such path: n/a, reported apart by the gate
-        pytest.skip(absent)
+    if absent:  # the release (runner, configuration) has no such path: n/a, reported apart by the gate
+        outcome.na(absent)
     pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "path_run")
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
@@ -322,11 +323,11 @@ def test_books_at_idle(path_run, record_property):
             record_property("books", path_run.absent["preemption_in_flight"])
             continue
         if path_run.counts_on.get(what, 0) <= 0:
-            pytest.fail(f"not exercised: no request {what.split('_')[0]} with a step in flight (async on)",
-                        pytrace=False)
+            outcome.not_exercised(f"not exercised: no request {what.split('_')[0]} with a step in flight (async on)",
+                                  "books.not_in_flight")
     bad = bookmod.findings(on, off)
     if bad:
-        pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
+        outcome.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), "books.leak")
 
 
 # -- SGLang's overlap paths (harness.targets.sglang.paths): the same judgement, SGLang's counters --
@@ -352,7 +353,7 @@ def sglang_path_run(target, tok):
     on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
     stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
-                      release=getattr(target, "version", None), steps=stepbooks, controls={"stale": stale})
+                      release=target.version, steps=stepbooks, controls={"stale": stale})
 
 
 def _sglang_rows():
@@ -365,7 +366,8 @@ def test_sglang_path(target, row, record_property, request):
     if target.name != "sglang":
         pytest.skip(f"SGLang's path table; target {target.name}")
     if row.cpu_reason and getattr(target, "device", "") == "cpu":
-        pytest.skip(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}")
+        outcome.not_exercised(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}", "cpu_backend",
+                              skip=True)
     pr = request.getfixturevalue("sglang_path_run")
     judge(row, pr, record_property, known=sglang_upstream.KNOWN,
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
@@ -393,6 +395,7 @@ def test_sglang_books_at_idle(sglang_path_run, record_property):
     record_property("books", "; ".join(lines))
     for what in ("path_abort_in_flight", "path_retraction"):
         if sglang_path_run.counts_on.get(what, 0) <= 0:
-            pytest.fail(f"not exercised: {what} (overlap on) before the books were read", pytrace=False)
+            outcome.not_exercised(f"not exercised: {what} (overlap on) before the books were read",
+                                  "books.not_in_flight")
     if bad:
-        pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
+        outcome.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), "books.leak")

@@ -68,15 +68,16 @@ GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" /
 SERVED_GEN_TOKS = 160
 
 
-def served_gate_target(name: str, faults=frozenset()):
-    """The pair the GSM8K gate asks: for vLLM and SGLang, a pair serving the arith fixture (our own
-    model in HF form: it answers most GSM8K-format questions right, so a loss can show; SmolLM2-135M
-    answers almost none, and on SGLang's CPU path 80 of its GSM8K answers did not finish in 25
-    minutes); for another served target, its own model on real GSM8K questions."""
+def served_gate_target(name: str, faults=frozenset(), pairs=None):
+    """The pair the GSM8K gate asks (of `pairs`, the run's harness.targets.Pairs): for vLLM and
+    SGLang, a pair serving the arith fixture (our own model in HF form: it answers most
+    GSM8K-format questions right, so a loss can show; SmolLM2-135M answers almost none, and on
+    SGLang's CPU path 80 of its GSM8K answers did not finish in 25 minutes); for another served
+    target, its own model on real GSM8K questions."""
     from harness.targets import make_target
     if name in ("vllm", "sglang"):
-        return make_target(name, faults, model="arith"), "heldout"
-    return make_target(name, faults), "gsm8k"
+        return make_target(name, faults, pairs, model="arith"), "heldout"
+    return make_target(name, faults, pairs), "gsm8k"
 
 
 def run_served_gate(t, data: str, limit: int):
@@ -97,7 +98,7 @@ def test_served_pair_keeps_gsm8k_accuracy(oh_options, heldout):
     if why:
         pytest.skip(why)
     from harness.evals.gsm8k import EvalError, RunFailure
-    t, kind = served_gate_target(oh_options.target, oh_options.faults)
+    t, kind = served_gate_target(oh_options.target, oh_options.faults, oh_options.pairs)
     if kind == "gsm8k" and not GSM8K_TEST.is_file():
         pytest.skip(f"no GSM8K test set at {GSM8K_TEST}")
     try:

@@ -28,20 +28,71 @@ def pytest_configure(config):
         check_fault_names(config.getoption("--oh-target", default="ref"), faults, pytest.UsageError)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after skipping.py set wasxfail
+def pytest_runtest_makereport(item, call):
+    """Each case's status and finding code (harness.verdict), as data on its report: read by the
+    gate's collector, and written into JUnit XML as the case's properties `status` and `finding`.
+    Set where a case's outcome is decided: its call, or a setup that did not pass."""
+    rep = yield
+    if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+        from harness.verdict.outcome import status_of
+        status, code, kid = status_of(rep, call.excinfo.value if call.excinfo else None)
+        props = [("status", status.value), ("finding", code)] + ([("known_id", kid)] if kid else [])
+        rep.user_properties = [*rep.user_properties, *props]
+        item.user_properties.extend(props)  # the teardown report's: what pytest's JUnit XML writes
+    return rep
+
+
+# the run's served pairs (harness.targets.Pairs): the gate's, given before the session starts
+# (give_pairs), or, in a plain pytest run, the session's own, closed at its end
+_PAIRS = pytest.StashKey[object]()
+_OWN_PAIRS = pytest.StashKey[bool]()
+
+
+def give_pairs(config, pairs) -> None:
+    config.stash[_PAIRS] = pairs
+
+
+def pairs_of(config):
+    if _PAIRS not in config.stash:
+        from harness.targets import Pairs
+        config.stash[_PAIRS], config.stash[_OWN_PAIRS] = Pairs(), True
+    return config.stash[_PAIRS]
+
+
+def pytest_unconfigure(config):
+    if config.stash.get(_OWN_PAIRS, False):
+        config.stash[_PAIRS].close()
+
+
 @dataclass(frozen=True)
 class Options:
     target: str
     faults: frozenset
     seeds: int | None
     device: str = "sim"
+    pairs: object = None  # the run's served pairs (harness.targets.Pairs)
 
     def target_kwargs(self) -> dict:
         """What make_target needs beyond name and faults (the ref engine's device)."""
         return {"device": self.device} if self.device != "sim" else {}
+
+    def make(self, name: str | None = None, faults=None, **kw):
+        """The target a suite attacks (default: --oh-target with --oh-fault), a served one from the
+        run's pairs."""
+        from harness.targets import make_target
+        return make_target(name or self.target, self.faults if faults is None else frozenset(faults),
+                           pairs=self.pairs, **{**self.target_kwargs(), **kw})
+
+
+@pytest.fixture(scope="session")
+def oh_pairs(request):
+    """The run's served pairs (harness.targets.Pairs): the gate's, or this session's own."""
+    return pairs_of(request.config)
 
 
 @pytest.fixture(scope="session")
 def oh_options(request) -> Options:
     c = request.config
     return Options(c.getoption("--oh-target"), frozenset(c.getoption("--oh-fault")), c.getoption("--oh-seeds"),
-                   c.getoption("--oh-device"))
+                   c.getoption("--oh-device"), pairs_of(c))

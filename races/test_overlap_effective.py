@@ -32,10 +32,9 @@ def test_overlap_effective(target, tok, oh_options, scenario, record_property):
 # batch queue looks like.
 @pytest.fixture(scope="module")
 def served(oh_options):
-    from harness.targets import make_target
     if oh_options.target == "ref":
         pytest.skip("the ref engine is judged by its device's records (test_overlap_effective above)")
-    return make_target(oh_options.target, oh_options.faults, **oh_options.target_kwargs())
+    return oh_options.make()
 
 
 def test_served_overlap_effective(served, oh_options, record_property):

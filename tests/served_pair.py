@@ -24,11 +24,11 @@ def vllm_unavailable(why: str):
     unavailable("vllm", why)
 
 
-def start_pair(engine: str, out_dir: str | None = None, **kw):
-    """The engine's pair of the default model, started (or a skip / failure with the reason).
+def start_pair(engine: str, pairs, out_dir: str | None = None, **kw):
+    """The engine's pair of the default model in `pairs` (the session's harness.targets.Pairs),
+    started (or a skip / failure with the reason).
     `out_dir`: where what a HANG or CRASH report points to is kept (pytest's temporary folders),
     not left in /tmp as the work folder (a test that provokes a crash on purpose still leaves one)."""
-    from harness import targets
     from harness.targets.base import TargetUnavailable
     if engine == "vllm":
         from harness.targets.vllm import setup
@@ -38,41 +38,40 @@ def start_pair(engine: str, out_dir: str | None = None, **kw):
     if why:
         unavailable(engine, why)
     try:
-        t = targets.make_target(engine, **({"out_dir": out_dir} if out_dir else {}), **kw)
+        t = pairs.get(engine, **({"out_dir": out_dir} if out_dir else {}), **kw)
         t.start()
     except TargetUnavailable as e:
         unavailable(engine, str(e))
     return t
 
 
-def hand_back(pair, engine: str) -> None:
+def hand_back(pair, engine: str, pairs) -> None:
     """The pair as the next test expects it whatever this one did: stock faults, and a server the
     watchdog stopped or that died started again when next used (a test that leaves a hang behind
     fails itself, not every test after it)."""
-    from harness import targets
     from harness.search.served.judge import restart_lost
     if pair.faults:
-        targets.make_target(engine, ())
+        pairs.get(engine, ())
     restart_lost(pair)
 
 
 def pair_fixtures(engine: str, scope: str, **kw):
     """The one pair fixture of every engine, as the three fixtures a test asks for: `<engine>_pair`
-    (started once per `scope`, its servers stopped after), `<engine>` (that pair, handed back
-    stock after each test: hand_back) and `tok` (its tokenizer). `kw`: the target's settings."""
+    (started once per `scope` in the session's harness.targets.Pairs, its servers stopped after),
+    `<engine>` (that pair, handed back stock after each test: hand_back) and `tok` (its tokenizer).
+    `kw`: the target's settings."""
     pair_name = f"{engine}_pair"
 
     @pytest.fixture(scope=scope, name=pair_name)
-    def pair(tmp_path_factory):
-        from harness import targets
-        yield start_pair(engine, str(tmp_path_factory.mktemp(f"{engine}-kept")), **kw)
-        targets.close_served()
+    def pair(tmp_path_factory, oh_pairs):
+        yield start_pair(engine, oh_pairs, str(tmp_path_factory.mktemp(f"{engine}-kept")), **kw)
+        oh_pairs.close()
 
     @pytest.fixture(name=engine)
-    def stock(request):
+    def stock(request, oh_pairs):
         p = request.getfixturevalue(pair_name)
         yield p
-        hand_back(p, engine)
+        hand_back(p, engine, oh_pairs)
 
     @pytest.fixture(scope=scope, name="tok")
     def tok(request):

@@ -4,7 +4,7 @@ and the same first finding per suite."""
 import pytest
 
 from harness.gate import run_suites
-from harness.commands.check import worker_count
+from harness.flags import worker_count
 
 SUITES = ["test_war_slot_table", "test_fence_placement"]
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from harness.agents.vllm import steps as vllm_steps
 from harness.engine.request import Request
 from harness.oracles import steps
+from harness.verdict import Finding
 
 
 class _Facts:
@@ -55,8 +56,8 @@ def test_a_dropped_in_flight_sample_is_counted_by_the_path_that_preempted():
     _CALLERS["schedule"](preempt, pressure)
     _CALLERS["schedule"](preempt, kept)  # delivered, not dropped: not the mechanism
     recs = facts.data["requests"]
-    assert recs["a"][7] == {"stale_dropped:reset": 1} and recs["b"][7] == {"stale_dropped:kv_pressure": 1}
-    assert recs["c"][7] == {} and recs["c"][5] == 1  # preempted all the same
+    assert recs["a"]["evidence"] == {"stale_dropped:reset": 1} and recs["b"]["evidence"] == {"stale_dropped:kv_pressure": 1}
+    assert recs["c"]["evidence"] == {} and recs["c"]["preempted"] == 1  # preempted all the same
     summed = steps.summed(recs)
     r = Request(rid="x", prompt_ids=[1, 2, 3], max_new_tokens=8)
     assert steps.evidence_of(summed, r) == {"stale_dropped:reset": 1, "stale_dropped:kv_pressure": 1}
@@ -71,10 +72,10 @@ def test_a_step_scheduled_with_the_last_token_in_flight_is_counted():
     # its second (last) token is scheduled now: the schedule added this step's placeholder, no evidence
     r.num_output_tokens, r.num_output_placeholders = 1, 1
     books.after_schedule(sched, out)
-    assert facts.data["requests"]["a"][7] == {}
+    assert facts.data["requests"]["a"]["evidence"] == {}
     r.num_output_placeholders = 2  # that token still in flight, and the request is scheduled again
     books.after_schedule(sched, out)
-    assert facts.data["requests"]["a"][7] == {"scheduled_at_cap": 1}
+    assert facts.data["requests"]["a"]["evidence"] == {"scheduled_at_cap": 1}
 
 
 def test_a_structured_output_step_with_a_token_in_flight_is_counted_and_claims_only_where_live():
@@ -89,8 +90,9 @@ def test_a_structured_output_step_with_a_token_in_flight_is_counted_and_claims_o
     sched = SimpleNamespace(requests={"g": g, "p": plain}, running=[g, plain], max_num_scheduled_tokens=64)
     books.after_schedule(sched, SimpleNamespace(total_num_scheduled_tokens=2, num_scheduled_tokens={"g": 1, "p": 1}))
     recs = facts.data["requests"]
-    assert recs["g"][7] == {"grammar_in_flight": 1} and recs["p"][7] == {}
-    f = "request so0: 13 sampling steps async on, 9 off (stopped on a token: at most 1 more allowed)"
+    assert recs["g"]["evidence"] == {"grammar_in_flight": 1} and recs["p"]["evidence"] == {}
+    f = Finding("request so0: 13 sampling steps async on, 9 off (stopped on a token: at most 1 more allowed)",
+                "steps.extra", "so0")
     with_it, without = (lambda _: {"grammar_in_flight": 3}), (lambda _: {})
     for version, ev, claimed in (("0.11.0", with_it, True), ("0.11.0", without, False), ("0.11.1", with_it, False)):
         new, seen, _ = vllm_upstream.classify("steps", [f], counts=None, version=version, evidence=ev)

@@ -187,13 +187,15 @@ def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
     from harness.targets.vllm import upstream as vllm_upstream
     k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
     d, case = served_repro.load(k.reproducer)
-    assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
+    assert len(case.requests) == 1 and case.controls and d["harness"]["verdict"]["kind"] == "divergence"
+    assert k.codes == ("divergence.sampled_preempted",)  # what served_judge codes a sampled, preempted request's
 
 
 def test_known_upstream_claims_only_its_own_findings():
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
-                     "preempted async on)", ("divergence",))
-    plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",))
+                     "preempted async on)", ("divergence",), "divergence.sampled_preempted", "c0r0")
+    plain = Finding("divergence", "request c0r1 diverges at token 3 (x): off [1] vs on [2]", ("divergence",),
+                    "divergence", "c0r1")
     # the entry's mechanism counted by the agent for that request: its in-flight sample dropped on the reset path
     v = Verdict(new=[seeded, plain], counts_on={"cpu_generator_rewinds": 2},
                 evidence={seeded.summary: {"stale_dropped:reset": 1}})
@@ -201,7 +203,7 @@ def test_known_upstream_claims_only_its_own_findings():
     assert v.new == [plain]
     assert {k for k, _ in v.known} == {"async-seeded-preempt-in-flight", "cpu-seeded-partial-prefill"}
     past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
-                   ("steps", "past max_tokens"))
+                   ("steps", "past max_tokens"), "steps.past_cap", "c0r0")
     v = Verdict(new=[past], evidence={past.summary: {"scheduled_at_cap": 1}})
     _classify(v, "0.32.0")  # fixed in 0.12.0: new here
     assert v.new == [past]
@@ -220,7 +222,7 @@ def test_known_upstream_is_per_runner():
     gone (the 0.33.0/0.34.0 V2 gates printed "cpu-seeded-partial-prefill: no longer reproduces")."""
     from harness.targets.vllm import upstream as vllm_upstream
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
-                     "preempted async on)", ("divergence",))
+                     "preempted async on)", ("divergence",), "divergence.sampled_preempted", "c0r0")
     for runner, claimed in (("v1", True), (None, True), ("v2", False)):
         v = Verdict(new=[seeded], evidence={seeded.summary: {"stale_dropped:reset": 1}})
         _classify(v, "0.33.0", runner)
@@ -318,7 +320,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
     reset path the entry records), or with nothing counted, is new and says why."""
     said = ("request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request preempted async on)")
     for ev, counted in (({"stale_dropped:kv_pressure": 1}, "counted: stale_dropped:kv_pressure 1"), ({}, "")):
-        f = Finding("divergence", said, ("divergence",))
+        f = Finding("divergence", said, ("divergence",), "divergence.sampled_preempted", "c0r0")
         v = Verdict(new=[f], evidence={said: ev})
         _classify(v, "0.32.0")
         assert v.known == [] and len(v.new) == 1, v
@@ -326,7 +328,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
                                            "its mechanism (stale_dropped:reset) was not counted"), v.new[0].summary
         assert counted in v.new[0].summary
     past = Finding("steps", "steps: request c0r0: 3 sampling steps async on, 2 off (...): 1 step(s) past max_tokens",
-                   ("steps", "past max_tokens"))
+                   ("steps", "past max_tokens"), "steps.past_cap", "c0r0")
     v = Verdict(new=[past])
     _classify(v, "0.11.0")  # in its range, but the request was never scheduled with its last token in flight
     assert v.known == [] and "looks like known upstream async-step-past-max-tokens" in v.new[0].summary
@@ -336,7 +338,7 @@ def test_no_known_entry_claims_by_wording_alone():
     from harness.targets.vllm import upstream as vp
     alone = [k.id for k in vp.KNOWN_UPSTREAM if vp.claims_by_wording_alone(k)]
     assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
-    injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)
+    injected = vp.KnownUpstream("x", "stress", "-", "", "-", codes=("divergence",))
     assert vp.claims_by_wording_alone(injected)
 
 
@@ -379,7 +381,8 @@ def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_coun
     its in-flight step counted for it; the same wording without it is new."""
     said = "request c3r0: async on: 1 prompt_logprobs entries for 88 prompt tokens (first None)"
     for ev, known in (({"stale_dropped:reset": 1}, True), ({"stale_dropped:kv_pressure": 1}, False), ({}, False)):
-        v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"))], evidence={said: ev})
+        v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"), "surface.prompt_logprobs_count.on",
+                                 "c3r0")], evidence={said: ev})
         _classify(v, "0.32.0")
         assert (v.known == [("async-prompt-logprobs-dropped-on-reset", said)]) == known, (ev, v)
         assert (v.new == []) == known

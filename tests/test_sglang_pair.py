@@ -80,12 +80,11 @@ def test_a_slow_result_copy_keeps_tokens(sglang, tok):
 @pytest.mark.scheduled
 @pytest.mark.parametrize("patch,delays", [("sglang_decode_reads_before_copy", SLOW_COPY),
                                           ("sglang_relay_entry_padded_row", None)])
-def test_each_source_patch_is_caught(sglang, tok, patch, delays):
-    from harness import targets
+def test_each_source_patch_is_caught(sglang, tok, patch, delays, oh_pairs):
     from harness.targets.base import TargetError
     reqs = _workload(tok)
     off = sglang.run(reqs, overlap=False)
-    t = targets.make_target("sglang", {patch})
+    t = oh_pairs.get("sglang", {patch})
     try:
         on = t.run(reqs, overlap=True, delays=delays)
     except TargetError as e:  # a crash of the patched engine counts only with its own traceback
@@ -93,7 +92,7 @@ def test_each_source_patch_is_caught(sglang, tok, patch, delays):
             raise
         return print(f"{patch}: {e}")
     finally:
-        targets.make_target("sglang", ())
+        oh_pairs.get("sglang", ())
     assert _clear(off, on) or record_problems(on.outputs, run_logprobs(on)), f"{patch} went unnoticed"
 
 
@@ -123,18 +122,17 @@ def _capped(tok, seed):
 
 
 @pytest.mark.parametrize("patch", [None, pytest.param("sglang_finish_check_late", marks=pytest.mark.scheduled)])
-def test_steps_overlap_never_adds_one(sglang, tok, patch):
+def test_steps_overlap_never_adds_one(sglang, tok, patch, oh_pairs):
     """Overlap may save steps, never add them: stock SGLang leaves a request its in-flight result
     finishes out of the next step (counted: path_finish_in_flight); the patch decodes it once more."""
-    from harness import targets
     from harness.oracles import steps
     reqs = _capped(tok, seed=3)
     off = sglang.run(reqs, overlap=False)
-    t = targets.make_target("sglang", {patch} if patch else ())
+    t = oh_pairs.get("sglang", {patch} if patch else ())
     try:
         on = t.run(reqs, overlap=True)
     finally:
-        targets.make_target("sglang", ())
+        oh_pairs.get("sglang", ())
     v = steps.compare(reqs, _steps(off, sglang), _steps(on, t))
     assert v.compared == len(reqs), steps.summary_line(v)
     if patch is None:
@@ -177,7 +175,7 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
     # with the agent's per-request evidence; anything else fails
     from harness.targets.sglang import upstream as sglang_upstream
     left, known = sglang_upstream.claim(reqs, runs[True], divergences(runs[False], runs[True]))
-    print("\n".join(known))
+    print("\n".join(f"KNOWN UPSTREAM {kid}: {f}" for kid, f in known))
     bad = [d for _, _, divs in left for d in divs if not d.near_tie]
     assert not bad, bad[0].describe(tok.decode)
     for ov in (True, False):
@@ -186,23 +184,22 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
 
 
 @pytest.mark.scheduled
-def test_reservation_one_window_short_is_caught(sglang, tok):
+def test_reservation_one_window_short_is_caught(sglang, tok, oh_pairs):
     """sglang_decode_reservation_short: the decode capacity check one window short on the overlap-on
     server; the path workload outgrows the pool, where stock SGLang retracts (the test above) the
     patched one schedules a step the pool cannot hold and its scheduler dies ('Out of memory')."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     from harness.targets.base import TargetError, TargetUnavailable
     reqs = sp.build(tok)
     off = sglang.run(reqs, overlap=False)
-    t = targets.make_target("sglang", {"sglang_decode_reservation_short"})
+    t = oh_pairs.get("sglang", {"sglang_decode_reservation_short"})
     try:
         on = t.run(reqs, overlap=True)
     except (TargetError, TargetUnavailable) as e:
         assert "Out of memory" in str(e) or "CRASH" in str(e), e
         return print(f"caught: {str(e)[:300]}")
     finally:
-        targets.make_target("sglang", ())
+        oh_pairs.get("sglang", ())
     from harness.targets.sglang import upstream as sglang_upstream  # stock's own divergence (penalties) is not this patch's
     left, _ = sglang_upstream.claim(reqs, on, divergences(off, on))
     assert [d for _, _, divs in left for d in divs if not d.near_tie] or record_problems(on.outputs, run_logprobs(on)), \
@@ -210,18 +207,17 @@ def test_reservation_one_window_short_is_caught(sglang, tok):
 
 
 @pytest.mark.scheduled  # a pair of its own with the CPU graph runner (a capture each), the path workload once an arm
-def test_padded_rows_on_entry_0(sglang, tok):
+def test_padded_rows_on_entry_0(sglang, tok, oh_pairs):
     """Entry 0 on the CPU: the CPU graph runner pads decode batches of 1-3 rows to the captured 4,
     and every padded row must point at entry 0 (req-pool row 0, KV slot 0). The off arm runs stock
     SGLang: padded rows counted, none off entry 0; the on arm runs sglang_pad_rows_not_reset (the
     padded rows keep the last padded replay's rows and KV slots): the agent reports it. Its tokens
     did not change in the measured run (the stale slots were no longer read), so only the agent's
     check catches this patch, deterministically, wherever a batch is padded twice in a row."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the CPU graph runner is the CPU's; on a GPU every CUDA-graph batch pads (check's pair)")
-    t = targets.make_target("sglang", {"sglang_pad_rows_not_reset"}, cpu_graphs=True, pair="graphs")
+    t = oh_pairs.get("sglang", {"sglang_pad_rows_not_reset"}, cpu_graphs=True, pair="graphs")
     try:
         t.start()
         _, counts, _ = _path_counts(t, sp.build(tok))
@@ -235,22 +231,21 @@ def test_padded_rows_on_entry_0(sglang, tok):
 
 @pytest.mark.scheduled  # the overlap-on server restarted on the patched copy, the path workload once an arm
 @pytest.mark.parametrize("patch", ["sglang_war_barrier_no_wait", "sglang_read_done_before_reads"])
-def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
+def test_table_write_without_the_fence_is_caught(sglang, tok, patch, oh_pairs):
     """The fence class by source patch: the barrier waits on nothing (sglang_war_barrier_no_wait), or
     on a read-done event recorded before torch_native's reads (sglang_read_done_before_reads). On a
     CPU nothing races and the tokens stay equal; the agent's fence model (harness.agents.sglang.fence)
     reports each req_to_token write that overlaps an in-flight step's reads unordered (measured on
     the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
     0 hazards) and the off arm has nothing in flight."""
-    from harness import targets
     from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")
     try:
-        t = targets.make_target("sglang", {patch})
+        t = oh_pairs.get("sglang", {patch})
         _, counts, _ = _path_counts(t, sp.build(tok))
     finally:
-        targets.make_target("sglang", ())
+        oh_pairs.get("sglang", ())
     off, on = counts[False], counts[True]
     assert off.get("fence_writes", 0) > 0 and off.get("fence_hazards", 0) == 0, off
     assert on.get("fence_hazards", 0) > 0, on

@@ -58,8 +58,10 @@ def test_books_count_scheduled_sampled_and_a_wait_once_the_request_runs_again():
     _step(books, s, {"b": 1})  # a sits out with budget free ...
     _step(books, s, {"a": 1, "b": 1})  # ... and runs again: one wait
     rec = facts.data["requests"]
-    assert rec["a"][:4] == [request_key([1, 2, 3], 2), 2, 2, 1]
-    assert rec["b"][1:4] == [3, 3, 0]
+    a_rec, b_rec = steps.StepRecord.of(rec["a"]), steps.StepRecord.of(rec["b"])  # written with names
+    assert isinstance(rec["a"], dict) and (a_rec.key, a_rec.scheduled, a_rec.sampled, a_rec.waited) == (
+        request_key([1, 2, 3], 2), 2, 2, 1)
+    assert (b_rec.scheduled, b_rec.sampled, b_rec.waited) == (3, 3, 0)
 
 
 def test_sitting_out_the_step_after_the_last_token_and_finishing_is_no_wait():
@@ -71,9 +73,9 @@ def test_sitting_out_the_step_after_the_last_token_and_finishing_is_no_wait():
     a.status = NS(name="FINISHED_LENGTH_CAPPED")
     books.finished(a)
     s.running.remove(a)
-    assert facts.data["requests"]["a"][6] == "FINISHED_LENGTH_CAPPED"  # published at once: the burst's last may end here
+    assert facts.data["requests"]["a"]["finish"] == "FINISHED_LENGTH_CAPPED"  # published at once: the burst's last may end here
     _step(books, s, {"b": 1})
-    assert facts.data["requests"]["a"][3] == 0
+    assert facts.data["requests"]["a"]["waited"] == 0
 
 
 def test_a_full_step_or_an_empty_one_is_no_wait():
@@ -83,14 +85,14 @@ def test_a_full_step_or_an_empty_one_is_no_wait():
     _step(books, s, {"a": 3})  # the budget went to a: b was not left waiting with budget free
     _step(books, s, {})  # paused: nothing scheduled, no step
     _step(books, s, {"a": 1, "b": 2})
-    assert facts.data["requests"]["b"][3] == 0
+    assert facts.data["requests"]["b"]["waited"] == 0
 
 
 def _arm(**per_key):
     """key -> (copies, scheduled, sampled, waited, preempted, finish)."""
     b = steps.StepBooks()
     for key, (n, sc, sa, w, p, fin) in per_key.items():
-        b.per_key[key] = [n, sc, sa, w, p, 0, 0]
+        b.per_key[key] = steps.Sums(copies=n, scheduled=sc, sampled=sa, waited=w, preempted=p)
         b.finish[key] = {fin}
     return b
 
@@ -221,19 +223,19 @@ def test_the_agent_counts_steps_after_an_abort_and_admission_waits_with_room():
     s = NS(requests={"a": a, "w": w}, running=[a], waiting=[w], max_num_scheduled_tokens=64, max_num_active_reqs=4,
            kv_cache_manager=NS(block_pool=pool), block_size=16, _pause_state=NS(name="UNPAUSED"))
     _step(books, s, {"a": 3})  # w waits with a slot, budget and blocks free
-    assert facts.data["requests"]["w"][9] == 1
+    assert facts.data["requests"]["w"]["admit_waits"] == 1
     pool.get_num_free_blocks = lambda: 0  # no block for its prompt: a legitimate wait, not counted
     _step(books, s, {"a": 1})
     s.running = [a, a, a, a]  # no slot: not counted either
     pool.get_num_free_blocks = lambda: 10
     _step(books, s, {"a": 1})
-    assert facts.data["requests"]["w"][9] == 1
+    assert facts.data["requests"]["w"]["admit_waits"] == 1
     s.running = [a]
     # the abort reaches the scheduler; a scheduler that ignores it schedules the request again
     vllm_steps._finish(lambda self, ids, status: [])(s, ["a"], NS(name="FINISHED_ABORTED"))
     _step(books, s, {"a": 1})
     _step(books, s, {"a": 1})
-    assert facts.data["requests"]["a"][8] == 2
+    assert facts.data["requests"]["a"]["after_abort"] == 2
 
 
 def test_admission_is_counted_as_vllm_walks_its_queue():
@@ -258,15 +260,15 @@ def test_admission_is_counted_as_vllm_walks_its_queue():
     assert facts.data["requests"].get("w", [0] * 10)[9] == 0
     pool.get_num_free_blocks = lambda: 4  # room for both: w was left waiting with room
     _step(books, s, {"a": 1})
-    assert facts.data["requests"]["w"][9] == 1
+    assert facts.data["requests"]["w"]["admit_waits"] == 1
     head.status = NS(name="WAITING_FOR_FSM")  # a grammar not compiled yet: skipped, w counted again
     pool.get_num_free_blocks = lambda: 1
     _step(books, s, {"a": 1})
-    assert facts.data["requests"]["w"][9] == 2
+    assert facts.data["requests"]["w"]["admit_waits"] == 2
     s.max_num_active_reqs = 2  # no slot left: w waits by design
     s.running = [a, a]
     _step(books, s, {"a": 1})
-    assert facts.data["requests"]["w"][9] == 2
+    assert facts.data["requests"]["w"]["admit_waits"] == 2
 
 
 def test_max_tokens_row_allows_one_sample_per_in_flight_drop():

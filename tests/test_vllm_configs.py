@@ -232,16 +232,11 @@ def test_the_priority_patch_edits_only_the_priority_branch():
 def test_the_gate_reports_on_the_pair_of_the_configuration_that_ran():
     """The verdict's overlap, books, HANG and CRASH lines read the pair the suites used: in the
     matrix, that configuration's (measured: without this, the priority row printed none of them)."""
-    from harness import gate, targets
-    saved, sentinel = dict(targets._DEFAULTS), object()
-    try:
-        targets.configure("vllm", config="priority")
-        targets._SERVED[targets.served_key("vllm", {"config": "priority"})] = sentinel
-        assert gate._served_pair("vllm") is sentinel
-    finally:
-        targets._SERVED.pop(targets.served_key("vllm", {"config": "priority"}), None)
-        targets._DEFAULTS.clear()
-        targets._DEFAULTS.update(saved)
+    from harness import targets
+    pairs, sentinel = targets.Pairs({"vllm": targets.ServedOptions(config="priority")}), object()
+    pairs._pairs[targets.served_key("vllm", {"config": "priority"})] = sentinel
+    assert pairs.pair("vllm") is sentinel
+    assert targets.Pairs({"vllm": targets.ServedOptions()}).pair("vllm") is None
 
 
 def test_after_a_known_crash_no_request_sets_off_the_pair_starts_where_it_never_comes():

@@ -17,12 +17,8 @@ PATCH = "priority_victim_keeps_placeholders"
 
 
 def _matrix(capsys, tmp_path, *argv):
-    from harness import targets
     from harness.cli import main
-    try:
-        code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])
-    finally:
-        targets.close_served()
+    code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])  # each gate closes its pairs
     out = capsys.readouterr().out
     rows = {}
     for line in out.split("server configuration matrix", 1)[-1].splitlines():

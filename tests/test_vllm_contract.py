@@ -59,9 +59,7 @@ def test_setup_again_is_a_no_op(site_packages, capsys):
 
 def test_check_without_setup_is_one_line(tmp_path, monkeypatch, capsys):
     from harness.cli import main
-    from harness import targets
     monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))
-    monkeypatch.setattr(targets, "_SERVED", {})
     assert main(["check", "--target", "vllm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("overlap-harness: error: target vllm: no vLLM venv in ") and "setup vllm" in err[-1]

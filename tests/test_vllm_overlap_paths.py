@@ -58,13 +58,12 @@ def test_stock_overlaps_on_every_path(vllm, tok):
 
 
 @pytest.mark.on_server(CHUNK)
-def test_a_held_recompute_chunk_is_lost_on_its_path_only(vllm, tok):
-    from harness import targets
+def test_a_held_recompute_chunk_is_lost_on_its_path_only(vllm, tok, oh_pairs):
     try:
-        assert targets.make_target("vllm", {CHUNK}) is vllm
+        assert oh_pairs.get("vllm", {CHUNK}) is vllm
         reqs, books = _books_on(vllm, tok)  # the run-level oracle passes it (it would raise)
     finally:
-        targets.make_target("vllm", ())
+        oh_pairs.get("vllm", ())
     v = _verdicts(reqs, books)
     lost, line, _ = v["chunked_prefill"]
     assert lost is True and line.startswith("overlap: LOST on chunked_prefill"), line
@@ -85,12 +84,11 @@ def test_stock_worker_overlaps_its_copies(vllm, tok):
 
 
 @pytest.mark.on_server(WORKER)
-def test_a_worker_waiting_for_the_copy_is_lost(vllm, tok):
-    from harness import targets
+def test_a_worker_waiting_for_the_copy_is_lost(vllm, tok, oh_pairs):
     from harness.targets.base import TargetError
     try:
-        assert targets.make_target("vllm", {WORKER}) is vllm
+        assert oh_pairs.get("vllm", {WORKER}) is vllm
         with pytest.raises(TargetError, match="the worker began step N\\+1's forward only after"):
             vllm.run(workloads.mixed(tok, 8, seed=0), overlap=True, delays=SLOW_COPY, seed=0)
     finally:
-        targets.make_target("vllm", ())
+        oh_pairs.get("vllm", ())

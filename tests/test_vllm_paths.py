@@ -31,7 +31,7 @@ def _path_run(on_ids, counts, rid="pen0", paths=("penalties",)):
 
 ROW = vp.PATHS_BY_NAME["penalties"]
 KNOWN = [vllm_upstream.KnownUpstream("injected-1", "penalties", "an injected example", "", "-",
-                                     match=lambda f: "diverges at token 2" in f)]
+                                     codes=("divergence",), evidence="injected_mechanism")]
 
 
 def test_a_path_that_ran_zero_times_fails_as_not_exercised():
@@ -50,10 +50,11 @@ def test_a_divergence_on_the_rows_request_fails():
 
 def test_a_known_upstream_divergence_is_reported_never_passed():
     with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM injected-1"):
-        judge(ROW, _path_run([5, 6, 9, 8], {"penalty_steps": 9}), known=KNOWN)
+        judge(ROW, _path_run([5, 6, 9, 8], {"penalty_steps": 9, "injected_mechanism": 1}), known=KNOWN)
 
 
 def test_a_known_entry_never_hides_a_new_divergence():
+    """The same divergence without the entry's mechanism counted is new."""
     with pytest.raises(pytest.fail.Exception, match="diverges at token 1"):
         judge(ROW, _path_run([5, 9, 7, 8], {"penalty_steps": 9}), known=KNOWN)
 

@@ -185,10 +185,7 @@ def test_bad_release_input_is_one_line(argv, says, tmp_path, monkeypatch, capsys
 
 
 def test_check_a_release_not_installed_says_how(tmp_path, monkeypatch, capsys):
-    from harness import targets
-    monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))
-    monkeypatch.setattr(targets, "_SERVED", {})
-    monkeypatch.setattr(targets, "_DEFAULTS", {})
+    monkeypatch.setenv("OVERLAP_HARNESS_CACHE", str(tmp_path))  # the gate's pairs are its own: nothing to reset
     assert main(["check", "--target", "vllm", "--vllm-version", "0.13.0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "setup vllm --version 0.13.0" in err and str(tmp_path / "vllm-releases" / "0.13.0") in err, err

@@ -57,7 +57,7 @@ def _with_aborts_and_arrivals(tok):
 
 
 def _sums(books):
-    return [sum(v[j] for v in books.per_key.values()) for j in (5, 6)]  # steps after an abort, admission waits
+    return [sum(getattr(v, f) for v in books.per_key.values()) for f in ("after_abort", "admit_waits")]
 
 
 def test_the_steps_books_agree_on_stock_vllm(vllm, tok):  # noqa: F811
@@ -81,19 +81,18 @@ WORK_PATCHES = ("abort_ignored_in_flight", "admission_waits_for_in_flight")
 
 
 @pytest.mark.on_server("+".join(WORK_PATCHES))
-def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, tok):  # noqa: F811
+def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, tok, oh_pairs):  # noqa: F811
     """Issue 36, item 5: two source patches that change no token and leak nothing, on one restart
     of the async-on server: an abort ignored while a step is in flight (the request decodes on for
     a client that is gone) and admission held back while steps are in flight (the anchor keeps one
     in flight whenever a newcomer arrives)."""
-    from harness import targets
     reqs = _with_aborts_and_arrivals(tok)
     off_run, off = _run_with_books(vllm, reqs, False)
     try:
-        assert targets.make_target("vllm", set(WORK_PATCHES)) is vllm
+        assert oh_pairs.get("vllm", set(WORK_PATCHES)) is vllm
         bad_run, bad = _run_with_books(vllm, reqs, True)
     finally:
-        targets.make_target("vllm", ())
+        oh_pairs.get("vllm", ())
     caught = steps.compare(reqs, off, bad).findings
     assert any("after its abort reached the scheduler (async on)" in f for f in caught), caught
     # every newcomer arrives while the anchor has a step in flight: held back until the batch drains
@@ -103,15 +102,14 @@ def test_ignored_aborts_and_late_admission_are_caught_by_the_steps_oracle(vllm, 
 
 
 @pytest.mark.on_server(PATCH)
-def test_the_steps_oracle_catches_what_tokens_miss(vllm, tok):  # noqa: F811
-    from harness import targets
+def test_the_steps_oracle_catches_what_tokens_miss(vllm, tok, oh_pairs):  # noqa: F811
     reqs = _workload(tok)
     off_run, off = _run_with_books(vllm, reqs, False)
     try:
-        assert targets.make_target("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
+        assert oh_pairs.get("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
         bad_run, bad = _run_with_books(vllm, reqs, True)
     finally:
-        targets.make_target("vllm", ())
+        oh_pairs.get("vllm", ())
     assert not [d for _, _, ds in divergences(off_run, bad_run) for d in ds], "the patch changed a token"
     caught = steps.compare(reqs, off, bad)
     assert any("waited" in f and "with budget free" in f for f in caught.findings), steps.summary_line(caught)

@@ -31,12 +31,11 @@ def test_stress_is_quiet_on_stock_vllm(vllm, tok, tmp_path):  # noqa: F811
 
 
 @pytest.mark.on_server(PATCH)
-def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_path):  # noqa: F811
-    from harness import targets
+def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_path, oh_pairs):  # noqa: F811
     from harness.search.served import repro as served_repro
     from harness.search.served.judge import judge
     try:
-        assert targets.make_target("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
+        assert oh_pairs.get("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
         s = ServedStress(vllm, tok, seconds=600, seed=2, cases=4, shrink_seconds=45, out=str(tmp_path),
                          version=vllm.version, max_findings=1, patches=[PATCH], max_runs=6)
         res = s.run()
@@ -50,7 +49,7 @@ def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_p
         v = judge(vllm, case, vllm.version)  # what `replay FILE --target vllm` runs
         assert any(list(x.signature) == d["harness"]["verdict"]["signature"] for x in v.new), v.new
     finally:
-        targets.make_target("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
+        oh_pairs.get("vllm", ())  # stock vLLM for whatever runs next (restarted lazily)
 
 
 def test_a_pressure_mix_preempts_a_decoding_request_in_flight(vllm, tok):  # noqa: F811

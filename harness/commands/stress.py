@@ -225,8 +225,8 @@ def add_commands(sub) -> None:
     r.add_argument("--target", default="ref", choices=("ref", "vllm", "sglang", "openai"),
                    help="the target the reproducer was found on (default ref; vllm/openai: a served reproducer)")
     r.add_argument("--vllm-version", metavar="V", help="vllm: the release (default: the reproducer's)")
-    from harness.commands.check import vllm_env_flags
-    vllm_env_flags(r)
+    from harness.flags import add_vllm_env_flags
+    add_vllm_env_flags(r)
     r.add_argument("--out", default=None, metavar="DIR", help="vllm: where a CRASH's log or a HANG's report is kept")
     r.add_argument("--url", help="openai: the endpoint with overlap on")
     r.add_argument("--url-off", help="openai: the endpoint with overlap off")

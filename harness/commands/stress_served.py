@@ -28,8 +28,9 @@ def _printer(stream=sys.stderr):
     return show
 
 
-def check_flags(a, bad) -> None:
-    """Every served-target flag checked before a server starts (`bad(msg)` -> the exception to raise)."""
+def check_flags(a, bad):
+    """Every served-target flag checked before a server starts (`bad(msg)` -> the exception to raise);
+    the VllmChoice the vLLM flags make (harness.targets.VllmChoice)."""
     if a.target == "openai":
         if not a.url or not a.url_off:
             raise bad("--target openai needs --url (overlap on) and --url-off (overlap off)")
@@ -37,9 +38,8 @@ def check_flags(a, bad) -> None:
             raise bad("--fault applies to --target ref or vllm (for openai, start the servers with it)")
     elif a.url or a.url_off:
         raise bad("--url / --url-off apply to --target openai only")
-    if a.target == "vllm" or a.vllm_version is not None or getattr(a, "vllm_python", None):
-        from harness.commands.check import check_vllm_version
-        check_vllm_version(a, bad)
+    from harness.flags import vllm_choice
+    vllm = vllm_choice(a, bad)  # the one check of --vllm-version / --vllm-python / --vllm-runner
     if a.target in ("vllm", "sglang"):
         from harness.targets import check_fault_names
         check_fault_names(a.target, a.fault, bad)
@@ -56,6 +56,7 @@ def check_flags(a, bad) -> None:
     config_order(a, bad)
     if not 0 < getattr(a, "config_minutes", 2.0) < float("inf"):
         raise bad(f"--config-minutes must be a positive number, got {a.config_minutes:g}")
+    return vllm
 
 
 def config_order(a, bad) -> list[str]:
@@ -78,20 +79,27 @@ def config_order(a, bad) -> list[str]:
     return names
 
 
-def make_served(a, bad):
-    """(target, tokenizer, release) for --target vllm / openai; a target that cannot start is `bad`."""
+def served_pairs(a, bad, vllm=None):
+    """The run's Pairs (harness.targets.Pairs): the vLLM the flags chose (`vllm`, checked once by
+    harness.flags.vllm_choice; checked here when not given) and --out, for each pair the run starts."""
     from harness import targets
+    from harness.flags import vllm_choice
+    vllm = vllm or vllm_choice(a, bad)
+    return targets.Pairs({"vllm": targets.ServedOptions(out_dir=a.out, vllm=vllm),
+                          "sglang": targets.ServedOptions(out_dir=a.out)})
+
+
+def make_served(a, bad, pairs):
+    """(target, tokenizer, release) for --target vllm / openai; a target that cannot start is `bad`."""
     from harness.targets.base import TargetError, TargetUnavailable
     try:
         if a.target == "vllm":
-            from harness.commands.check import vllm_kw
-            t = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, **vllm_kw(a),
-                                    config=(config_order(a, bad) or [None])[0])
+            t = pairs.get("vllm", frozenset(a.fault), config=(config_order(a, bad) or [None])[0])
             t.start()
             return t, t.tokenizer(), t.version
         if a.target == "sglang":  # SGLang 0.5.23 (CPU backend here): judged black-box, as an OpenAI pair
             from harness.agents.sglang.points import WRITTEN_AGAINST
-            t = targets.make_target("sglang", frozenset(a.fault), out_dir=a.out)
+            t = pairs.get("sglang", frozenset(a.fault))
             t.start()
             return t, t.tokenizer(), WRITTEN_AGAINST
         from harness.targets.openai_pair import OpenAIPair
@@ -112,12 +120,11 @@ def _tokenizer(path, bad):
 
 
 def cmd_stress_served(a, bad, term) -> int:
-    from harness import targets
     from harness.search.explore import parse_shard
     from harness.search.reproducer import check_writable
     from harness.search.served.explore import ServedStress, summary_lines
     from harness.search.signals import sigterm_deferred
-    check_flags(a, bad)
+    vllm = check_flags(a, bad)
     try:
         shard = parse_shard(a.shard)
     except ValueError as e:
@@ -133,15 +140,15 @@ def cmd_stress_served(a, bad, term) -> int:
              if a.target == "vllm" else "") + f", out {a.out}; starting the servers",
           file=sys.stderr, flush=True)
     s = None
+    pairs = served_pairs(a, bad, vllm)
     try:
-        t, tok, version = make_served(a, bad)
+        t, tok, version = make_served(a, bad, pairs)
         agent = a.target == "vllm"
         configs = config_order(a, bad)
 
         def switch(name):  # one pair alive at a time: the last configuration's servers stop first
-            from harness.commands.check import vllm_kw
-            targets.close_served()
-            nt = targets.make_target("vllm", frozenset(a.fault), out_dir=a.out, config=name, **vllm_kw(a))
+            pairs.close()
+            nt = pairs.get("vllm", frozenset(a.fault), config=name)
             nt.start()
             return nt
         s = ServedStress(t, tok, seconds=a.minutes * 60, seed=a.seed, shard=shard, cases=a.cases_per_run,
@@ -156,10 +163,10 @@ def cmd_stress_served(a, bad, term) -> int:
             res = s.res
     except KeyboardInterrupt:
         print("interrupted while the servers started: nothing run", file=sys.stderr)
-        targets.close_served()
+        pairs.close()
         return EXIT_TERMINATED if term else EXIT_INTERRUPTED
     with sigterm_deferred():
-        targets.close_served()  # no vLLM process outlives the run
+        pairs.close()  # no vLLM process outlives the run
         lines = summary_lines(s)
         print("\n".join(lines))
         with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
@@ -187,9 +194,9 @@ def cmd_stress_served(a, bad, term) -> int:
 
 
 def cmd_replay_served(a, bad) -> int:
-    from harness import targets
     from harness.search.served import repro as served_repro
     from harness.search.served.judge import judge
+    from harness.verdict import code_of
     try:
         d, case = served_repro.load(a.file)
     except served_repro.BadServedRepro as e:
@@ -219,9 +226,11 @@ def cmd_replay_served(a, bad) -> int:
     if tries is None or tries < 1:
         raise bad("--tries must be at least 1")
     sig = list(rec.get("signature", []))
+    pairs = None
     try:
         try:
-            t, _, version = make_served(a, bad)
+            pairs = served_pairs(a, bad)
+            t, _, version = make_served(a, bad, pairs)
         except Exception as e:
             if bisecting and isinstance(e, type(bad(""))):
                 print(f"cannot test this vLLM: {e}")
@@ -235,14 +244,15 @@ def cmd_replay_served(a, bad) -> int:
                 print(f"try {k} of {tries}: " + (f"failed differently ({v.new[0].kind})" if v.failed else
                                                  "did not fail as recorded") + "; again", file=sys.stderr)
     finally:
-        targets.close_served()
+        if pairs is not None:
+            pairs.close()
     for kid, what in v.known:
         print(f"KNOWN UPSTREAM {kid}: {what[:200]}")
     if v.refused:
         print(f"not judged: {v.refused}")
         return EXIT_CANNOT_TEST if bisecting else EXIT_BAD_INPUT
     if not v.failed:
-        claimed = [kid for kid, what in v.known if not what.startswith("vLLM reached it")]
+        claimed = [kid for kid, what in v.known if code_of(what) != "known.counter"]  # not a counter's note
         if claimed:  # it fails as recorded, and a known-upstream entry (live in this release) claims it
             print(f"reproduces KNOWN UPSTREAM {claimed[0]} (not a new failure; recorded: {rec.get('kind', '?')})")
         else:
@@ -263,8 +273,8 @@ def add_flags(s) -> None:
                    help="ref: the embedded engine (default); vllm: two vLLM servers, async scheduling on/off, "
                         "our agent inside; openai: any two OpenAI-compatible endpoints (--url, --url-off)")
     s.add_argument("--vllm-version", metavar="V", help="vllm: the release to attack (`setup vllm --version V`)")
-    from harness.commands.check import vllm_env_flags
-    vllm_env_flags(s)
+    from harness.flags import add_vllm_env_flags
+    add_vllm_env_flags(s)
     s.add_argument("--url", help="openai: the endpoint with overlap on")
     s.add_argument("--url-off", help="openai: the endpoint with overlap off")
     s.add_argument("--served-model", help="openai: the model name (default: the first of GET /v1/models)")

@@ -5,32 +5,8 @@ import sys
 from pathlib import Path
 
 
-def releases_arg(text: str | None, error) -> list[str]:
-    """--releases "0.11.0,0.13.0" or "installed" (default): the releases, oldest first; every one
-    named must be installed (one line naming those that are not)."""
-    from harness.targets.vllm.releases import installed
-    from harness.targets.vllm.releases import release_key
-    have = installed()
-    if text in (None, "", "installed"):
-        if not have:
-            raise error("no vLLM release is installed (run `overlap-harness setup vllm`)")
-        return have
-    want = [v.strip() for v in text.split(",") if v.strip()]
-    for v in want:
-        try:
-            release_key(v)
-        except ValueError:
-            raise error(f"--releases: not a release number: {v!r}") from None
-    missing = [v for v in want if v not in have]
-    if missing:
-        raise error(f"vLLM {', '.join(missing)} not installed (installed: {', '.join(have) or 'none'}; "
-                    f"`overlap-harness setup vllm --version V` installs one)")
-    return sorted(dict.fromkeys(want), key=release_key)
-
-
 def cmd_sweep(a) -> int:
-    from harness.flags import UsageError
-    from harness.commands.check import check_writable
+    from harness.flags import UsageError, check_writable, releases_arg
     from harness.releases import sweep as sw
     if a.json:
         check_writable(a.json, "--json", UsageError)

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 
 from harness import stopping
+from harness.verdict import Status
+
+PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, SKIPPED = (Status.PASS, Status.FAIL, Status.KNOWN, Status.NA,
+                                                      Status.NOT_EXERCISED, Status.HANG, Status.SKIPPED)
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: this file is harness/gate/__init__.py
 SUITE_DIRS = ("races", "equivalence", "evals")
@@ -69,7 +73,7 @@ class _Collector:
     def __init__(self, progress, durations: dict | None = None):
         self.progress = progress
         self.order: dict[str, int] = {}  # node id -> position in collection order
-        self.records: list[tuple] = []  # (node id, suite, outcome, message, first step)
+        self.records: list[tuple] = []  # (node id, suite, outcome, message, first step, status)
         self.cases: list[dict] = []  # case_record per case, for `check --json`
         self.extra: list[tuple] = []  # (node id, key, value): path counts, known upstream
         self.known = durations or {}  # node id -> seconds, from earlier runs
@@ -94,19 +98,19 @@ class _Collector:
         for k, v in report.user_properties:
             if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised"):
                 self.extra.append((report.nodeid, k, v))
-        if getattr(report, "wasxfail", "").startswith("KNOWN UPSTREAM"):
-            self.extra.append((report.nodeid, "known", report.wasxfail))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
-        if report.skipped and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: why")
-            why = str(report.longrepr[2]).removeprefix("Skipped: ")
-            if why.startswith("n/a in "):
-                self.extra.append((report.nodeid, "na", why))
-            if why.startswith("not exercised"):
-                self.extra.append((report.nodeid, "not_exercised", f"{report.nodeid.split('::')[-1]}: {why}"))
         msg, step = ("", None) if outcome != "failed" else (
             _message(report), dict(report.user_properties).get("first_step"))
-        self.records.append((report.nodeid, suite, outcome, msg, step))
-        self.cases.append(case_record(report, suite, outcome, msg))
+        case = case_record(report, suite, outcome, msg)
+        # what the gate lists apart, by the case's status and finding code (harness.verdict)
+        if case["status"] == KNOWN:
+            self.extra.append((report.nodeid, "known", report.wasxfail))
+        elif case["status"] == NA and case["finding"] == "row.absent":
+            self.extra.append((report.nodeid, "na", case["detail"]))
+        elif case["status"] == NOT_EXERCISED and outcome == "skipped":
+            self.extra.append((report.nodeid, "not_exercised", f"{report.nodeid.split('::')[-1]}: {case['detail']}"))
+        self.records.append((report.nodeid, suite, outcome, msg, step, case["status"]))
+        self.cases.append(case)
         if self.progress:
             self.progress(suite, report)
 
@@ -115,13 +119,13 @@ class _Collector:
         res = GateResult()
         last = len(self.order)
         ranked = sorted(enumerate(self.records), key=lambda r: (self.order.get(r[1][0], last), r[0]))
-        for _, (_, suite, outcome, msg, step) in ranked:
+        for _, (_, suite, outcome, msg, step, status) in ranked:
             s = res.suites.setdefault(suite, SuiteResult(suite))
             s.cases += 1
             setattr(s, outcome, getattr(s, outcome) + 1)
             if outcome == "failed" and not s.first_failure:
                 s.first_failure, s.first_step = msg, step
-            if outcome == "failed" and msg.startswith("HANG") and msg not in res.hangs:
+            if status == HANG and msg not in res.hangs:
                 res.hangs.append(msg)
         for nid, sec in self.durations.items():  # where a gate's time goes (the sweep's 6-minute goal)
             s = res.suites.get(Path(nid.split("::")[0]).stem)
@@ -200,14 +204,33 @@ def _longest_first(config, log, cost):
     return LongestFirst(config, log)
 
 
+class _GivePairs:
+    """Hands the run's Pairs to the plugin's fixtures (harness.plugin.give_pairs)."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def pytest_configure(self, config):
+        from harness.plugin import give_pairs
+        give_pairs(config, self.pairs)
+
+
 def case_record(report, suite: str, outcome: str, msg: str) -> dict:
-    """One case as `check --json` writes it: its status (harness.gate.json_report.STATUSES) and detail."""
-    from harness.gate.json_report import case_status
-    reason = ""
-    if outcome == "skipped":
-        reason = getattr(report, "wasxfail", "") or _skip_reason(report)
-    status, detail = case_status(outcome, msg, reason)
-    return {"id": report.nodeid, "suite": suite, "status": status, "detail": detail}
+    """One case as `check --json` writes it: its status (harness.verdict.Status), the finding code
+    and the detail line, from the status and code the plugin put on its report (harness.plugin)."""
+    props = dict(report.user_properties)
+    status = props.get("status") or {"passed": PASS, "failed": FAIL}.get(outcome, SKIPPED)
+    if status == PASS:
+        detail = ""
+    elif outcome == "failed":
+        detail = msg.removeprefix("Failed: ")
+    elif status == KNOWN:  # "<id>: <finding>": the id from the data, the words as the suite gave them
+        kid = props.get("known_id", "")
+        detail = f"{kid}: " + report.wasxfail.removeprefix(f"KNOWN UPSTREAM {kid}:").strip()
+    else:
+        detail = getattr(report, "wasxfail", "") or _skip_reason(report)
+    return {"id": report.nodeid, "suite": suite, "status": str(status), "finding": props.get("finding", ""),
+            "known": props.get("known_id", ""), "detail": detail}
 
 
 def _skip_reason(report) -> str:
@@ -257,8 +280,10 @@ def xdist_args(workers) -> list[str]:
 
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
                suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1,
-               keyword: str | None = None) -> GateResult:
-    """`keyword`: only the cases pytest's -k selects (a suite's module fixtures run only for them)."""
+               keyword: str | None = None, pairs=None) -> GateResult:
+    """`keyword`: only the cases pytest's -k selects (a suite's module fixtures run only for them).
+    `pairs`: the run's served pairs (harness.targets.Pairs), which the suites get through the
+    plugin (harness.plugin); None: the session makes and closes its own."""
     xd = xdist_args(workers)
     args = suite_paths(suites) + ["-p", "no:cacheprovider", "-q", "--tb=no", "-rN", "--rootdir", str(ROOT),
                                   "--oh-target", target, "--oh-device", device] + xd
@@ -275,7 +300,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
     t = time.perf_counter()
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
-        code = pytest.main(args, plugins=[col])
+        code = pytest.main(args, plugins=[col] + ([_GivePairs(pairs)] if pairs is not None else []))
     if timed and code in (0, 1):
         save_durations(col.durations)
     res = col.res
@@ -288,37 +313,30 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
 
 
 # -- check ----------------------------------------------------------------------------
-def start_served(target: str, faults, exc, model: str | None = None, server_args=(), logits_processors=(),
-                 out_dir: str | None = None, version: str | None = None, vllm: dict | None = None) -> None:
-    """A served target (a real engine) is started before the suites run, so a missing setup or
+def start_served(target: str, faults, exc, options=None):
+    """The run's Pairs (harness.targets.Pairs), created here and closed by the caller at the run's
+    end. A served target (a real engine) is started before the suites run, so a missing setup or
     a server that cannot start is one line and exit 2, not an error in every suite."""
-    if logits_processors and target != "vllm":
+    from harness.targets import Pairs, ServedOptions
+    options = options or ServedOptions()
+    if options.logits_processors and target != "vllm":
         raise exc(f"--logits-processor is for --target vllm (its vllm.logits_processors entry points), not {target}")
-    if logits_processors:  # a malformed one is one line before any server starts
+    if options.logits_processors:  # a malformed one is one line before any server starts
         from harness.targets.vllm.target import parse_entry_points
-        parse_entry_points(logits_processors, exc)
+        parse_entry_points(options.logits_processors, exc)
+    pairs = Pairs({target: options})
     if target == "ref":
-        return
-    from harness.targets import configure, make_target
+        return pairs
     from harness.targets.base import TargetError, TargetUnavailable
     print(f"starting the {target} servers (overlap on and off) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     try:
-        kw = {"extra_args": list(server_args)} if server_args else {}
-        if model:
-            kw["model"] = model
-        if logits_processors:
-            kw["logits_processors"] = list(logits_processors)
-        if out_dir:  # where a HANG's report and the like outlive the servers' temporary work folder
-            kw["out_dir"] = out_dir
-        if version:
-            kw["version"] = version
-        kw.update(vllm or {})  # the vLLM's switches: version, vllm_python, runner
-        configure(target, **kw)
-        make_target(target, frozenset(faults)).start()
+        pairs.get(target, frozenset(faults)).start()
     except (TargetUnavailable, TargetError) as e:
+        pairs.close()
         raise exc(f"target {target}: {e}") from None
     print(f"servers ready in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    return pairs
 
 
 def format_table(res: GateResult) -> str:
@@ -384,25 +402,16 @@ def invariance_lines(target: str) -> str:
     return inv.line if inv.ok else f"{inv.line}\n{INEXACT}"
 
 
-def served_overlap_line(target: str) -> str:
-    """A served target's overlap, from what its agent saw (checked after every run already)."""
-    summary = getattr(_served_pair(target), "overlap_summary", None)
-    return summary() if summary else ""
+def served_overlap_line(pair) -> str:
+    """A served target's overlap (`pair`: the run's main pair, None for ref), from what its agent
+    saw (checked after every run already)."""
+    return pair.overlap_summary() if pair is not None else ""
 
 
-def _served_pair(target: str):
-    """The server pair the suites used, as it is (make_target would reset its faults)."""
-    from harness import targets
-    d = targets._DEFAULTS.get(target, {})
-    return targets._SERVED.get(targets.served_key(target, {"model": d.get("model"), "config": d.get("config")}))
-
-
-def served_books_lines(target: str) -> list[str]:
+def served_books_lines(pair) -> list[str]:
     """Both arms' books at idle (harness.oracles.books), read as the gate ends: what each engine
     still holds after every suite ran on it."""
-    pair = _served_pair(target) if target != "ref" else None
-    read = getattr(pair, "idle_books", None)
-    if read is None:
+    if pair is None:
         return []
     from harness.oracles import books
     out = []
@@ -411,68 +420,58 @@ def served_books_lines(target: str) -> list[str]:
         if overlap in pair.hung:
             out.append(f"books at idle (async {arm}): not read (the server hung)")
         elif overlap in pair.servers:
-            own = getattr(pair, "books_line", None)  # an engine whose books are its own (SGLang's checks)
-            out.append(own(read(overlap), arm) if own else books.line(read(overlap), arm))
+            bk = pair.idle_books(overlap)
+            # SGLang's books are its own idle checks (SglangTarget.books_line); vLLM's, the agent's
+            out.append(pair.books_line(bk, arm) if pair.name == "sglang" else books.line(bk, arm))
     return out
 
 
-def served_crashes(target: str) -> list[dict]:
+def served_crashes(pair) -> list[dict]:
     """The servers that died under a run: {"line", "traceback", "log"} each."""
-    return list(getattr(_served_pair(target), "crashes", []) or []) if target != "ref" else []
+    return list(pair.crashes) if pair is not None else []
 
 
-def release_line(target: str) -> str:
-    """The vLLM release in force and what was adapted to run it here."""
-    pair = _served_pair(target)
-    rel = getattr(pair, "release", None)
-    if rel is None:
+def release_line(pair) -> str:
+    """The vLLM release in force and what was adapted to run it here (a vLLM pair; "" for others)."""
+    if pair is None or pair.name != "vllm":
         return ""
-    ad = rel.adaptations()
-    what = pair.what_ran() if hasattr(pair, "what_ran") else rel.label()
-    return f"vLLM that ran: {what}" + (
+    ad = pair.release.adaptations()
+    return f"vLLM that ran: {pair.what_ran()}" + (
         "\nadapted: " + "; ".join(ad) if ad else "\nadapted: nothing (run as installed)")
 
 
-def served_release(target: str, asked: str | None = None) -> tuple[str | None, list[str]]:
+def served_release(pair, asked: str | None = None) -> tuple[str | None, list[str]]:
     """(the engine release the suites ran against, what the agent adapted there): the release
-    asked for, else the one the target reports, else read from its install; (None, []) for ref."""
-    if target == "ref":
-        return None, []
-    pair = _served_pair(target)
-    rel = getattr(pair, "release", None)  # the release table's entry (harness.targets.vllm.releases)
-    adapted = [str(x) for x in (rel.adaptations() if hasattr(rel, "adaptations") else ())]
-    if target == "vllm":
-        from harness.targets.vllm.releases import release_in_force
-        return asked or release_in_force(pair), adapted
-    return asked, adapted
+    asked for, else the one the vLLM pair ran (Target.version); (None, []) for ref and SGLang."""
+    if pair is None or pair.name != "vllm":
+        return asked, []
+    return asked or pair.version, [str(x) for x in pair.release.adaptations()]
 
 
-def served_restarts_line(target: str) -> str:
+def served_restarts_line(pair) -> str:
     """How often the pair started again after a death, and whether it was given up (issue 36)."""
-    pair = _served_pair(target) if target != "ref" else None
-    n, gone = getattr(pair, "restarts", 0), getattr(pair, "given_up", "")
+    n, gone = (pair.restarts, pair.given_up) if pair is not None else (0, "")
     if not n and not gone:
         return ""
     return (f"the server pair started again {n} time(s) after a death; every later case was judged"
             if not gone else f"the server pair started again {n} time(s) after a death, then not again: {gone}")
 
 
-def served_left_out_line(target: str) -> str:
+def served_left_out_line(pair) -> str:
     """What the pair stopped sending after a known bug killed its async-on engine (issue 36)."""
-    pair = _served_pair(target) if target != "ref" else None
-    proven = getattr(type(pair), "proven_crashes", None) or {}
+    proven = type(pair).proven_crashes if pair is not None else {}
     if not proven:
         return ""
-    gone = getattr(pair, "left_out", {}) or {}
+    gone = pair.left_out
     return "; ".join(
         f"left out after KNOWN UPSTREAM {kid} killed the async-on engine ({case}): "
         f"{', '.join(f for f, _ in trig)} from {sum(v[0] == kid for v in gone.values())} request(s) since, "
         f"both arms; the rows that attack them say KNOWN UPSTREAM" for kid, (case, trig) in proven.items())
 
 
-def served_hangs(target: str) -> list[dict]:
+def served_hangs(pair) -> list[dict]:
     """The runs the progress watchdog ended as HANG: {"line", "report", "stacks"} each."""
-    return list(getattr(_served_pair(target), "hangs", []) or []) if target != "ref" else []
+    return list(pair.hangs) if pair is not None else []
 
 
 # -- mutants ----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`check --json FILE`: the gate's verdict as one JSON object, what `sweep` reads per release.
 
-Every case gets one status of STATUSES and a detail line; a row is a path of the paths suite
-(`test_paths[preemption]` -> row `preemption`, its steps case -> row `steps`) or, for any other
+Every case gets one status of STATUSES (harness.verdict.Status, decided by the suite and put on
+its report by the plugin, never read from its words), its finding code and a detail line; a row
+is a path of the paths suite (`test_paths[preemption]` -> row `preemption`, its steps case -> row
+`steps`) or, for any other
 suite, the suite itself (its first finding). The object says which release ran and what the
 agent adapted there, when the target knows it.
 """
@@ -11,44 +13,23 @@ import json
 import os
 import re
 
-PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, CRASH, SKIPPED = (
-    "pass", "FAIL", "KNOWN UPSTREAM", "n/a", "not exercised", "HANG", "CRASH", "skipped")
+from harness.verdict import Status
+
+PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, CRASH, SKIPPED = (str(s) for s in Status)
 STATUSES = (PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, CRASH, SKIPPED)
 # how bad a status is, for a row that sums several cases (a suite): the worst one stands
 # a skipped case (a speculative variant on a target without a drafter) says nothing against the
 # cases that ran: a suite row is "skipped" only when all of its cases were
 _RANK = {SKIPPED: -1, PASS: 0, NA: 2, KNOWN: 3, NOT_EXERCISED: 4, FAIL: 5, HANG: 6, CRASH: 7}
-SCHEMA = 1
+SCHEMA = 2  # 2: each case and row has its finding code ("finding") and a known entry's id ("known")
 
 
-def case_status(outcome: str, message: str, reason: str = "") -> tuple[str, str]:
-    """(status, detail) of one case from pytest's outcome, its failure message, or its skip /
-    xfail reason. KNOWN UPSTREAM keeps its id in the detail ("<id>: <finding>")."""
-    if outcome == "passed":
-        return PASS, ""
-    if outcome == "failed":
-        msg = message.removeprefix("Failed: ")
-        # the served target's own words for a dead or stuck server, raised as its error class
-        m = re.match(r"(?:[\w.]+(?:Error|Exception|Crash|Hang): )?(?:the server is gone: )?(CRASH|HANG)\b", msg)
-        if m:
-            return m.group(1), msg
-        if msg.startswith("not exercised"):
-            return NOT_EXERCISED, msg
-        return FAIL, msg
-    if reason.startswith("KNOWN UPSTREAM"):
-        return KNOWN, reason.removeprefix("KNOWN UPSTREAM").strip()
-    # a feature the release lacks is "n/a in V" (never a pass); a CPU build that cannot run a
-    # path says "not on vLLM's CPU build": also not applicable here
-    if re.search(r"\bn/a\b", reason) or "not on vLLM's CPU build" in reason:
-        return NA, reason
-    if reason.startswith("not exercised"):  # a target's declared limit (SGLang's unseeded sampling)
-        return NOT_EXERCISED, reason
-    return SKIPPED, reason
-
-
-def known_id(detail: str) -> str:
-    """"cpu-seeded-partial-prefill: vLLM reached it ..." -> "cpu-seeded-partial-prefill"."""
-    return detail.split(":", 1)[0].strip()
+def known_id(row: dict) -> str:
+    """The known-upstream id of a KNOWN UPSTREAM row or case; a schema-1 file (no "known") keeps it
+    as the detail's first word ("<id>: <finding>")."""
+    if "known" in row:
+        return row["known"]
+    return row.get("detail", "").split(":", 1)[0].strip()
 
 
 def row_name(case: dict) -> str:
@@ -69,7 +50,8 @@ def rows(cases: list[dict]) -> dict[str, dict]:
         name = row_name(c)
         cur = out.get(name)
         if cur is None or _RANK[c["status"]] > _RANK[cur["status"]]:
-            out[name] = {"status": c["status"], "detail": c["detail"]}
+            out[name] = {"status": c["status"], "finding": c.get("finding", ""), "known": c.get("known", ""),
+                         "detail": c["detail"]}
     return out
 
 

@@ -7,10 +7,10 @@ from harness.gate import run_suites
 
 
 def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_only: bool = False,
-                target: str = "ref") -> dict:
+                target: str = "ref", pairs=None) -> dict:
     """Run every suite against the correct engine and against every fault (or, with
     intended_only, each fault against the one suite that must catch it). A served target keeps
-    its servers between rows: its faults live in the agent's plan."""
+    its servers between rows (`pairs`, harness.targets.Pairs): its faults live in the agent's plan."""
     from harness.targets import fault_catalogue
     catalogue = fault_catalogue(target)
     out = {"target": target, "correct": None, "faults": {}, "not_here": {}}
@@ -23,7 +23,7 @@ def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_o
         if progress:
             progress(label)
         only = [catalogue[label].suite] if intended_only and label != "correct" else None
-        res = run_suites(target, fs, seeds, suites=only)
+        res = run_suites(target, fs, seeds, suites=only, pairs=pairs)
         if res.interrupted:  # SIGTERM or Ctrl-C: the matrix ends here, not with the next fault
             raise KeyboardInterrupt
         row = {s.suite: {"caught": s.failed > 0, "failed": s.failed, "cases": s.cases,

@@ -21,13 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.agents.host_order import EARLY_FRACTION, MIN_JUDGED
-from harness.agents.vllm.steps import FIELDS, request_key
+from harness.agents.vllm.steps import request_key
 
 MIN_DROP = 0.25  # how far below the rest of the run a path's share must fall to be LOST there
-_KEY = FIELDS.index("key")
 # (overlapped, early) field pairs: every wait of the request, and those on its prefill steps
-PHASES = {"all": (FIELDS.index("overlapped"), FIELDS.index("early")),
-          "prefill": (FIELDS.index("overlapped_prefill"), FIELDS.index("early_prefill"))}
+PHASES = {"all": ("overlapped", "early"), "prefill": ("overlapped_prefill", "early_prefill")}  # StepRecord fields
 
 
 @dataclass
@@ -55,14 +53,16 @@ class Share:
 def by_key(records: dict, phase: str = "all") -> dict[str, Share]:
     """The async-on arm's steps books (vLLM request id -> record) summed per request key, over
     every wait ("all") or its prefill steps' ("prefill")."""
+    from harness.oracles.steps import StepRecord
     ov, early = PHASES[phase]
     out: dict[str, Share] = {}
-    for rec in records.values():
-        if len(rec) <= early:
+    for raw in records.values():
+        rec = StepRecord.of(raw)
+        if getattr(rec, early) is None:
             continue  # an older agent's books: no per-request overlap
-        s = out.setdefault(rec[_KEY], Share())
-        s.overlapped += int(rec[ov])
-        s.early += int(rec[early])
+        s = out.setdefault(rec.key, Share())
+        s.overlapped += int(getattr(rec, ov))
+        s.early += int(getattr(rec, early))
     return out
 
 

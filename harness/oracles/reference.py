@@ -106,12 +106,13 @@ def not_exercised(target, reqs, record_property=None, where: str = "", skip: boo
     """unjudged() for a case: skips it as "not exercised: why" when no request is left to judge
     (`skip=False`: raises NothingToJudge instead, for one example of many), else records how many
     were left out (the gate lists it) and returns their ids."""
-    import pytest
+    from harness.verdict import outcome
     rids, why = unjudged(target, reqs)
     if rids and len(rids) == len({r.rid for r in reqs}):
         if not skip:
             raise NothingToJudge(why)
-        pytest.skip(f"not exercised: every request {where or 'here'} is sampled: {why}")
+        outcome.not_exercised(f"not exercised: every request {where or 'here'} is sampled: {why}", "sampled_only",
+                              skip=True)
     if rids and record_property is not None:
         record_property("not_exercised", f"sampled requests are left out of the token comparison on "
                                          f"{getattr(target, 'name', 'the target')}: {why}")

@@ -17,8 +17,10 @@ left out). Per request (its prompt ids and max_tokens: the key both sides know; 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from harness.agents.vllm.steps import FIELDS, request_key
+from harness.verdict import Finding
 
 LENGTH = "FINISHED_LENGTH_CAPPED"
 
@@ -30,17 +32,58 @@ LENGTH = "FINISHED_LENGTH_CAPPED"
 ADMISSION_SLACK = 1
 
 
+class StepRecord(NamedTuple):
+    """One request's record in the agent's books (harness.agents.vllm.steps), by name. The agent
+    writes it as a JSON object with these names; books of an older agent (and SGLang's) are a
+    list in FIELDS order, possibly shorter: read by position, the missing fields empty."""
+    key: str
+    scheduled: int = 0
+    sampled: int = 0
+    waited: int = 0
+    pending: int = 0
+    preempted: int = 0
+    finish: str = ""
+    evidence: dict = {}
+    after_abort: int = 0
+    admit_waits: int = 0
+    overlapped: int | None = None  # None: an agent that kept no per-request overlap
+    early: int | None = None
+    overlapped_prefill: int | None = None
+    early_prefill: int | None = None
+
+    @classmethod
+    def of(cls, raw) -> "StepRecord":
+        if isinstance(raw, dict):
+            return cls(**{k: v for k, v in raw.items() if k in cls._fields})
+        return cls(**dict(zip(FIELDS, raw)))
+
+
+assert StepRecord._fields == FIELDS, "the agent's FIELDS and StepRecord name the same fields in one order"
+
+
+@dataclass
+class Sums:
+    """One request key's records summed over its copies (twins share a key)."""
+    copies: int = 0
+    scheduled: int = 0
+    sampled: int = 0
+    waited: int = 0
+    preempted: int = 0
+    after_abort: int = 0
+    admit_waits: int = 0
+
+
 @dataclass
 class StepBooks:
-    """One arm's books summed per key: [copies, scheduled, sampled, waited, preempted, after_abort,
-    admit_waits], finishes."""
-    per_key: dict = field(default_factory=dict)
+    """One arm's books summed per key (Sums), and the finishes and evidence per key."""
+    per_key: dict = field(default_factory=dict)  # key -> Sums
     finish: dict = field(default_factory=dict)  # key -> set of finish status names
     evidence: dict = field(default_factory=dict)  # key -> {mechanism: count} (vllm_steps `evidence`)
 
 
 def books_of(facts: list[dict]) -> dict[str, list]:
-    """vLLM request id -> its record (FIELDS order), from the agent's "steps" facts."""
+    """vLLM request id -> its record as the agent wrote it (StepRecord.of reads it), from the
+    agent's "steps" facts."""
     out: dict[str, list] = {}
     for f in facts:
         if f.get("role") == "steps":
@@ -55,17 +98,15 @@ def new_since(before: dict, after: dict) -> dict:
 
 def summed(records: dict) -> StepBooks:
     b = StepBooks()
-    ix = {k: i for i, k in enumerate(FIELDS)}
-    for rec in records.values():
-        key = rec[ix["key"]]
-        acc = b.per_key.setdefault(key, [0, 0, 0, 0, 0, 0, 0])
-        acc[0] += 1
-        for j, name in enumerate(("scheduled", "sampled", "waited", "preempted", "after_abort", "admit_waits"), 1):
-            acc[j] += int(rec[ix[name]]) if len(rec) > ix[name] else 0  # an older agent's books lack the last
-        b.finish.setdefault(key, set()).add(rec[ix["finish"]] or "unfinished")
-        ev = rec[ix["evidence"]] if len(rec) > ix["evidence"] else {}  # an older agent's books have none
-        acc_ev = b.evidence.setdefault(key, {})
-        for what, n in (ev or {}).items():
+    for raw in records.values():
+        rec = StepRecord.of(raw)
+        acc = b.per_key.setdefault(rec.key, Sums())
+        acc.copies += 1
+        for name in ("scheduled", "sampled", "waited", "preempted", "after_abort", "admit_waits"):
+            setattr(acc, name, getattr(acc, name) + int(getattr(rec, name)))
+        b.finish.setdefault(rec.key, set()).add(rec.finish or "unfinished")
+        acc_ev = b.evidence.setdefault(rec.key, {})
+        for what, n in (rec.evidence or {}).items():
             acc_ev[what] = acc_ev.get(what, 0) + int(n)
     return b
 
@@ -98,7 +139,8 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
         a, b = off.per_key.get(key), on.per_key.get(key)
         who = "/".join(rids)
 
-        def add(f: str, key=key) -> None:  # with the async-on arm's evidence for its request
+        def add(text: str, code: str, key=key, rid=rids[0]) -> None:  # with the async-on arm's evidence
+            f = Finding(text, code, rid)
             findings.append(f)
             evidence.setdefault(f, dict(on.evidence.get(key, {})))
 
@@ -107,35 +149,36 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
             continue
         fin = off.finish.get(key, set()) | on.finish.get(key, set())
         for lab, x in (("on", b), ("off", a)):  # absolute, either arm: a client that is gone gets no more work
-            if x[5]:
-                add(f"request {who}: {x[5]} step(s) scheduled after its abort reached the scheduler "
-                    f"(async {lab}): an aborted request gets no more work")
-        if a[4] or b[4]:
+            if x.after_abort:
+                add(f"request {who}: {x.after_abort} step(s) scheduled after its abort reached the scheduler "
+                    f"(async {lab}): an aborted request gets no more work", "steps.after_abort")
+        if a.preempted or b.preempted:
             left["preempted"] = left.get("preempted", 0) + 1
             continue
         if any("ABORT" in x for x in fin) or "unfinished" in fin:
             left["aborted or unfinished"] = left.get("aborted or unfinished", 0) + 1
             continue
-        if a[0] != b[0]:
+        if a.copies != b.copies:
             left["copies differ"] = left.get("copies differ", 0) + 1
             continue
-        compared += a[0]
-        w_off, w_on = w_off + a[3], w_on + b[3]
+        compared += a.copies
+        w_off, w_on = w_off + a.waited, w_on + b.waited
         if fin == {LENGTH}:
-            capped += a[0]
-            if b[2] > a[2]:
-                add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (max_tokens "
-                    f"{key.split(':')[1]}, capped in both): {b[2] - a[2]} step(s) past max_tokens")
-        elif b[2] > a[2] + a[0]:
-            add(f"request {who}: {b[2]} sampling steps async on, {a[2]} off (stopped on a token: "
-                f"at most {a[0]} more allowed)")
-        if b[3] > a[3]:
-            add(f"request {who}: waited {b[3]} step(s) with budget free async on, {a[3]} off "
-                f"(sat in the running set unscheduled, then ran)")
-        if b[6] > a[6] + ADMISSION_SLACK * a[0]:
-            add(f"request {who}: left waiting {b[6]} step(s) with a slot, token budget and KV blocks "
-                f"free async on, {a[6]} off (the async-off arm admitted it sooner; one step more is "
-                f"allowed, the queued step it cannot join)")
+            capped += a.copies
+            if b.sampled > a.sampled:
+                add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (max_tokens "
+                    f"{key.split(':')[1]}, capped in both): {b.sampled - a.sampled} step(s) past max_tokens",
+                    "steps.past_cap")
+        elif b.sampled > a.sampled + a.copies:
+            add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (stopped on a token: "
+                f"at most {a.copies} more allowed)", "steps.extra")
+        if b.waited > a.waited:
+            add(f"request {who}: waited {b.waited} step(s) with budget free async on, {a.waited} off "
+                f"(sat in the running set unscheduled, then ran)", "steps.waited")
+        if b.admit_waits > a.admit_waits + ADMISSION_SLACK * a.copies:
+            add(f"request {who}: left waiting {b.admit_waits} step(s) with a slot, token budget and KV blocks "
+                f"free async on, {a.admit_waits} off (the async-off arm admitted it sooner; one step more is "
+                f"allowed, the queued step it cannot join)", "admission.starved")
     return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
 
 

@@ -23,6 +23,7 @@ docs/vllm-paths.md ("The request surface").
 from __future__ import annotations
 
 from harness.oracles.divergence import DEFAULT_TIE_TOL
+from harness.verdict import Finding
 
 
 def detokenizer(tok):
@@ -74,8 +75,9 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
     by_rid = {r.rid: r for r in reqs}
     out: dict[str, list[str]] = {}
 
-    def add(rid, what):
-        out.setdefault(rid.split("#")[0], []).append(what)
+    def add(rid, what, code):  # a Finding (harness.verdict) about the request `rid`
+        base = rid.split("#")[0]
+        out.setdefault(base, []).append(Finding(what, code if code.startswith("surface.") else f"surface.{code}", base))
 
     def request_of(rid):  # '#k': a sample of n; '@k': a turn of a conversation (harness.targets.served.chat_turns)
         return by_rid.get(rid.split("#")[0].split("@")[0])
@@ -91,21 +93,24 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
                 continue
             f = fin[lab][rid]
             if len(toks) > r.max_new_tokens:
-                add(rid, f"async {lab}: {len(toks)} ids returned, max_tokens {r.max_new_tokens}")
+                add(rid, f"async {lab}: {len(toks)} ids returned, max_tokens {r.max_new_tokens}",
+                    f"ids_past_cap.{lab}")
             if f == "length" and len(toks) != r.max_new_tokens:
-                add(rid, f"async {lab}: finish_reason length with {len(toks)} of {r.max_new_tokens} ids")
+                add(rid, f"async {lab}: finish_reason length with {len(toks)} of {r.max_new_tokens} ids",
+                    f"length_short.{lab}")
             sf = surf[lab].get(rid)
             if sf is None:
                 continue
             u = sf.get("usage") or {}
             if sf.get("streamed") and not u:  # asked with stream_options.include_usage
-                add(rid, f"async {lab}: a stream asked for usage, and its last chunk had none")
+                add(rid, f"async {lab}: a stream asked for usage, and its last chunk had none",
+                    f"usage_missing.{lab}")
             if u:
                 # a turn's prompt is the chat template over its conversation so far (the client's ids)
                 plen = len(sf["prompt_ids"]) if sf.get("prompt_ids") is not None else len(r.prompt_ids)
                 if u.get("prompt_tokens") != plen:
                     add(rid, f"async {lab}: usage.prompt_tokens {u.get('prompt_tokens')}, the prompt has "
-                             f"{plen} tokens")
+                             f"{plen} tokens", f"usage_prompt.{lab}")
                 usage_seen[rid.split("#")[0]] = u.get("completion_tokens")
             text = sf.get("text")
             if decode is not None and text is not None and toks:
@@ -113,30 +118,34 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
                               skip_special_tokens=sf.get("skip_special_tokens", True))
                 if f != "length":  # a stop string's text, or a stop token's, is not in the text: its id is
                     if not full.startswith(text):
-                        add(rid, f"async {lab}: text {text[:40]!r} is not a prefix of its detokenized ids {full[:40]!r}")
+                        add(rid, f"async {lab}: text {text[:40]!r} is not a prefix of its detokenized ids {full[:40]!r}",
+                            f"text.{lab}")
                 elif text != full:
-                    add(rid, f"async {lab}: text {text[:40]!r} is not its detokenized ids {full[:40]!r}")
+                    add(rid, f"async {lab}: text {text[:40]!r} is not its detokenized ids {full[:40]!r}", f"text.{lab}")
         for base, n in usage_seen.items():  # completion_tokens: every sample of the request
             got = sum(len(t) for rid, t in ids[lab].items() if rid.split("#")[0] == base)
             if n != got:
-                add(base, f"async {lab}: usage.completion_tokens {n}, {got} ids returned")
+                add(base, f"async {lab}: usage.completion_tokens {n}, {got} ids returned", f"usage_completion.{lab}")
     for rid, toks in ids["off"].items():
         r = request_of(rid)
         if r is None or getattr(r, "abort_after", None) is not None or ids["on"].get(rid) != toks:
             continue  # different ids are the token oracles' to judge
         if fin["on"].get(rid) != fin["off"][rid]:
-            add(rid, f"finish_reason {fin['on'].get(rid)} async on, {fin['off'][rid]} off, with the same ids")
+            add(rid, f"finish_reason {fin['on'].get(rid)} async on, {fin['off'][rid]} off, with the same ids",
+                "finish_reason")
         a, b = surf["off"].get(rid) or {}, surf["on"].get(rid) or {}
         if a and b:
             if a.get("stop_reason") != b.get("stop_reason"):
-                add(rid, f"stop_reason {b.get('stop_reason')!r} async on, {a.get('stop_reason')!r} off, with the same ids")
+                add(rid, f"stop_reason {b.get('stop_reason')!r} async on, {a.get('stop_reason')!r} off, with the same ids",
+                    "stop_reason")
             if a.get("text") != b.get("text"):
-                add(rid, f"text {b.get('text', '')[:40]!r} async on, {a.get('text', '')[:40]!r} off, with the same ids")
+                add(rid, f"text {b.get('text', '')[:40]!r} async on, {a.get('text', '')[:40]!r} off, with the same ids",
+                    "text")
             pa, pb = a.get("prompt_logprobs"), b.get("prompt_logprobs")
             if (getattr(r, "extra", None) or {}).get("prompt_logprobs") or pa is not None or pb is not None:
                 add_all = _prompt_logprobs(r, pa, pb)
                 for what in add_all:
-                    add(rid, what)
+                    add(rid, what, what.code)
     return out
 
 
@@ -144,19 +153,21 @@ def _prompt_logprobs(r, off, on) -> list[str]:
     out = []
     for lab, pl in (("off", off), ("on", on)):
         if pl is None:
-            return [f"async {lab}: no prompt_logprobs although the request asked for them"]
+            return [Finding(f"async {lab}: no prompt_logprobs although the request asked for them",
+                            f"prompt_logprobs_missing.{lab}")]
         if len(pl) != len(r.prompt_ids) or pl[0] is not None:
-            return [f"async {lab}: {len(pl)} prompt_logprobs entries for {len(r.prompt_ids)} prompt tokens "
-                    f"(first {'None' if pl and pl[0] is None else 'not None'})"]
+            return [Finding(f"async {lab}: {len(pl)} prompt_logprobs entries for {len(r.prompt_ids)} prompt tokens "
+                            f"(first {'None' if pl and pl[0] is None else 'not None'})", f"prompt_logprobs_count.{lab}")]
     for pos, (a, b) in enumerate(zip(off[1:], on[1:]), 1):
         ta, tb = _prompt_top(a), _prompt_top(b)
         if ta is None or tb is None:
             if (ta is None) != (tb is None):
-                out.append(f"prompt_logprobs position {pos}: an entry in one arm only")
+                out.append(Finding(f"prompt_logprobs position {pos}: an entry in one arm only",
+                                   "prompt_logprobs_entry"))
             continue
         if ta[0] != tb[0] and ta[1] - ta[2] > DEFAULT_TIE_TOL:
-            out.append(f"prompt_logprobs position {pos}: best {tb[0]} async on, {ta[0]} off (not a tie: gap "
-                       f"{ta[1] - ta[2]:.3f})")
+            out.append(Finding(f"prompt_logprobs position {pos}: best {tb[0]} async on, {ta[0]} off (not a tie: gap "
+                       f"{ta[1] - ta[2]:.3f})", "prompt_logprobs_best"))
             break
     return out
 

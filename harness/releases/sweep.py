@@ -147,7 +147,7 @@ def cell(row: dict | None) -> str:
         return "-"
     s = row["status"]
     if s == json_report.KNOWN:
-        return f"KNOWN {json_report.known_id(row['detail'])}"
+        return f"KNOWN {json_report.known_id(row)}"
     return {json_report.NOT_EXERCISED: "not exercised"}.get(s, s)
 
 

@@ -21,6 +21,9 @@ class Run:
 class Target:
     name = "base"
     white_box = False  # internals (streams, tables) visible: the races/ suites need this
+    # the engine release in force (a vLLM pair's, read from its install); None: not a versioned
+    # engine, or not known (a known-upstream entry then counts as live)
+    version: str | None = None
 
     def run(self, reqs, *, overlap: bool = True, policy: str = "serial", seed: int = 0, track: bool = False,
             **engine_kw) -> Run:

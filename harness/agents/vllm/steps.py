@@ -174,7 +174,8 @@ class Books:
 
     def publish(self) -> None:
         # a copy: the facts flusher serializes it on another thread while this one schedules
-        self.facts(ROLE).set(requests={k: [*v[:7], dict(v[7]), *v[8:]] for k, v in self.reqs.items()})
+        # each record by its field names (harness.oracles.steps.StepRecord reads them)
+        self.facts(ROLE).set(requests={k: {**dict(zip(FIELDS, v)), "evidence": dict(v[7])} for k, v in self.reqs.items()})
 
 
 def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:

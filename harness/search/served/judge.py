@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 
 from harness.search.served.case import PAUSE_FOR_S, PAUSE_MODES, ServedCase
+from harness.verdict import Finding as VFinding
+from harness.verdict import code_of
 
 RESET = "/reset_prefix_cache?reset_running_requests=true"
 
@@ -38,6 +40,13 @@ class Finding:
     kind: str  # divergence | record | crash | hang | steps | books | placeholders | overlap | surface | request_id
     summary: str
     signature: tuple  # what must stay the same while shrinking and on replay
+    # the oracle's finding code (harness.verdict.Finding.code; "": the kind's) and the request it is
+    # about: what a known-upstream entry claims it by (never the summary's words); not serialised
+    code: str = ""
+    rid: str = ""
+
+    def as_finding(self) -> VFinding:
+        return VFinding(self.summary, self.code or self.kind, self.rid)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "summary": self.summary, "signature": list(self.signature)}
@@ -253,13 +262,14 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                     f"; its in-flight sample dropped on the {', '.join(sorted(dropped))} path" if dropped else "")
                     + ")") if d.rid.split("#")[0] in preempted else ""
                 f = Finding("divergence", f"request {d.rid} diverges at token {d.position} ({d.verdict}): "
-                            f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",))
+                            f"off {d.expected[:6]} vs on {d.got[:6]}{why}", ("divergence",),
+                            "divergence.sampled_preempted" if why else "divergence", d.rid.split("#")[0])
                 evidence[f.summary] = ev
                 out.append(f)
     for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
         r = by_rid.get(rid)
         for what in whats:  # the field, without figures, is what a replay must show again
-            out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what))))
+            out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what)), code_of(what), rid))
             evidence[out[-1].summary] = steps.evidence_of(on_books, r) if on_books is not None and r else {}
     for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
         for what in whats:
@@ -272,9 +282,10 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         return out
     sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]))
     for f in sv.findings:
-        kind = ("past max_tokens" if "past max_tokens" in f else "after abort" if "after its abort" in f else
-                "admission" if "left waiting" in f else "waited" if "waited" in f else "more steps")
-        out.append(Finding("steps", f"steps: {f}", ("steps", kind)))
+        # the signature a replay must show again, by the oracle's code (the words of older reproducers)
+        kind = {"steps.past_cap": "past max_tokens", "steps.after_abort": "after abort",
+                "admission.starved": "admission", "steps.waited": "waited"}.get(code_of(f), "more steps")
+        out.append(Finding("steps", f"steps: {f}", ("steps", kind), code_of(f), f.rid))
         evidence[out[-1].summary] = sv.evidence.get(f, {})
     for f in bookmod.findings(on["books"], off["books"]):
         if bookmod.HELD["host_buffers_held"] in f and all(
@@ -317,7 +328,7 @@ def _sampled_preempted(reqs, on: dict) -> set:
     from harness.oracles import steps
     books = steps.summed(on.get("steps") or {}).per_key
     return {r.rid for r in reqs if r.temperature > 0
-            and (books.get(request_key(r.prompt_ids, r.max_new_tokens)) or [0] * 5)[4] > 0}
+            and (books.get(request_key(r.prompt_ids, r.max_new_tokens)) or steps.Sums()).preempted > 0}
 
 
 def _classify(v: Verdict, version: str | None, runner: str | None = None) -> None:
@@ -336,7 +347,7 @@ def _classify(v: Verdict, version: str | None, runner: str | None = None) -> Non
     for f in v.new:
         hit, said = None, f.summary
         for row in rows:
-            found, seen, _ = vllm_upstream.classify(row, [f.summary], counts=both, version=version, runner=runner,
+            found, seen, _ = vllm_upstream.classify(row, [f.as_finding()], counts=both, version=version, runner=runner,
                                          evidence=lambda s: v.evidence.get(s, {}))
             hit = next((kid for kid, what in seen if what == f.summary), None)
             if hit:

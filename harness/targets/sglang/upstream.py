@@ -6,10 +6,9 @@ is new). The gate reports a claimed finding as KNOWN UPSTREAM, never as a pass.
 """
 from __future__ import annotations
 
-import re
-
 from harness.agents.vllm.steps import request_key
-from harness.targets.vllm.upstream import KnownUpstream
+from harness.targets.vllm.upstream import KnownUpstream, matches
+from harness.verdict import Finding
 
 PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (agents.sglang: point penalty_cumulate)
 
@@ -28,7 +27,7 @@ KNOWN: list[KnownUpstream] = [
         "one processor); none found for the built-in penalties (searched sgl-project/sglang's issues and "
         "pull requests; sgl-project/sglang#22049 feeds the spec-v2 path's penalties the same way)",
         "fixtures/sglang_upstream/penalty_one_step_old.json",
-        match=lambda f: " diverges " in f, request_evidence=PENALTY_STALE),
+        codes=("divergence",), request_evidence=PENALTY_STALE),
 ]
 
 
@@ -48,16 +47,15 @@ def evidence_for(reqs, stale: dict[str, int]):
     """fn(finding) -> {mechanism: count} for the request the finding names (classify's `evidence`)."""
     by_rid = {r.rid: stale.get(request_key(r.prompt_ids, r.max_new_tokens), 0) for r in reqs}
 
-    def evidence(finding: str) -> dict:
-        m = re.search(r"request (\S+) diverges", finding)
-        rid = m.group(1).split("#")[0] if m else ""
+    def evidence(finding: str) -> dict:  # a Finding names its request; a bare sentence none
+        rid = finding.rid.split("#")[0] if isinstance(finding, Finding) else ""
         return {PENALTY_STALE: by_rid.get(rid, 0)}
     return evidence
 
 
-def claim(reqs, on_run, found) -> tuple[list, list[str]]:
-    """`divergences`' result (overlap on vs off first) split into what is left and the lines of the
-    divergences a KNOWN entry claims: only the overlap-on comparison's, and only for a request whose
+def claim(reqs, on_run, found) -> tuple[list, list[tuple[str, Finding]]]:
+    """`divergences`' result (overlap on vs off first) split into what is left and (known id,
+    finding) for each divergence a KNOWN entry claims: only the overlap-on comparison's, and only for a request whose
     mechanism the agent counted in that run."""
     s = on_run.summary or {}
     ev = evidence_for(reqs, stale_by_request(s.get("facts") or [], s.get("facts_before") or []))
@@ -65,11 +63,11 @@ def claim(reqs, on_run, found) -> tuple[list, list[str]]:
     for ref, under, divs in found:
         keep = []
         for d in divs:
-            line = f"request {d.rid} diverges at token {d.position} ({d.verdict})"
-            k = next((k for k in KNOWN if k.match(line) and ev(line).get(k.request_evidence, 0) > 0), None)
+            line = Finding(f"request {d.rid} diverges at token {d.position} ({d.verdict})", "divergence", d.rid)
+            k = next((k for k in KNOWN if matches(k, line) and ev(line).get(k.request_evidence, 0) > 0), None)
             if k is not None and under == "overlap on":
-                lines.append(f"KNOWN UPSTREAM {k.id}: {line}; its penalties took a token one step old "
-                             f"{ev(line)[k.request_evidence]} time(s), overlap on")
+                lines.append((k.id, Finding(f"{line}; its penalties took a token one step old "
+                                            f"{ev(line)[k.request_evidence]} time(s), overlap on", line.code, line.rid)))
             else:
                 keep.append(d)
         if keep:

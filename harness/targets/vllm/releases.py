@@ -239,19 +239,6 @@ def release_of_home(home: Path) -> str | None:
     return None
 
 
-def release_in_force(target) -> str | None:
-    """The release a vLLM target runs: what it says (`release` / `vllm_version`), else its venv's
-    record; None when neither is known (a known-upstream entry then counts as live)."""
-    if target is None:
-        return None
-    for attr in ("release", "vllm_version", "version"):
-        v = getattr(target, attr, None)
-        if isinstance(v, str) and v:
-            return v
-    home_ = getattr(target, "home", None)
-    return release_of_home(home_) if home_ is not None else None
-
-
 def disk_use(path: Path) -> int:
     """Bytes under `path`, counting each hard-linked file once and no symlink target."""
     seen, total = set(), 0

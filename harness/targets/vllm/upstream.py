@@ -3,18 +3,20 @@ project found, each with the row that shows it, the upstream report, its reprodu
 fixtures/vllm_upstream/, the releases it is live in (read from each release's wheel) and the
 evidence that claims a finding for it. The gate reports a live entry's findings apart, as KNOWN
 UPSTREAM, and says when one stops reproducing; outside its range, or for any finding it does not
-match, a divergence still fails (classify). docs/vllm-upstream.md tells each entry's story.
+claim (by the finding's code and the entry's evidence, never its words), a divergence still fails (classify). docs/vllm-upstream.md tells each entry's story.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm.releases import release_key
+from harness.verdict import Finding, code_of
 
 
-def NEVER(finding: str) -> bool:  # noqa: N802 -- an entry that never claims a finding by its text
-    return False
+NEVER: tuple = ()  # `codes` of an entry that claims no finding (its counter says it reproduced)
+ANY = ("*",)  # `codes` of an entry that claims every finding of its row (its evidence says it is this bug)
 
 
 @dataclass(frozen=True)
@@ -25,17 +27,23 @@ class KnownUpstream:
     what: str
     upstream: str  # the upstream issue, or "" when none is filed
     reproducer: str  # fixtures/vllm_upstream/<file>
-    match: object = None  # fn(finding: str) -> bool; None: every finding of the row
+    # the finding codes it claims (harness.verdict.Finding.code: "divergence", "steps.past_cap", ...),
+    # each only with its evidence below; NEVER: none, ANY: every finding of its row
+    codes: tuple = ANY
+    # a regex on the engine's own exception line, which a crash's or an error's finding quotes: its
+    # traceback names the failing operation, which is the mechanism (engine_exception entries)
+    exception: str = ""
+    rid_prefix: str = ""  # only findings about requests whose id starts so (the workload's names for them)
     counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
     introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
     fixed: str = ""  # the first release without it ("": still open)
-    evidence: str = ""  # a counter that must be > 0 (both arms summed) for `match` to claim a finding
+    evidence: str = ""  # a counter that must be > 0 (both arms summed) for the entry to claim a finding
     # a mechanism the agent counts per request (agents/vllm/steps.py `evidence`) that must be > 0 for
-    # the request a finding names, async on, for `match` to claim it (issue 36): a finding that only
-    # looks like this bug is new
+    # the request a finding names, async on, for the entry to claim it (issue 36): a finding that
+    # only looks like this bug is new
     request_evidence: str = ""
-    # True: `match` reads the engine's own exception line (its traceback names the failing
-    # operation, which is the mechanism); such an entry claims only a crash's or an error's text
+    # True: the entry claims only a crash's or an error's finding whose engine exception line matches
+    # `exception`
     engine_exception: bool = False
     # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
     # processor is installed), so it is never reported as "no longer reproduces"
@@ -95,16 +103,17 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "none found for vllm-project/vllm (the CUDA-only rewind is from vllm-project/vllm#10097); "
                   "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
-                  match=lambda f: "CPU Generator does not use offset" in f, counter="cpu_generator_rewinds",
+                  codes=("crash",), exception="CPU Generator does not use offset",
+                  counter="cpu_generator_rewinds",
                   engine_exception=True, runner="v1",
                   introduced="", fixed=""),
     KnownUpstream("async-step-past-max-tokens", "steps", **_27922,
-                  match=lambda f: "past max_tokens" in f, request_evidence="scheduled_at_cap"),
+                  codes=("steps.past_cap",), request_evidence="scheduled_at_cap"),
     # the same, on the row that counts the sampling steps of max_tokens 1 and 2 (0.11.0's sweep: "max_tokens
     # 1: 4 sampling steps async on, 2 off"): claimed when the agent counted a step scheduled past the
     # cap for those requests (equivalence/test_paths.judge)
     KnownUpstream("async-step-past-max-tokens", "max_tokens_1_2", **_27922,
-                  match=lambda f: "sampling steps async on" in f, evidence="scheduled_at_cap"),
+                  codes=("steps.sampling",), evidence="scheduled_at_cap"),
     # vLLM's CPU build, both arms, worked around by the agent where the release table says they live
     # (vllm_releases FACTS, each read from every cached wheel's source): the rows run, and the entry
     # reproduced when the agent's counter says vLLM reached the path. Found by this sweep (0.13.0).
@@ -116,7 +125,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "batched with, so async on and off (which batch differently) diverge at its first sampled token",
                   "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
                   "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
-                  match=NEVER, counter="cpu_mixed_seed_batches",
+                  codes=NEVER, counter="cpu_mixed_seed_batches",
                   **_live_as("cpu_sampler_ignores_mixed_seeds")),
     # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
     # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
@@ -126,7 +135,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "NVIDIA driver / pin_memory=True requires a CUDA or other accelerator backend)",
                   "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
                   "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
-                  match=NEVER, counter="cpu_grammar_pinned_indices",
+                  codes=NEVER, counter="cpu_grammar_pinned_indices",
                   **_live_as("grammar_indices_pinned")),
     # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
     # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
@@ -141,7 +150,8 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "report; the check came with intel/intel-extension-for-pytorch#3738 (2.8.0), IPEX is "
                   "discontinued and vLLM left it in 0.11.1",
                   "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
-                  match=lambda f: "Sliding window unsupported" in f, counter="ipex_vnni_decodes", engine_exception=True,
+                  codes=("crash",), exception="Sliding window unsupported", counter="ipex_vnni_decodes",
+                  engine_exception=True,
                   **_live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
     # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
@@ -152,7 +162,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "than its prompt is sorted among the decodes with a multi-token chunk; IPEX's decode kernel "
                   "then reads past the batch's block table and context lengths (SIGSEGV)",
                   "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
-                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", match=NEVER, report_gone=False,
+                  "fixtures/vllm_upstream/cpu_resume_as_decode.json", codes=NEVER, report_gone=False,
                   counter="cpu_resume_reorders",
                   introduced="0.10.0",
                   fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
@@ -173,7 +183,7 @@ _42043 = dict(
          "placeholder that never drains, so one token short of max_tokens the scheduler passes it over for ever "
          "(a livelock: the engine steps, no token)",
     upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
-    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", match=NEVER,
+    reproducer="fixtures/vllm_upstream/async_discard_without_step.json", codes=NEVER,
     **_live_as("discard_without_step_in_flight"))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
@@ -196,7 +206,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "none found for vllm-project/vllm (searched: seeded sampling, preemption, async scheduling, generator); "
     "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
     "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
-    match=lambda f: "a sampled request preempted async on" in f, request_evidence="stale_dropped:reset",
+    codes=("divergence.sampled_preempted",), request_evidence="stale_dropped:reset",
     introduced="0.10.0", runner="v1"))
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
@@ -256,7 +266,8 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "or left out of a step) takes its output ids from the runner's cache, which holds -1 placeholders: its input "
     "ids are -1 and the engine dies ('INDICES element is out of DATA bounds, id=-1')",
     "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
-    "fixtures/vllm_upstream/async_resume_placeholder_ids.json", match=lambda f: "id=-1" in f, report_gone=False,
+    "fixtures/vllm_upstream/async_resume_placeholder_ids.json", codes=("crash",), exception=r"id=-1\b",
+    report_gone=False,
     engine_exception=True,
     introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b",
     # a pool never short preempts nothing, and whole prompts leave no running request out of a step
@@ -283,7 +294,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "none found for vllm-project/vllm (searched: prompt_logprobs, preemption, reset_prefix_cache, stale output); "
     "related, fixed: vllm-project/vllm#29071, vllm-project/vllm#41411",
     "fixtures/vllm_upstream/async_prompt_logprobs_dropped_on_reset.json",
-    match=lambda f: "async on:" in f and "prompt_logprobs entries for" in f, request_evidence="stale_dropped:reset",
+    codes=("surface.prompt_logprobs_count.on",), request_evidence="stale_dropped:reset",
     introduced="0.12.0", runner="v1"))
 
 # Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
@@ -298,7 +309,7 @@ _26866 = dict(
          "constraint runs a step behind (tokens leave the grammar, the request runs more steps)",
     upstream="vllm-project/vllm#26866 (async scheduling + structured outputs, fixed in 0.11.1)",
     reproducer="fixtures/vllm_upstream/async_grammar_mask_in_flight.json", runner="",
-    match=lambda f: f.startswith("request so"), request_evidence="grammar_in_flight",
+    rid_prefix="so", request_evidence="grammar_in_flight",
     **_live_as("grammar_mask_in_schedule"))
 KNOWN_UPSTREAM += [KnownUpstream("vllm#26866", row, **_26866) for row in ("structured_output", "logprobs", "steps")]
 # The same placeholders (vllm#26467) under the main pair's processors: before 0.11.1 the CLI ones
@@ -311,16 +322,15 @@ KNOWN_UPSTREAM += [
                          ("logits_processor_entry_point", "lp_no_repeat_placeholder_reads"),
                          ("logits_processor_batch_entry_point", "lp_batch_placeholder_reads"))]
 KNOWN_UPSTREAM += [
-    KnownUpstream("vllm#26467", "logprobs", **_26467, evidence=counter, match=lambda f, p=prefix: f.startswith(p))
-    for prefix, counter in (("request lpe", "lp_no_repeat_placeholder_reads"),
-                            ("request lpc1", "lp_no_repeat_cli_placeholder_reads"),
-                            ("request lpb0", "lp_batch_placeholder_reads"),
-                            ("request lpbc0", "lp_batch_cli_placeholder_reads"))]
+    KnownUpstream("vllm#26467", "logprobs", **_26467, evidence=counter, rid_prefix=prefix)
+    for prefix, counter in (("lpe", "lp_no_repeat_placeholder_reads"),
+                            ("lpc1", "lp_no_repeat_cli_placeholder_reads"),
+                            ("lpb0", "lp_batch_placeholder_reads"),
+                            ("lpbc0", "lp_batch_cli_placeholder_reads"))]
 
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""
-    import re
     if not overlap:
         return ""
     return next((k.id for k in KNOWN_UPSTREAM
@@ -337,13 +347,24 @@ def crash_remedy(kid: str, version: str | None) -> tuple[tuple, tuple]:
 
 
 def claims_by_wording_alone(k: KnownUpstream) -> bool:
-    """An entry whose `match` could claim a finding with nothing but the finding's text (issue 36:
-    never allowed; tests/test_served_search.py holds the catalogue to it)."""
-    return k.match is not NEVER and not (k.evidence or k.request_evidence or k.engine_exception)
+    """An entry that could claim a finding with nothing but its code, no mechanism counted (issue
+    36: never allowed; tests/test_served_search.py holds the catalogue to it)."""
+    return k.codes != NEVER and not (k.evidence or k.request_evidence or k.engine_exception)
+
+
+def matches(k: KnownUpstream, f: str) -> bool:
+    """The finding is of the kind the entry claims: its code (harness.verdict.Finding.code), its
+    request's id, the engine's exception line it quotes; never the oracle's wording. Its evidence
+    is weighed apart (_claims)."""
+    if k.codes == NEVER or (k.codes != ANY and code_of(f) not in k.codes):
+        return False
+    if k.rid_prefix and not (isinstance(f, Finding) and f.rid.startswith(k.rid_prefix)):
+        return False
+    return not k.exception or bool(re.search(k.exception, f))
 
 
 def _claims(k: KnownUpstream, f: str, counts, evidence) -> bool:
-    if k.match is not None and not k.match(f):
+    if not matches(k, f):
         return False
     if k.evidence and (counts or {}).get(k.evidence, 0) <= 0:
         return False
@@ -367,29 +388,40 @@ def classify(row: str, findings: list[str], known=None, counts=None, version: st
     new, seen = [], []
     for k in live:
         if k.counter and (counts or {}).get(k.counter, 0) > 0:
-            seen.append((k.id, f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it"))
+            seen.append((k.id, Finding(f"vLLM reached it {counts[k.counter]} time(s); the agent worked around it",
+                                       "known.counter")))
     for k in entries:
         if k not in live and k.counter and (counts or {}).get(k.counter, 0) > 0:
-            new.append(f"vLLM reached the path of known upstream {k.id} {counts[k.counter]} time(s), "
-                       f"which is not live in {version} ({_range(k)}): new here")
+            new.append(Finding(f"vLLM reached the path of known upstream {k.id} {counts[k.counter]} time(s), "
+                               f"which is not live in {version} ({_range(k)}): new here", "known.out_of_range"))
     for f in findings:
         k = next((k for k in live if _claims(k, f, counts, evidence)), None)
         if k is not None:
             seen.append((k.id, f))
             continue
-        out = next((k for k in entries if k not in live and k.match is not None and k.match(f)), None)
+        out = next((k for k in entries if k not in live and _specific(k) and matches(k, f)), None)
         if out is not None:
-            new.append(f"{f} (matches known upstream {out.id}, not live in {version}: {_range(out)}; new here)")
+            new.append(_said(f, f"{f} (matches known upstream {out.id}, not live in {version}: {_range(out)}; new here)"))
             continue
-        alike = next((k for k in live if k.request_evidence and k.match is not None and k.match(f)), None)
+        alike = next((k for k in live if k.request_evidence and _specific(k) and matches(k, f)), None)
         if alike is not None:  # the shape of a known bug without its mechanism: new
             got = {m: n for m, n in (evidence(f) if evidence else {}).items() if n}
-            new.append(f"{f} (looks like known upstream {alike.id}, but its mechanism ({alike.request_evidence}) "
-                       f"was not counted for that request" + (f"; counted: {_fmt(got)}" if got else "") + "; new)")
+            new.append(_said(f, f"{f} (looks like known upstream {alike.id}, but its mechanism ({alike.request_evidence}) "
+                                f"was not counted for that request" + (f"; counted: {_fmt(got)}" if got else "") + "; new)"))
             continue
         new.append(f)
     gone = [k.id for k in live if k.report_gone and k.id not in {i for i, _ in seen}]
     return new, seen, gone
+
+
+def _specific(k: KnownUpstream) -> bool:
+    """An entry narrower than its whole row (some codes, some requests): one a finding can resemble."""
+    return k.codes != ANY or bool(k.rid_prefix)
+
+
+def _said(f: str, text: str) -> str:
+    """`text` about finding `f`, keeping its code and request."""
+    return Finding(text, code_of(f), f.rid) if isinstance(f, Finding) else text
 
 
 def _fmt(counts: dict) -> str:
