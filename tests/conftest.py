@@ -6,12 +6,14 @@ from tests.served_pair import tok, vllm, vllm_pair  # noqa: F401  (the shared vL
 
 
 def _pair_order(item):
-    """Stock vLLM first, then each source patch's tests together (the async-on server restarts
-    when the patch changes, not between two tests of the same one), then what stops the server."""
+    """Stock vLLM first, then what stops the async-on server, then each source patch's tests
+    together (the async-on server restarts when the patch changes, not between two tests of the
+    same one). *Why the stop before the patches*: after it the first patch's restart is due anyway;
+    last, after the patches, it cost a restart on stock vLLM of its own (most of a minute)."""
     m = item.get_closest_marker("on_server")
     if m is None:
         return (0, "")
-    return (2, "") if m.args[0] == "stopped" else (1, m.args[0])
+    return (1, "") if m.args[0] == "stopped" else (2, m.args[0])
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -73,8 +73,8 @@ def test_fault_is_caught(vllm, tok, fault, delays, penalty):
 def test_suites_through_the_gate(vllm):
     """`check --target vllm` runs the black-box suites in-process on the same servers: the correct
     engine passes the equivalence suite and every path row (each path ran, counted by the agent;
-    a known upstream bug reported as such), and a fault the path suite names fails it: stale
-    output ids fail the penalty row and the value-reading logits processor's row."""
+    a known upstream bug reported as such; the books at idle, test_paths::test_books_at_idle).
+    The caught half: test_a_fault_fails_its_path_rows_through_the_gate (scheduled)."""
     from harness.gate import run_suites
     suites = ["test_overlap_equivalence", "test_paths"]
     ok = run_suites("vllm", (), 1, suites=suites)
@@ -83,6 +83,16 @@ def test_suites_through_the_gate(vllm):
         assert suite.failed == 0 and suite.passed > 0, suite
     assert len(ok.paths) >= 18 and all(int(p.split("=")[1].split("/")[0]) > 0 for p in ok.paths), ok.paths
     assert any(k.startswith("KNOWN UPSTREAM cpu-seeded-partial-prefill") for k in ok.known), ok.known
+
+
+@pytest.mark.scheduled
+def test_a_fault_fails_its_path_rows_through_the_gate(vllm):
+    """Scheduled (the whole path workload again on both arms, with the fault); .ci/run's
+    representatives: test_fault_is_caught[penalty_stale_output_ids] (the same fault on the same
+    servers, caught by the comparison) and tests/test_vllm_paths.py (the path judge fails a row on
+    its request's divergence, without vLLM). A fault the path suite names fails it: stale output
+    ids fail the penalty row and the value-reading logits processor's row, and only those."""
+    from harness.gate import run_suites
     # with the fault, only the two rows it must fail (that the equivalence suite's comparison
     # catches it too is test_fault_is_caught's, on the same servers)
     bad = run_suites("vllm", ("penalty_stale_output_ids",), 1, suites=["test_paths"],
@@ -192,8 +202,12 @@ def _paths_on(vllm, reqs):
     return on, books, vp.delta(before, vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))), took
 
 
+@pytest.mark.scheduled
 def test_books_back_at_idle_on_stock_vllm(vllm, tok, paths_off):
-    """The quiet half: stock vLLM, async on and off, has every block, request, placeholder, batch
+    """Scheduled (the path workload once more, async on); .ci/run's representative:
+    test_paths::test_books_at_idle in test_suites_through_the_gate (the same workload, the same
+    books, aborted and preempted with a step in flight, on the same servers).
+    The quiet half: stock vLLM, async on and off, has every block, request, placeholder, batch
     row and generator back at idle after requests were aborted and preempted with a step in flight;
     reading the books once the engine is idle costs well under the 5 s the issue allows."""
     from harness.oracles import books as bookmod
@@ -277,14 +291,15 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
 def test_spinning_engine_is_a_hang(vllm, tok):
     """An engine core that keeps stepping and never delivers (a livelock) ends the run as HANG
     within the watchdog's bound, with every server process's stacks and the agent's facts in the
-    report; the next run starts the pair again. Among the last of the pair's tests: the
-    hung server is stopped (and started again by whatever uses it next)."""
+    report; the next run starts the pair again. After the stock tests and before the source
+    patches' (tests/conftest.py): the hung server is stopped, and the first patch's restart is
+    the one that starts it again."""
     import time
     from harness.targets.served.pair import HANG_CAP_S, hang_bound, progress_of
     from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
-    # a patch test before this one leaves the async server to restart: a short run on the fresh
-    # one measures its token period, so the bound is the watchdog's, not its no-period cap
+    # a short run measures the async server's token period (also on a freshly started one), so
+    # the bound is the watchdog's, not its no-period cap
     vllm.run(_workload(tok)[:2], overlap=True)
     _, period, _ = progress_of(planmod.read_facts(str(vllm.facts_dir(True))))
     bound = hang_bound(period)

@@ -63,8 +63,10 @@ class Stress:
     def __init__(self, *, seconds: float, seed: int = 0, faults=frozenset(), detect: str = "all",
                  kinds=POLICY_KINDS, shrink: bool = True, shrink_seconds: float = 60.0, max_requests: int = 6,
                  max_running: int = 4, model: str = "tiny", spec: bool | None = None, progress=None,
-                 shard: tuple[int, int] = (0, 1)):
+                 shard: tuple[int, int] = (0, 1), schedules: int | None = None):
         self.seconds, self.seed, self.faults, self.detect = seconds, seed, frozenset(faults), detect
+        # a fixed sample instead of a time budget: the same schedules on any machine, however loaded
+        self.schedules = schedules
         self.shard = shard  # (I, N): this run explores every N-th search burst from the I-th
         self.kinds, self.shrink, self.shrink_seconds = tuple(kinds), shrink, shrink_seconds
         self.max_requests, self.max_running, self.model = max_requests, max_running, model
@@ -77,7 +79,8 @@ class Stress:
     def _condition(self, case: Case) -> bool:
         from hypothesis import reject
         now = time.monotonic()
-        if now > self._deadline:
+        if now > self._deadline or (self._phase == "explore" and self.schedules is not None
+                                    and self.res.runs >= self.schedules):
             raise _Stop()
         try:
             f, _ = check(case, faults=self.faults, seed=self.seed, model=self.model, detect=self.detect)
