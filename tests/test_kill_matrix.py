@@ -2,8 +2,9 @@
 correct engine sets off no suite.
 
 .ci/run's tier runs each fault against the suite that must catch it, in-process, one test per fault
-(so xdist spreads them), and the correct engine against every suite over 4 seeds through the real
-CLI (tests/test_check_cli.py::test_correct_engine_passes_every_suite). The whole
+(so xdist spreads them), and the correct engine against every suite: the suites themselves, which
+.ci/run runs at `check`'s default seeds (over 2 and 10 seeds through the real CLI:
+tests/test_check_cli.py::test_correct_engine_passes_every_suite, scheduled). The whole
 matrix (every suite against every fault, `overlap-harness mutants`, about ten minutes on two
 cores) is the scheduled tier's (make test-scheduled)."""
 import json
@@ -43,7 +44,8 @@ def matrix():
 @pytest.mark.scheduled
 def test_the_whole_matrix(matrix):
     """Scheduled; .ci/run's representatives are test_fault_caught_by_its_suite (each fault, its
-    suite) and check over 4 seeds (the correct engine, every suite)."""
+    suite) and the suites themselves on the correct engine (.ci/run runs races/, equivalence/ and
+    evals/ at check's default seeds)."""
     assert matrix["correct"], "no suite ran"
     noisy = [s for s, v in matrix["correct"].items() if v["caught"]]
     assert not noisy, f"false alarm on the correct engine: {noisy}"
