@@ -12,8 +12,10 @@ overlay that goes first on the servers' PYTHONPATH, over the base venv's Python:
     <cache>/vllm-releases/<V>/overlay/<package>/            what the newer Python needs that the
                                                             base lacks (orjson for 0.33.0)
 
-Before the overlay is kept, the ops its Python calls on the CPU route are compared with the
-ones the base's library registers (harness.targets.vllm.ops); a mismatch is a one-line refusal.
+Before the overlay is kept, the ops its Python calls on the served model's route are judged
+against every library of the base this CPU can load (harness.targets.vllm.route, .isa): an op on
+the route that the library in force lacks is a one-line refusal; one only code off the route calls
+is stubbed in the servers and named in the verdict. The stamp keeps the judgement per ISA and runner.
 """
 from __future__ import annotations
 
