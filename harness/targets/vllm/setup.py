@@ -46,7 +46,7 @@ def venv_python(home: Path) -> Path:
 
 MODEL_DIRS = {"smollm2": "smollm2-135m-instruct", "arith": "arith"}
 # the architecture our model directories name (SmolLM2 and arith are Llama-style): the route an
-# overlay's ops are judged on (harness.targets.vllm.route)
+# overlay's ops are judged on (harness.targets.vllm.library.route)
 ARCHITECTURE = "LlamaForCausalLM"
 
 

@@ -184,8 +184,8 @@ class VllmTarget(EnginePair):
 
     def _library_in_force(self, stamp: dict) -> tuple[str, dict]:
         """(the ISA whose library the servers load, {op: why stubbed}); the release's adaptations
-        name both (harness.targets.vllm.isa.judged_in_force)."""
-        from harness.targets.vllm import isa as vllm_isa
+        name both (harness.targets.vllm.library.isa.judged_in_force)."""
+        from harness.targets.vllm.library import isa as vllm_isa
         try:
             isa, stubs, extra = vllm_isa.judged_in_force(stamp, self.build, self.version, self.runner)
         except ValueError as e:
@@ -286,7 +286,7 @@ class VllmTarget(EnginePair):
         rest = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([str(setup_cmd.ROOT), *self.build.pythonpath] + ([rest] if rest else []))
         env.update(self.runner_env)
-        from harness.targets.vllm import isa as vllm_isa
+        from harness.targets.vllm.library import isa as vllm_isa
         env.update(vllm_isa.server_env(self.isa))  # a forced ISA: the servers load its library
         if self.stubs:  # the ops judged off the model's route: a loud error if ever called
             import json

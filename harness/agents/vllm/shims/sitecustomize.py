@@ -9,11 +9,11 @@ interpreter on CPU tensors, so HAS_TRITON is set back to true once that module h
 anything reads it. Nothing in the user's environment is changed; without
 OVERLAP_HARNESS_HAS_TRITON=1 this module only hands over to the environment's own sitecustomize.
 
-OVERLAP_HARNESS_VLLM_ISA=avx2|avx512 (harness.targets.vllm.isa): torch.cpu's AVX-512/AMX probes
+OVERLAP_HARNESS_VLLM_ISA=avx2|avx512 (harness.targets.vllm.library.isa): torch.cpu's AVX-512/AMX probes
 answer false once torch.cpu is imported, so vLLM's CPU platform loads that ISA's library
 (`import_kernels`) and its attention picks that ISA's kernel, as on a CPU without them.
 
-OVERLAP_HARNESS_VLLM_STUBS={"_C::op": "why", ...} (harness.targets.vllm.route): after vLLM's CPU
+OVERLAP_HARNESS_VLLM_STUBS={"_C::op": "why", ...} (harness.targets.vllm.library.route): after vLLM's CPU
 platform has loaded its library, every named op the library lacks is stubbed (stub_ops): a call
 fails naming the op and the route it was judged off. The server's log names the library loaded.
 """
@@ -57,7 +57,7 @@ def _keep_triton(module):
 
 _PROBES_OFF = {"avx512": ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"),
                "avx2": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                        "_is_amx_tile_supported", "_is_amx_fp16_supported")}  # = harness.targets.vllm.isa.PROBES_OFF
+                        "_is_amx_tile_supported", "_is_amx_fp16_supported")}  # = harness.targets.vllm.library.isa.PROBES_OFF
 
 
 def _force_isa(module):
@@ -84,7 +84,7 @@ def stub_ops(space, stubs: dict) -> None:
                     raise
                 raise AttributeError(f"{op} was called, but this server's vLLM library lacks it: the overlap "
                                      f"harness stubbed it as off the served model's route ({stubs[op]}); the "
-                                     "route judgement (harness/targets/vllm/route.py) missed a caller") from None
+                                     "route judgement (harness/targets/vllm/library/route.py) missed a caller") from None
     space.__class__ = _Stubbed
 
 

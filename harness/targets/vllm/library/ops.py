@@ -179,7 +179,7 @@ def scan(site: Path, rel: str) -> _Scan | None:
     return s
 
 
-def _module_file(site: Path, module: str) -> str | None:
+def module_file(site: Path, module: str) -> str | None:
     base = module.replace(".", "/")
     for rel in (f"{base}.py", f"{base}/__init__.py"):
         if (Path(site) / rel).is_file():
@@ -215,7 +215,7 @@ def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for m in mods:
-                f = _module_file(site, m)
+                f = module_file(site, m)
                 if f and "cpu" in f.replace("cpu_ops", "") and f not in out:
                     todo.append(f)
     return sorted(out)
@@ -223,10 +223,10 @@ def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
 
 def route_calls(site: Path, runner: str, has_triton: bool, forward_cpu_in: set | None = None) -> list[Call]:
     """Every op call on the route: the route modules' own, the wrappers they call, and every
-    forward_cpu in `forward_cpu_in` (the modules a model's route imports: harness.targets.vllm.route),
+    forward_cpu in `forward_cpu_in` (the modules a model's route imports: harness.targets.vllm.library.route),
     or in the whole package when None."""
     site = Path(site)
-    wrappers = {m: scan(site, _module_file(site, m) or "") for m in WRAPPERS}
+    wrappers = {m: scan(site, module_file(site, m) or "") for m in WRAPPERS}
     calls: list[Call] = []
 
     def add_from(s: _Scan, fns) -> None:
@@ -293,7 +293,7 @@ print(json.dumps({"library": lib.name, "schemas": sorted(str(s) for s in torch._
 
 def registered_schemas(python: str, vllm_pkg: Path, timeout: float = 120, library: str = "") -> tuple[str, dict[str, Schema]]:
     """(library file, {op: Schema}) that the compiled library in `vllm_pkg` registers, loaded by
-    `python` (the build's own, with its torch): `library` ("_C_AVX2", harness.targets.vllm.isa), else
+    `python` (the build's own, with its torch): `library` ("_C_AVX2", harness.targets.vllm.library.isa), else
     the one vLLM picks on this CPU. RuntimeError (one line) when it cannot be loaded."""
     p = subprocess.run([python, "-c", _LIST, str(vllm_pkg), library], capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:

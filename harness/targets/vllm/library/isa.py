@@ -78,7 +78,7 @@ def judged_in_force(stamp: dict, build, version: str, runner: str) -> tuple[str,
     """(the ISA in force, {op: why stubbed}, the adaptations to name) for a target's build: an
     overlay's judgement of that ISA's library on the runner's route, read from its setup stamp.
     ValueError (one line) where the route calls an op the library lacks, or it was not judged."""
-    from harness.targets.vllm.route import stub_line
+    from harness.targets.vllm.library.route import stub_line
     isa = in_force()
     lib = library(isa)
     extra, stubs = [], {}

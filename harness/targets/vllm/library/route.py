@@ -18,7 +18,7 @@ CPU attention's (`cpu_attention_with_kv_cache`, `cpu_attn_reshape_and_cache`,
 `get_scheduler_metadata`, `cpu_attn_has_isa`), `rotary_embedding` (RotaryEmbedding.forward_cpu),
 `compute_slot_mapping_kernel_impl` and `init_cpu_memory_env`; RMSNorm and SiluAndMul run
 PyTorch on an x86 CPU (their `_C` kernels are bound for GPUs and POWER only). The ops judged are the CPU route modules' own calls
-(harness.targets.vllm.ops.route_files) and every `forward_cpu` in a route module (vLLM's custom
+(harness.targets.vllm.library.ops.route_files) and every `forward_cpu` in a route module (vLLM's custom
 ops dispatch there on a CPU: the layers the model uses, its sampler's, its attention's).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.targets.vllm import ops as vllm_ops
+from harness.targets.vllm.library import ops as vllm_ops
 
 REGISTRY = "vllm/model_executor/models/registry.py"
 # code the servers' configuration never runs, whatever the model: the closure does not enter it
@@ -48,7 +48,7 @@ def model_module(site: Path, architecture: str) -> str:
         for k, v in zip(node.keys, node.values):
             if (isinstance(k, ast.Constant) and k.value == architecture and isinstance(v, ast.Tuple)
                     and v.elts and isinstance(v.elts[0], ast.Constant) and isinstance(v.elts[0].value, str)):
-                rel = vllm_ops._module_file(site, f"vllm.model_executor.models.{v.elts[0].value}")
+                rel = vllm_ops.module_file(site, f"vllm.model_executor.models.{v.elts[0].value}")
                 if rel:
                     return rel
     raise ValueError(f"vLLM's model registry ({REGISTRY}) names no module for {architecture}")
@@ -105,10 +105,10 @@ class _Source:
         """The file that defines `name` imported from `mod` (a package's re-export followed to
         where it is defined), or the module itself for `import mod`."""
         if name:
-            sub = vllm_ops._module_file(self.site, f"{mod}.{name}")
+            sub = vllm_ops.module_file(self.site, f"{mod}.{name}")
             if sub:
                 return sub
-        rel = vllm_ops._module_file(self.site, mod)
+        rel = vllm_ops.module_file(self.site, mod)
         if not rel or not name or depth > 8:
             return rel
         tree = self.tree(rel)
