@@ -106,6 +106,9 @@ def _after_kernels(module):
 
     def import_kernels(klass):
         load(klass)
+        if getattr(import_kernels, "done", False):  # vLLM calls it from every module that needs the ops
+            return
+        import_kernels.done = True
         print(f"[overlap-harness] vLLM's compiled library in this process: {_loaded_library()}"
               + (f"; stubbed off the route: {', '.join(sorted(stubs))}" if stubs else ""), file=sys.stderr, flush=True)
         import torch
