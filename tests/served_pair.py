@@ -50,7 +50,7 @@ def hand_back(pair, engine: str) -> None:
     watchdog stopped or that died started again when next used (a test that leaves a hang behind
     fails itself, not every test after it)."""
     from harness import targets
-    from harness.search.served_judge import restart_lost
+    from harness.search.served.judge import restart_lost
     if pair.faults:
         targets.make_target(engine, ())
     restart_lost(pair)

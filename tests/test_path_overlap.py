@@ -130,9 +130,9 @@ def test_worker_forwards_after_the_copy_are_lost():
 
 
 def test_stress_sums_each_feature_over_the_run_and_says_lost():
-    """stress: each drawn feature's share over the run (harness.search.served_search.overlap_lines)."""
+    """stress: each drawn feature's share over the run (harness.search.served.explore.overlap_lines)."""
     from types import SimpleNamespace
-    from harness.search.served_search import overlap_lines
+    from harness.search.served.explore import overlap_lines
     r = SimpleNamespace(feature_overlap={"chunked_prefill": {"all": po.Share(30, 2), "prefill": po.Share(4, 10)},
                                          "penalties": {"all": po.Share(40, 0), "prefill": po.Share(5, 0)}},
                         overlap_total={"all": po.Share(300, 2), "prefill": po.Share(60, 10)})

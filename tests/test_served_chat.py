@@ -1,5 +1,5 @@
 """Multi-turn chat and client-set request ids in the served search (issue 36, item 2), without a
-server: the draws (harness.search.served_chat), the conversation client over a real httpx client
+server: the draws (harness.search.served.chat), the conversation client over a real httpx client
 whose transport answers as vLLM's chat API does (harness.targets.served.chat_turns), the turn-by-turn
 judging (harness.oracles.turns) and the request-id oracle (harness.oracles.request_ids), each with
 a fault it must catch and the correct answers it must leave quiet. Against vLLM itself:
@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, Phase, find, settings
 
 from harness.engine.request import Request
 from harness.oracles import request_ids, turns
-from harness.search import served_case as sc
-from harness.search import served_chat
-from harness.search.served_case import ServedCase
-from harness.search.served_judge import _findings
+from harness.search.served import case as sc
+from harness.search.served import chat as served_chat
+from harness.search.served.case import ServedCase
+from harness.search.served.judge import _findings
 from harness.targets.base import Run
 from harness.targets.served.chat_turns import HEADER_KEY
 
@@ -216,7 +216,7 @@ def test_a_duplicate_id_each_client_gets_its_own_whole_answer():
 
 
 def test_the_shrinker_drops_a_turn():
-    from harness.search.served_shrink import _request_variants
+    from harness.search.served.shrink import _request_variants
     r = _conv().requests[0]
     assert any(v.extra.get("chat") == ["a", "b"] for v in _request_variants(r))
 
@@ -266,7 +266,7 @@ def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
     """allowed_token_ids is drawn on some requests; each is sent again without it (async off, the
     same seed for an unseeded sampled request) and the summary marks it not exercised when it
     changed no answer."""
-    from harness.search import served_effects
+    from harness.search.served import effects as served_effects
     cases = _draw()
     drawn = [r for c in cases for r in c.requests if "allowed_token_ids" in r.extra]
     assert drawn and all(1 <= len(r.extra["allowed_token_ids"]) <= 8 for r in drawn)
@@ -319,8 +319,8 @@ def test_header_fields_leave_the_body_as_headers():
 def test_a_reproducer_keeps_conversations_ids_and_the_new_controls(tmp_path):
     """A case with a conversation, client ids, a duplicate pair and an abort pause is written and
     read back to the same bodies (replay sends them as found)."""
-    from harness.search import served_repro
-    from harness.search.served_judge import Finding
+    from harness.search.served import repro as served_repro
+    from harness.search.served.judge import Finding
     from harness.targets.served.pair import ServedTarget
 
     class Fake:
@@ -347,7 +347,7 @@ def test_the_judge_wires_turns_pause_aborts_and_effects():
     """served_judge.judge on a target that answers from a table (no agent): the later turns of a
     conversation that differed are counted and left out, an abort pause's cut answers judged as
     prefixes, allowed_token_ids sent again without it async off; one finding, the turn that differed."""
-    from harness.search.served_judge import judge
+    from harness.search.served.judge import judge
     conv = _conv().requests[0]
     allow = Request(rid="c1r0", prompt_ids=[3] * 5, max_new_tokens=4)
     allow.extra, allow.n = {"allowed_token_ids": [4, 5]}, 1
@@ -385,7 +385,7 @@ def test_a_turn_s_divergence_gets_its_own_evidence_and_the_known_entry_claims_it
     async-seeded-preempt-in-flight claims it; the same divergence without the books' preemption
     stays new (measured: a 15-minute stress's c0r0@2, before turns were keyed)."""
     from harness.agents.vllm.steps import FIELDS, request_key
-    from harness.search.served_judge import Verdict, _classify
+    from harness.search.served.judge import Verdict, _classify
     case = _conv()
     case.requests[0].temperature = 0.8
     off = [("c0r0@1", [4, 5, 6], "length", _turn([4, 5, 6], 10)), ("c0r0@2", [8, 9, 9], "length", _turn([8, 9, 9], 20))]

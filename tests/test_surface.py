@@ -62,11 +62,11 @@ def test_each_fields_fault_is_caught():
 
 
 def test_stress_judges_the_surface_too():
-    """Stress (harness.search.served_judge) runs the same oracle on every drawn case: a field gone
+    """Stress (harness.search.served.judge) runs the same oracle on every drawn case: a field gone
     wrong is a finding whose signature is the field (the figures may change on replay), and the
     correct responses stay quiet."""
-    from harness.search.served_case import ServedCase
-    from harness.search.served_judge import _findings
+    from harness.search.served.case import ServedCase
+    from harness.search.served.judge import _findings
     from harness.targets.base import Run
     reqs = [_req("a", 4), _req("b", 4, stop_token_ids=[3], prompt_logprobs=2)]
 

@@ -15,7 +15,7 @@ written as a JSON reproducer with a Chrome trace and a PNG timeline around the f
 `replay` runs a reproducer again, bit for bit (the simulated device is deterministic).
 
 `--target vllm` / `--target openai` search a served pair instead (harness/commands/stress_served.py,
-harness/search/served_*.py; docs/stress.md).
+harness/search/served/; docs/stress.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The search against a served pair (vLLM, or any OpenAI-compatible on/off pair): hypothesis draws
-submissions (harness.search.served_case) in bursts from the seeds of `--seed` and `--shard`
+submissions (harness.search.served.case) in bursts from the seeds of `--seed` and `--shard`
 (harness.search.explore.burst_seeds), each is judged on both warm servers (served_judge), a new
 failure is shrunk within its time limit and written as a reproducer, known-upstream findings are
 counted once per entry, and the search goes on until its time is spent."""
@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from harness.search.explore import burst_seeds
-from harness.search.served_case import ServedCase, case_features, features
-from harness.search.served_chat import submissions
-from harness.search.served_judge import judge
-from harness.search.served_shrink import shrink
+from harness.search.served.case import ServedCase, case_features, features
+from harness.search.served.chat import submissions
+from harness.search.served.judge import judge
+from harness.search.served.shrink import shrink
 
 # async timing decides some failures (a reorder needs a request to land between two steps): a
 # smaller case may fail more rarely than the one found, or have failed its one shrinking try by luck
@@ -188,7 +188,7 @@ class ServedStress:
         return False
 
     def _new_finding(self, case: ServedCase, v) -> None:
-        from harness.search import served_repro
+        from harness.search.served import repro as served_repro
         r = self.res
         f = Found(v.new[0], time.monotonic() - self._t0, case, case)
         r.found.append(f)
@@ -402,14 +402,14 @@ def summary_lines(s: ServedStress) -> list[str]:
 
 
 def surface_lines(r) -> list[str]:
-    """What the conversations and the client ids gave the oracles to judge (harness.search.served_chat)."""
+    """What the conversations and the client ids gave the oracles to judge (harness.search.served.chat)."""
     from harness.oracles import turns
     out = [turns.line(r.turns)] if r.turns.get("conversations") else []
     if any(r.ids.get(k) for k in ("body", "header", "duplicate_groups")):
         out.append(f"request ids: {r.ids.get('body', 0)} in the body, {r.ids.get('header', 0)} as X-Request-Id; "
                    f"{r.ids.get('duplicate_groups', 0)} duplicate-id pair(s) sent together, "
                    f"{r.ids.get('duplicate_aborts', 0)} with one client disconnecting")
-    from harness.search import served_effects
+    from harness.search.served import effects as served_effects
     out += served_effects.line(r.effects)
     if r.ids.get("server_aborted"):
         out.append(f"pause_abort: {r.ids['server_aborted']} answer(s) cut by /pause?mode=abort, judged as prefixes")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from harness.search.served_case import ServedCase, clone, clone_request
+from harness.search.served.case import ServedCase, clone, clone_request
 
 
 class _Spent(Exception):

@@ -10,7 +10,7 @@ import json
 import os
 
 from harness.engine.request import Request
-from harness.search.served_case import ServedCase
+from harness.search.served.case import ServedCase
 
 FORMAT = "overlap-harness-served-repro"
 CLIENT_KEYS = ("model", "logprobs", "return_tokens_as_token_ids", "skip_special_tokens")
@@ -92,7 +92,7 @@ def load(path: str) -> tuple[dict, ServedCase]:
     except (KeyError, TypeError, ValueError) as e:
         raise BadServedRepro(f"{path}: a request body is not one stress wrote ({type(e).__name__}: {e})") from None
     controls = [(float(at), str(w)) for at, w in h.get("controls") or []]
-    from harness.search.served_case import CONTROLS
+    from harness.search.served.case import CONTROLS
     bad = [w for _, w in controls if w not in CONTROLS]
     if bad:
         raise BadServedRepro(f"{path}: unknown control {bad[0]!r} (expected one of {', '.join(CONTROLS)})")

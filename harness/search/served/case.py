@@ -101,7 +101,7 @@ def features(r: Request) -> list[str]:
             out.append(k)
     if ex.get("top_k") or ex.get("min_p"):
         out.append("top_k/min_p")
-    if ex.get("chat"):  # harness.search.served_chat: a conversation, and client-set request ids
+    if ex.get("chat"):  # harness.search.served.chat: a conversation, and client-set request ids
         out.append("chat")
     if "oh_x_vllm_priority" in ex:
         out.append("x-vllm-priority")
@@ -240,10 +240,10 @@ def submissions(draw, tok, cases: int = 4, vllm: bool = True, agent: bool = True
     """`cases` mixes merged into one submission, with its delays and controls (none on a target
     without our agent: `agent=False`); `priority`: every request carries a priority; `surface`
     (draw, tok, mixes, priority) -> mixes redraws some mixes over more of vLLM's request surface
-    (harness.search.served_chat.submissions passes its own)."""
+    (harness.search.served.chat.submissions passes its own)."""
     mixes = [[draw(requests(tok, f"c{i}r{j}", vllm, priority=priority)) for j in range(draw(st.integers(1, 3)))]
              for i in range(cases)]
-    if vllm and surface is not None:  # conversations, client ids, ... (harness.search.served_chat)
+    if vllm and surface is not None:  # conversations, client ids, ... (harness.search.served.chat)
         mixes = surface(draw, tok, mixes, priority)
     delays, controls = {}, []
     if agent:

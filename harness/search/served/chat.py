@@ -26,7 +26,7 @@ import zlib
 from hypothesis import strategies as st
 
 from harness.oracles.request_ids import DUPLICATE_MARK
-from harness.search import served_effects
+from harness.search.served import effects as served_effects
 from harness.targets.served.chat_turns import HEADER_KEY, PRIORITY_KEY, chat_prompt_ids
 
 CHAT, IDS, DUPLICATE = 0, 1, 2  # a mix's hash modulo COIN: what it becomes
@@ -42,7 +42,7 @@ NOT_IN_PAIR = STOPPERS + ("prompt_logprobs",)
 def conversation(draw, tok, rid: str, priority: bool = False):
     """One conversation of 2-3 turns; its prompt ids are the first turn's (the template over the
     first message), so the steps oracle and the summary see what the engine sees first."""
-    from harness.search.served_case import drawn_words, requests
+    from harness.search.served.case import drawn_words, requests
     from harness.targets.vllm import workload as vllm_workload
     r = draw(requests(tok, rid, True, priority=priority))
     r.n, r.abort_after = 1, None
@@ -68,7 +68,7 @@ def with_client_ids(draw, mix: list, i: int) -> list:
 @st.composite
 def duplicate_pair(draw, tok, i: int, priority: bool = False):
     """Two requests of mix `i` sent together with one client id; the first may disconnect."""
-    from harness.search.served_case import requests
+    from harness.search.served.case import requests
     a, b = (draw(requests(tok, f"c{i}r{j}", True, priority=priority)) for j in range(2))
     cid = f"oh{DUPLICATE_MARK}c{i}"
     where = draw(st.sampled_from(("request_id", HEADER_KEY)))
@@ -100,7 +100,7 @@ def redraw(draw, tok, mixes: list, priority: bool = False) -> list:
             mix = with_client_ids(draw, mix, i)
         elif coin == DUPLICATE:
             mix = draw(duplicate_pair(tok, i, priority))
-        for r in mix:  # item 3's rule on a field of the async path (harness.search.served_effects)
+        for r in mix:  # item 3's rule on a field of the async path (harness.search.served.effects)
             served_effects.maybe_allowed_ids(draw, tok, r)
             if priority and zlib.crc32(repr(r).encode()) % 4 == 1:  # the priority as a header (X-Vllm-Priority)
                 r.extra[PRIORITY_KEY] = int(getattr(r, "priority", 0))
@@ -110,5 +110,5 @@ def redraw(draw, tok, mixes: list, priority: bool = False) -> list:
 
 def submissions(tok, cases: int = 4, vllm: bool = True, agent: bool = True, priority: bool = False):
     """served_case.submissions with this module's draws (what the served search draws)."""
-    from harness.search.served_case import submissions as plain
+    from harness.search.served.case import submissions as plain
     return plain(tok, cases, vllm=vllm, agent=agent, priority=priority, surface=redraw)
