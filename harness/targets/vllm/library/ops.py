@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 WRAPPERS = ("vllm._custom_ops", "vllm._cpu_ops")  # modules whose functions wrap torch.ops calls
@@ -31,6 +31,7 @@ class Call:
     where: str  # "vllm/_custom_ops.py:rms_norm" (the function that calls it)
     n_pos: int | None  # positional arguments passed (None: *args, not counted)
     keywords: tuple = ()  # keyword names passed (None in the tuple for **kw: not counted)
+    via: str = ""  # a wrapper's call: the function that called the wrapper ("vllm/x.py:C.forward_cpu")
 
 
 @dataclass
@@ -178,7 +179,7 @@ def scan(site: Path, rel: str) -> _Scan | None:
     return s
 
 
-def _module_file(site: Path, module: str) -> str | None:
+def module_file(site: Path, module: str) -> str | None:
     base = module.replace(".", "/")
     for rel in (f"{base}.py", f"{base}/__init__.py"):
         if (Path(site) / rel).is_file():
@@ -186,8 +187,8 @@ def _module_file(site: Path, module: str) -> str | None:
     return None
 
 
-def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
-    """The CPU route's modules in the source under `site` (the folder holding `vllm/`)."""
+def route_roots(site: Path, runner: str, has_triton: bool) -> list[str]:
+    """The CPU route's entry modules: platform, worker, attention backend, the runner the worker builds."""
     roots = ["vllm/platforms/cpu.py", "vllm/v1/worker/cpu_worker.py", "vllm/v1/attention/backends/cpu_attn.py"]
     if runner == "v1":
         roots.append("vllm/v1/worker/cpu_model_runner.py")
@@ -195,7 +196,12 @@ def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
         roots.append("vllm/v1/worker/cpu/model_runner.py")
     else:
         roots.append("vllm/v1/worker/cpu/standalone_model_runner.py")  # 0.34's runner without Triton
-    out, todo = [], [r for r in roots if (Path(site) / r).is_file()]
+    return [r for r in roots if (Path(site) / r).is_file()]
+
+
+def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
+    """The CPU route's modules in the source under `site` (the folder holding `vllm/`)."""
+    out, todo = [], route_roots(site, runner, has_triton)
     while todo:  # and the CPU modules they import at their top level
         rel = todo.pop()
         if rel in out:
@@ -209,17 +215,18 @@ def route_files(site: Path, runner: str, has_triton: bool) -> list[str]:
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for m in mods:
-                f = _module_file(site, m)
+                f = module_file(site, m)
                 if f and "cpu" in f.replace("cpu_ops", "") and f not in out:
                     todo.append(f)
     return sorted(out)
 
 
-def route_calls(site: Path, runner: str, has_triton: bool) -> list[Call]:
+def route_calls(site: Path, runner: str, has_triton: bool, forward_cpu_in: set | None = None) -> list[Call]:
     """Every op call on the route: the route modules' own, the wrappers they call, and every
-    forward_cpu in the package."""
+    forward_cpu in `forward_cpu_in` (the modules a model's route imports: harness.targets.vllm.library.route),
+    or in the whole package when None."""
     site = Path(site)
-    wrappers = {m: scan(site, _module_file(site, m) or "") for m in WRAPPERS}
+    wrappers = {m: scan(site, module_file(site, m) or "") for m in WRAPPERS}
     calls: list[Call] = []
 
     def add_from(s: _Scan, fns) -> None:
@@ -228,14 +235,15 @@ def route_calls(site: Path, runner: str, has_triton: bool) -> list[Call]:
             for mod, name, _node in s.wrapped.get(fn, ()):
                 w = wrappers.get(mod)
                 if w is not None:
-                    calls.extend(w.ops.get(name, ()))
+                    calls.extend(replace(c, via=f"{s.rel}:{fn}") for c in w.ops.get(name, ()))
     for rel in route_files(site, runner, has_triton):
         s = scan(site, rel)
         if s is not None:
             add_from(s, set(s.ops) | set(s.wrapped))
-    for p in sorted((site / "vllm").rglob("*.py")):
-        rel = str(p.relative_to(site))
-        text = p.read_text(encoding="utf-8", errors="replace")
+    files = (sorted(forward_cpu_in) if forward_cpu_in is not None
+             else [str(p.relative_to(site)) for p in sorted((site / "vllm").rglob("*.py"))])
+    for rel in files:
+        text = (site / rel).read_text(encoding="utf-8", errors="replace")
         if "def forward_cpu" not in text:
             continue
         s = scan(site, rel)
@@ -270,8 +278,11 @@ import json, sys, torch
 from pathlib import Path
 pkg = Path(sys.argv[1])
 before = {str(s) for s in torch._C._jit_get_all_schemas()}
-name = ("_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512") if torch.cpu._is_avx512_supported() else "_C_AVX2"
-lib = next(iter(sorted(pkg.glob(name + ".*so"))), None) or next(iter(sorted(pkg.glob("_C.*so"))), None)
+asked = sys.argv[2] if len(sys.argv) > 2 else ""
+name = asked or (("_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512")
+                 if torch.cpu._is_avx512_supported() else "_C_AVX2")
+lib = next(iter(sorted(pkg.glob(name + ".*so"))), None) or (
+    None if asked else next(iter(sorted(pkg.glob("_C.*so"))), None))  # a build with one library
 if lib is None:
     print(json.dumps({"error": f"no {name} library in {pkg}"})); sys.exit(0)
 torch.ops.load_library(str(lib))
@@ -280,10 +291,11 @@ print(json.dumps({"library": lib.name, "schemas": sorted(str(s) for s in torch._
 """
 
 
-def registered_schemas(python: str, vllm_pkg: Path, timeout: float = 120) -> tuple[str, dict[str, Schema]]:
+def registered_schemas(python: str, vllm_pkg: Path, timeout: float = 120, library: str = "") -> tuple[str, dict[str, Schema]]:
     """(library file, {op: Schema}) that the compiled library in `vllm_pkg` registers, loaded by
-    `python` (the build's own, with its torch). RuntimeError (one line) when it cannot be loaded."""
-    p = subprocess.run([python, "-c", _LIST, str(vllm_pkg)], capture_output=True, text=True, timeout=timeout)
+    `python` (the build's own, with its torch): `library` ("_C_AVX2", harness.targets.vllm.library.isa), else
+    the one vLLM picks on this CPU. RuntimeError (one line) when it cannot be loaded."""
+    p = subprocess.run([python, "-c", _LIST, str(vllm_pkg), library], capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"loading the compiled library of {vllm_pkg} failed: {tail[:200]}")
