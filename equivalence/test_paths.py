@@ -338,6 +338,9 @@ def sglang_path_run(target, tok):
     if target.name != "sglang" or not getattr(target, "paths", False):
         pytest.skip(f"the SGLang path table needs the SGLang pair of the default model; target {target.name}")
     reqs = sp.build(tok, seed=0)
+    if getattr(target, "spec", None) is not None:  # a drafter: the speculative rows' requests too
+        from harness.targets.sglang import spec as sglang_spec
+        reqs = sglang_spec.tag(reqs, tok)
     runs, cnt, books, stepbooks = {}, {}, {}, {}
     for overlap in (False, True):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
@@ -357,7 +360,8 @@ def sglang_path_run(target, tok):
 
 def _sglang_rows():
     from harness.targets.sglang.paths import PATHS
-    return PATHS
+    from harness.targets.sglang.spec import SPEC_ROWS
+    return PATHS + SPEC_ROWS
 
 
 @pytest.mark.parametrize("row", _sglang_rows(), ids=lambda r: f"sglang-{r.name}")
@@ -366,7 +370,19 @@ def test_sglang_path(target, row, record_property, request):
         pytest.skip(f"SGLang's path table; target {target.name}")
     if row.cpu_reason and getattr(target, "device", "") == "cpu":
         pytest.skip(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}")
+    spec = getattr(target, "spec", None)  # the drafter's configuration (harness.targets.sglang.spec)
+    from harness.targets.sglang.spec import SPEC_ROW_NAMES
+    if row.name in SPEC_ROW_NAMES and spec is None:
+        pytest.skip(f"not exercised: {row.name}: this pair runs no drafter (check --target sglang --configs ngram)")
+    why = dict(spec.absent).get(row.name) if spec is not None else None
+    if why:
+        pytest.skip(f"not exercised: {row.name} with {spec.name}: {why}")
     pr = request.getfixturevalue("sglang_path_run")
+    if row.name == "spec_verify":  # the drafter's acceptance on each arm, in the gate's report
+        from harness.targets.sglang.spec import acceptance_line
+        for arm, c in (("on", pr.counts_on), ("off", pr.counts_off)):
+            record_property("spec", acceptance_line(c, arm))
+            print(acceptance_line(c, arm))
     judge(row, pr, record_property, known=sglang_upstream.KNOWN,
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
 

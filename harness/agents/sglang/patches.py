@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.agents.sglang.points import WRITTEN_AGAINST
+from harness.agents.sglang.spec_patches import spec_patches
 
 RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
@@ -172,6 +173,8 @@ PATCHES: dict[str, SglangPatch] = {p.name: p for p in [
         # where a backend's shared reads end, and the read-done event's placement
         ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
 ]}
+# speculative decoding's (harness/agents/sglang/spec_patches.py)
+PATCHES.update({p.name: p for p in spec_patches(SglangPatch)})
 
 
 def apply(p: SglangPatch, text: str) -> str:
