@@ -43,3 +43,14 @@ def test_unknown_config_is_one_line(tmp_path):
     with pytest.raises(SystemExit):
         sglang_spec.parse("bogus", lambda m: SystemExit(m))
     assert sglang_spec.parse("all", ValueError) == ["ngram"]
+
+
+def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypatch):
+    from harness.gate import matrix
+    ran = []
+    monkeypatch.setattr(matrix, "run_suites", lambda *a, **k: ran.append(a[1]) or
+                        type("R", (), {"interrupted": False, "suites": {}})())
+    m = matrix.kill_matrix(faults=["sglang_spec_bonus_stride", "sglang_spec_reservation_one_window"], target="sglang")
+    assert ran == [()]  # only the correct engine: neither patch runs on the plain pair
+    assert m["not_here"]["sglang_spec_bonus_stride"] == ("needs the ngram configuration: check --target sglang "
+                                                         "--configs ngram --fault sglang_spec_bonus_stride")

@@ -36,6 +36,7 @@ class SglangPatch:
     replace: str
     upstream: tuple[str, ...] = ()
     also: tuple[tuple[str, str], ...] = ()
+    config: str = ""  # non-empty: the server configuration it needs (a drafter's: harness/targets/sglang/spec.py)
 
     @property
     def edits(self) -> tuple[tuple[str, str], ...]:

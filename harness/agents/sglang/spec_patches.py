@@ -5,7 +5,8 @@ own text that only the overlap-on server of a pair imports. Caught by the specul
 """
 from __future__ import annotations
 
-SPEC = "test_spec"  # the speculative rows: reservation, bonus token (harness/targets/sglang/spec.py)
+SPEC = "test_paths"  # the speculative rows of the SGLang path table (harness/targets/sglang/spec.py)
+CONFIG = "ngram"  # they need a drafter: check --target sglang --configs ngram --fault NAME
 SIZING = "srt/mem_cache/allocation_sizing.py"
 NGRAM = "srt/speculative/ngram_worker.py"
 
@@ -24,7 +25,7 @@ def spec_patches(SglangPatch) -> list:
             "    return 2 * get_alloc_len_per_decode()\n",
             "    return get_alloc_len_per_decode()\n",
             # check_decode_mem / the spec reservation short for the speculative stages; overlap + retract
-            ("sgl-project/sglang#13741", "sgl-project/sglang#14645", "sgl-project/sglang#14972")),
+            ("sgl-project/sglang#13741", "sgl-project/sglang#14645", "sgl-project/sglang#14972"), config=CONFIG),
         SglangPatch(
             "sglang_spec_bonus_stride",
             "the relayed tokens read with the wrong stride for batches over one: NGRAM's draft preparation "
@@ -36,5 +37,5 @@ def spec_patches(SglangPatch) -> list:
             "        stride = self.draft_token_num\n",
             "        stride = self.draft_token_num - 1\n",
             # the bonus-token / verified-id stride of spec v2 for batches over one
-            ("sgl-project/sglang#13741", "sgl-project/sglang#14645")),
+            ("sgl-project/sglang#13741", "sgl-project/sglang#14645"), config=CONFIG),
     ]
