@@ -378,6 +378,14 @@ def test_sglang_path(target, row, record_property, request):
     if why:
         pytest.skip(f"not exercised: {row.name} with {spec.name}: {why}")
     pr = request.getfixturevalue("sglang_path_run")
+    if row.name in SPEC_ROW_NAMES and row.violations:  # the agent's first violation, said in full (the
+        # counters name it only; the pair's work folder, with the facts, goes when the gate ends)
+        for overlap in (True, False):
+            for f in planmod.read_facts(str(target.facts_dir(overlap))):
+                first = next((v for k, v in f.items() if k.startswith("first_spec_") and v), None)
+                if first:
+                    record_property("spec", f"async {'on' if overlap else 'off'}: first: {first}")
+                    print(f"{row.name}: async {'on' if overlap else 'off'}: first: {first}")
     if row.name == "spec_verify":  # the drafter's acceptance on each arm, in the gate's report
         from harness.targets.sglang.spec import acceptance_line
         for arm, c in (("on", pr.counts_on), ("off", pr.counts_off)):
@@ -387,7 +395,10 @@ def test_sglang_path(target, row, record_property, request):
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
 
 
-def test_sglang_steps(sglang_path_run, record_property):
+def test_sglang_steps(target, sglang_path_run, record_property):
+    if getattr(target, "spec", None) is not None:
+        from harness.targets.sglang.spec import STEPS_WITH_DRAFTER
+        pytest.skip(f"not exercised: steps with {target.spec.name}: {STEPS_WITH_DRAFTER}")
     judge_steps(sglang_path_run, record_property, known=[])
 
 

@@ -91,11 +91,12 @@ SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
 
 
 def tag(reqs, tok) -> list:
-    """The path workload with the speculative rows: every decoding request serves them, plus
+    """The path workload with the speculative rows: the ten long plain requests serve them, plus
     repetitive prompts whose continuation the n-gram trie finds (acceptance)."""
     from harness.targets.vllm.workload import _ids, _req
-    for r in reqs:
-        if r.max_new_tokens >= 16:
+    for r in reqs:  # the long plain requests (p0-p9): a penalty's, a grammar's or an abort's findings stay
+        # in their own rows (measured: pen0's penalty divergence failed every spec row when tagged here)
+        if "retraction" in r.paths:
             r.paths = list(r.paths) + list(SPEC_ROW_NAMES)
     texts = ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "Monday, Tuesday, Wednesday, Thursday, Friday,",
              "red green blue red green blue red green blue", "a b c d e f g h i j k l m n"]
@@ -115,3 +116,11 @@ def acceptance_line(counts: dict, arm: str) -> str:
     return (f"acceptance (overlap {arm}): {acc} of {prop} drafts accepted ({100 * acc / prop:.0f}%) over "
             f"{counts.get('spec_verify_steps', 0)} verify steps, {windows} windows; mean accept length "
             f"{1 + acc / max(1, windows):.2f}")
+
+
+# the steps oracle counts one token a step; with a drafter a step gives 1 to n tokens a request, and the
+# accepted lengths differ between the arms (the trie's state at a lookup depends on the timing: measured
+# 167/27/21/78 vs 163/22/13/83 windows accepting 1/2/3/4), so a request's step count may differ with no bug
+STEPS_WITH_DRAFTER = ("the steps oracle counts one token a step; a drafter's step gives 1 to n tokens a request and "
+                      "the accepted lengths differ between the arms (the n-gram trie's state depends on timing), so "
+                      "step counts are not comparable")
