@@ -339,6 +339,9 @@ def sglang_path_run(target, tok):
     if target.name != "sglang" or not getattr(target, "paths", False):
         pytest.skip(f"the SGLang path table needs the SGLang pair of the default model; target {target.name}")
     reqs = sp.build(tok, seed=0)
+    if getattr(target, "spec", None) is not None:  # a drafter: the speculative rows' requests too
+        from harness.targets.sglang import spec as sglang_spec
+        reqs = sglang_spec.tag(reqs, tok)
     runs, cnt, books, stepbooks = {}, {}, {}, {}
     for overlap in (False, True):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
@@ -358,7 +361,8 @@ def sglang_path_run(target, tok):
 
 def _sglang_rows():
     from harness.targets.sglang.paths import PATHS
-    return PATHS
+    from harness.targets.sglang.spec import SPEC_ROWS
+    return PATHS + SPEC_ROWS
 
 
 @pytest.mark.parametrize("row", _sglang_rows(), ids=lambda r: f"sglang-{r.name}")
@@ -368,12 +372,36 @@ def test_sglang_path(target, row, record_property, request):
     if row.cpu_reason and getattr(target, "device", "") == "cpu":
         outcome.not_exercised(f"not exercised: {row.name} on SGLang's CPU backend: {row.cpu_reason}", "cpu_backend",
                               skip=True)
+    spec = getattr(target, "spec", None)  # the drafter's configuration (harness.targets.sglang.spec)
+    from harness.targets.sglang.spec import SPEC_ROW_NAMES
+    if row.name in SPEC_ROW_NAMES and spec is None:
+        outcome.not_exercised(f"not exercised: {row.name}: this pair runs no drafter (check --target sglang --configs ngram)",
+                              "no_drafter", skip=True)
+    why = dict(spec.absent).get(row.name) if spec is not None else None
+    if why:
+        outcome.not_exercised(f"not exercised: {row.name} with {spec.name}: {why}", "drafter_absent", skip=True)
     pr = request.getfixturevalue("sglang_path_run")
+    if row.name in SPEC_ROW_NAMES and row.violations:  # the agent's first violation, said in full (the
+        # counters name it only; the pair's work folder, with the facts, goes when the gate ends)
+        for overlap in (True, False):
+            for f in planmod.read_facts(str(target.facts_dir(overlap))):
+                first = next((v for k, v in f.items() if k.startswith("first_spec_") and v), None)
+                if first:
+                    record_property("spec", f"async {'on' if overlap else 'off'}: first: {first}")
+                    print(f"{row.name}: async {'on' if overlap else 'off'}: first: {first}")
+    if row.name == "spec_verify":  # the drafter's acceptance on each arm, in the gate's report
+        from harness.targets.sglang.spec import acceptance_line
+        for arm, c in (("on", pr.counts_on), ("off", pr.counts_off)):
+            record_property("spec", acceptance_line(c, arm))
+            print(acceptance_line(c, arm))
     judge(row, pr, record_property, known=sglang_upstream.KNOWN,
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
 
 
-def test_sglang_steps(sglang_path_run, record_property):
+def test_sglang_steps(target, sglang_path_run, record_property):
+    if getattr(target, "spec", None) is not None:
+        from harness.targets.sglang.spec import STEPS_WITH_DRAFTER
+        pytest.skip(f"not exercised: steps with {target.spec.name}: {STEPS_WITH_DRAFTER}")
     judge_steps(sglang_path_run, record_property, known=[])
 
 

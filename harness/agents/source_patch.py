@@ -31,6 +31,7 @@ class SourcePatch:
     also: tuple[tuple[str, str], ...] = ()  # more (search, replace) edits of the same file
     device_only: str = ""  # non-empty: why the CPU build cannot show the bug (mutants skip it there)
     path: str = ""  # the row of the engine's path table whose workload exercises the bug, if one
+    config: str = ""  # non-empty: the server configuration it needs (a drafter's), where its path exists
 
     @property
     def edits(self) -> tuple[tuple[str, str], ...]:

@@ -72,14 +72,23 @@ def cmd_check(a) -> int:
 
 
 def check_configs(a, error) -> list[str]:
-    """--configs NAME,...|all|all,-NAME,...: the server configurations of the matrix (vLLM only)."""
-    spec = a.configs
+    """--configs NAME,...|all|all,-NAME,...: the server configurations of the matrix (vLLM's, or
+    SGLang's drafters: harness/targets/sglang/spec.py)."""
+    spec = getattr(a, "configs", None)
     if not spec:
         return []
-    if a.target != "vllm":
-        raise error(f"--configs applies to --target vllm only (not {a.target})")
+    if a.target not in ("vllm", "sglang"):
+        raise error(f"--configs applies to --target vllm or sglang (not {a.target})")
+    return configs_of(a.target).parse(spec, error)
+
+
+def configs_of(target: str):
+    """The module of a target's server configurations (CONFIGS, parse)."""
+    if target == "sglang":
+        from harness.targets.sglang import spec as sglang_spec
+        return sglang_spec
     from harness.targets.vllm import configs as vllm_configs
-    return vllm_configs.parse(spec, error)
+    return vllm_configs
 
 
 def run_matrix(a, configs: list[str], workers: int, vllm) -> int:
@@ -87,13 +96,13 @@ def run_matrix(a, configs: list[str], workers: int, vllm) -> int:
     time; the path suite only unless --suite names others (the whole gate is minutes a
     configuration). One table per configuration, then the matrix: each configuration's verdict."""
     import time
-    from harness.targets.vllm import configs as vllm_configs
+    table = configs_of(a.target)
     if not a.suite:
         a.suite = ["test_paths"]
     rows = []
     base = {"json": a.json, "junit": a.junit}
     for name in configs:
-        c = vllm_configs.CONFIGS[name]
+        c = table.CONFIGS[name]
         print(f"\n== server configuration {name}: {c.flags()}", flush=True)
         for k, path in base.items():  # one report per configuration: REPORT-NAME.json / .xml
             if path:
@@ -280,7 +289,8 @@ def add_commands(sub) -> None:
     c.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
                    help="vllm: run the gate once per server configuration (harness/targets/vllm/configs.py, "
                         "docs/vllm-configs.md), one pair at a time, the path suite unless --suite names others; "
-                        "all: the whole matrix, all,-NAME,...: all but those (default: the path setting only)")
+                        "all: the whole matrix, all,-NAME,...: all but those (default: the path setting only); "
+                        "sglang: its drafters (harness/targets/sglang/spec.py: ngram)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",
                    help="processes to spread the cases over with pytest-xdist: auto (default: every core) "
                         "or a number; 1 runs them in this process")

@@ -18,6 +18,11 @@ def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_o
     # a bug that only a device shows (vLLM's CPU build runs each forward inline) is listed with
     # its reason, never run and counted as missed or caught
     out["not_here"] = {n: catalogue[n].device_only for n in names if getattr(catalogue[n], "device_only", "")}
+    # a source patch that needs another server configuration (a drafter's): listed with the command
+    # that runs it, never run on this pair, where its path does not exist
+    out["not_here"].update({n: f"needs the {catalogue[n].config} configuration: check --target {target} --configs "
+                               f"{catalogue[n].config} --fault {n}"
+                            for n in names if getattr(catalogue[n], "config", "") and n not in out["not_here"]})
     names = [n for n in names if n not in out["not_here"]]
     for label, fs in [("correct", ())] + [(n, (n,)) for n in names]:
         if progress:

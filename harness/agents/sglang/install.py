@@ -128,6 +128,10 @@ class SglangAgent:
         assert set(DELAY_POINTS) <= set(self.originals)
         if self.plan.data.get("device") == "cpu" and self.plan.data.get("fence_model", True):
             self.fence = fence.install(facts, self.originals)
+        from harness.agents.sglang import spec
+        algo = spec.spec_algorithm_of_process()
+        if algo:  # a drafter: its steps, windows and bonus tokens counted and judged (agents/sglang/spec.py)
+            self.spec = spec.install(self, algo)
         facts.set(installed=True, steps=0, tokens_out=0)  # a progress counter from the start: watched
         facts.write(True)
         return self

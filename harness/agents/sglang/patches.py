@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from harness.agents.sglang.points import WRITTEN_AGAINST
 from harness.agents.source_patch import SourcePatch
+from harness.agents.sglang.spec_patches import spec_patches
 
 RESULTS = "srt/managers/scheduler_components/batch_result_processor.py"
 RELAY = "srt/managers/overlap_utils.py"
@@ -21,10 +22,10 @@ NATIVE = "srt/layers/attention/torch_native_backend.py"
 
 
 def SglangPatch(name: str, description: str, suite: str, file: str, search: str, replace: str,
-                upstream: tuple[str, ...] = (), also: tuple[tuple[str, str], ...] = ()) -> SourcePatch:
+                upstream: tuple[str, ...] = (), also: tuple[tuple[str, str], ...] = (), config: str = "") -> SourcePatch:
     """A source patch of SGLang, in the order the table below writes it (no path row)."""
     return SourcePatch("sglang", "SGLang", WRITTEN_AGAINST, name, description, suite, file, search, replace,
-                       upstream, also)
+                       upstream, also, config=config)
 
 
 EQUIV = "test_overlap_equivalence"
@@ -154,4 +155,6 @@ PATCHES: dict[str, SourcePatch] = {p.name: p for p in [
         # where a backend's shared reads end, and the read-done event's placement
         ("sgl-project/sglang#28363", "sgl-project/sglang#31687", "sgl-project/sglang#34052")),
 ]}
+# speculative decoding's (harness/agents/sglang/spec_patches.py)
+PATCHES.update({p.name: p for p in spec_patches(SglangPatch)})
 

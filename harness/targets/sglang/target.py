@@ -87,7 +87,8 @@ class SglangTarget(EnginePair):
     def __init__(self, model: str | None = None, faults=frozenset(), python: str | None = None,
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
                  deterministic: bool = False, check_env: bool = True, device: str | None = None,
-                 home=None, pair: str = "main", cpu_graphs: bool | None = None, **kw):
+                 home=None, pair: str = "main", cpu_graphs: bool | None = None, config: str | None = None,
+                 **kw):
         from harness.targets.sglang import setup as sglang_setup
         from harness.targets.vllm.setup import has_cuda, venv_python
         check_fault_names(faults, ValueError)
@@ -103,6 +104,16 @@ class SglangTarget(EnginePair):
         # the default model's pair runs the path attack's setting (harness.targets.sglang.paths)
         self.paths = not model or model == "smollm2"
         self.arith = model == "arith"
+        # a drafter's configuration (harness/targets/sglang/spec.py): its flags, its rows, its verdict line
+        self.spec = None
+        if config not in (None, "default"):
+            from harness.targets.sglang import spec as sglang_spec
+            if config not in sglang_spec.CONFIGS:
+                raise ValueError(f"unknown SGLang server configuration {config!r}; known: {', '.join(sglang_spec.CONFIGS)}")
+            self.spec = sglang_spec.CONFIGS[config]
+            extra_args = [*self.spec.args, *extra_args]
+            if cpu_graphs is None:
+                cpu_graphs = False  # see sglang_spec.CONFIGS: the CPU graph runner and a verify pass
         # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
         self.cpu_graphs = (self.paths and self.device == "cpu") if cpu_graphs is None else cpu_graphs
         if self.paths or self.arith:
@@ -251,6 +262,17 @@ class SglangTarget(EnginePair):
             effective, line = self.overlap_verdict(facts, self.facts_before)
             if effective is False:
                 raise TargetError(f"sglang: {line}")
+
+    def overlap_summary(self) -> str:
+        """The overlap line, and with a drafter: which, and what was adapted on the CPU to run it."""
+        line = super().overlap_summary()
+        if self.spec is None:
+            return line
+        from harness.targets.sglang import spec as sglang_spec
+        line += f"\ndrafter: {self.spec.drafter}"
+        if self.device == "cpu":
+            line += "\nCPU adaptations: " + "; ".join(sglang_spec.CPU_ADAPTATIONS)
+        return line
 
     def overlap_verdict(self, facts, before=None):
         """Judged by the host's order of events (harness.agents.host_order), as on vLLM: each

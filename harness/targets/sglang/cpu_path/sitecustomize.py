@@ -113,4 +113,9 @@ _AFTER = {_NATIVE: _native_hooks, "sglang.srt.model_executor.cpu_graph_runner": 
 # (RuntimeError). _native_hooks gives the hooks to torch_native (nothing, a fill of 1, the
 # metadata), only where the installed class lacks them, and _fakes_for_present_ops registers fakes
 # for the operators that exist. Everything the runner does with a batch (the padding) stays SGLang's.
+# speculative decoding on this CPU (speculative_cpu.py): torch_native's target-verify branch and the
+# overlap kept on with a drafter, after the hooks above
+import speculative_cpu  # noqa: E402 (this folder is on the path: it holds this module)
+
+speculative_cpu.install(_AFTER)
 sys.meta_path.insert(0, _ModuleHooks())

@@ -45,8 +45,8 @@ def copy_all_layer_kv_cache_cpu(data_ptrs: torch.Tensor, strides: torch.Tensor, 
 
 
 # Speculative decoding's CPU kernels: SGLang's speculative modules import them at import time, on
-# every CPU run. The harness attacks plain decoding on the CPU, so they are declared but not
-# provided: a call names itself and fails the step (the target never enables speculation here).
+# every CPU run. EAGLE's tree construction and multi-layer steps are declared but not provided: a
+# call names itself and fails the step (the drafter configurations here are NGRAM's).
 class NotProvidedOnThisCpu(RuntimeError):
     pass
 
@@ -59,7 +59,9 @@ def _not_provided(name: str):
     return op
 
 
-for _name in ("build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "assign_draft_cache_locs_contiguous_cpu",
-              "assign_extend_cache_locs_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
-              "rotate_input_ids_cpu", "build_draft_decode_metadata_cpu"):
+for _name in ("build_tree_kernel_efficient_cpu", "rotate_input_ids_cpu", "build_draft_decode_metadata_cpu"):
     globals()[_name] = _not_provided(_name)
+
+# the ones NGRAM's verify needs (and EAGLE's cache locations, bonus tokens), in PyTorch: spec_ops.py
+from sgl_kernel.spec_ops import (assign_draft_cache_locs_contiguous_cpu, assign_extend_cache_locs_cpu,  # noqa: E402
+                                 fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, verify_tree_greedy_cpu)

@@ -1,0 +1,56 @@
+"""The drafter configuration of the SGLang target (`check --target sglang --configs ngram`):
+its flags on both servers, no CPU graph runner (SGLang's refuses a drafter), the verdict naming the
+drafter and each CPU adaptation, and a bad name refused in one line."""
+from __future__ import annotations
+
+import pytest
+
+from harness.targets.sglang import spec as sglang_spec
+from harness.targets.sglang.target import SglangTarget
+
+
+def make(tmp_path, **kw):
+    return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), device="cpu", **kw)
+
+
+def test_ngram_flags_on_both_arms_and_no_cpu_graphs(tmp_path):
+    t = make(tmp_path, config="ngram")
+    for overlap in (True, False):
+        cmd = t.server_command(overlap, 1234)
+        i = cmd.index("--speculative-algorithm")
+        assert cmd[i + 1] == "NGRAM" and "--speculative-num-draft-tokens" in cmd
+        assert "--enable-torch-compile" not in cmd
+        assert ("--disable-overlap-schedule" in cmd) is (not overlap)
+    assert t.spec is sglang_spec.CONFIGS["ngram"]
+
+
+def test_no_config_is_the_plain_pair(tmp_path):
+    t = make(tmp_path)
+    assert t.spec is None and "--speculative-algorithm" not in t.server_command(True, 1)
+
+
+def test_the_verdict_names_the_drafter_and_the_cpu_adaptations(tmp_path, monkeypatch):
+    t = make(tmp_path, config="ngram")
+    monkeypatch.setattr(type(t).__mro__[1], "overlap_summary", lambda self: "overlap: EFFECTIVE")
+    line = t.overlap_summary()
+    assert "drafter: NGRAM" in line and "CPU adaptations: overlap kept on" in line
+    assert "_disable_overlap_schedule_for_cpu" in line and "target-verify" in line
+
+
+def test_unknown_config_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="unknown SGLang server configuration 'eagle'; known: ngram"):
+        make(tmp_path, config="eagle")
+    with pytest.raises(SystemExit):
+        sglang_spec.parse("bogus", lambda m: SystemExit(m))
+    assert sglang_spec.parse("all", ValueError) == ["ngram"]
+
+
+def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypatch):
+    from harness.gate import matrix
+    ran = []
+    monkeypatch.setattr(matrix, "run_suites", lambda *a, **k: ran.append(a[1]) or
+                        type("R", (), {"interrupted": False, "suites": {}})())
+    m = matrix.kill_matrix(faults=["sglang_spec_bonus_stride", "sglang_spec_reservation_one_window"], target="sglang")
+    assert ran == [()]  # only the correct engine: neither patch runs on the plain pair
+    assert m["not_here"]["sglang_spec_bonus_stride"] == ("needs the ngram configuration: check --target sglang "
+                                                         "--configs ngram --fault sglang_spec_bonus_stride")
