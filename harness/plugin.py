@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from harness.verdict import Status
+from harness.verdict.outcome import verdict_of
+
 
 def pytest_addoption(parser):
     g = parser.getgroup("overlap-harness")
@@ -35,7 +38,6 @@ def pytest_runtest_makereport(item, call):
     Set where a case's outcome is decided: its call, or a setup that did not pass."""
     rep = yield
     if rep.when == "call" or (rep.when == "setup" and not rep.passed):
-        from harness.verdict.outcome import status_of
         status, code, kid = status_of(rep, call.excinfo.value if call.excinfo else None)
         props = [("status", status.value), ("finding", code)] + ([("known_id", kid)] if kid else [])
         rep.user_properties = [*rep.user_properties, *props]
@@ -96,3 +98,35 @@ def oh_options(request) -> Options:
     c = request.config
     return Options(c.getoption("--oh-target"), frozenset(c.getoption("--oh-fault")), c.getoption("--oh-seeds"),
                    c.getoption("--oh-device"), pairs_of(c))
+
+
+# How a case ended, by the exception that ended it: here, where the runs meet the engines' and the
+# targets' errors (harness.verdict sits below both and cannot name them).
+def of_exception(exc: BaseException | None) -> tuple[Status, str, str] | None:
+    """(status, code, known id) that an exception ending a case carries, by its type: a suite's
+    verdict, a server's or the ref engine's HANG, a server's CRASH; None for anything else
+    (a plain assertion: FAIL; a plain skip: skipped)."""
+    got = verdict_of(exc)
+    if got is not None:
+        return got
+    from harness.engine.loop import EngineHang
+    from harness.targets.base import TargetCrash, TargetHang
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # a finding raised while handling a HANG is that HANG
+        seen.add(id(exc))
+        if isinstance(exc, (TargetHang, EngineHang)):
+            return Status.HANG, "hang", ""
+        if isinstance(exc, TargetCrash):
+            return Status.CRASH, "crash", ""
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+def status_of(report, exc: BaseException | None) -> tuple[Status, str, str]:
+    """(status, code, known id) of a case from its report and the exception that ended it: what
+    the exception carries, else the plain outcome (passed: pass; failed: FAIL; skipped: skipped)."""
+    got = of_exception(exc) if not report.passed else None
+    if got is not None:
+        return got
+    if report.passed:
+        return Status.PASS, "", ""
+    return (Status.FAIL, "", "") if report.failed else (Status.SKIPPED, "", "")

@@ -8,11 +8,13 @@ only run down (or stay within its layer). The layers, lowest first, in one table
   never from the target's modules: it sits below everything the host side builds, so an agent
   module that imports a target, an oracle or the engine is an arrow back up;
 - engine, then hazards (the detector reads the engine's named buffers and rows);
-- config: the ref engine's fault catalogue, the range checks and the engine's flags;
+- config: the ref engine's fault catalogue and the range checks;
 - workloads (request streams, the client's keys), then oracles (which read the facts the agents
   write and the requests the workloads draw);
 - targets (which write the agents' plans);
-- runs: the gate, the stress search, the GSM8K evals, the ref engine's server, the pytest plugin;
+- runs: the front ends' shared flags (the engine's, and the served targets' options, which resolve
+  a vLLM build from the targets' tables), the gate, the stress search, the GSM8K evals, the ref
+  engine's server, the pytest plugin;
 - releases (the sweep runs the gate per release), commands, cli.
 
 Imports are counted at any depth (a function-level import ties two modules as much as a top-level
@@ -21,16 +23,16 @@ sides)."""
 from tests.test_layout import import_graph
 
 LAYERS = (
-    ("base", ("harness", "harness.cache", "harness.jsonl", "harness.stopping")),
+    ("base", ("harness", "harness.cache", "harness.jsonl", "harness.stopping", "harness.verdict")),
     ("device", ("harness.device",)),
     ("agents", ("harness.agents",)),
     ("engine", ("harness.engine",)),
     ("hazards", ("harness.hazards",)),
-    ("config", ("harness.faults", "harness.validate", "harness.flags")),
+    ("config", ("harness.faults", "harness.validate")),
     ("workloads", ("harness.workloads",)),
     ("oracles", ("harness.oracles",)),
     ("targets", ("harness.targets",)),
-    ("runs", ("harness.gate", "harness.search", "harness.evals", "harness.serve", "harness.plugin")),
+    ("runs", ("harness.flags", "harness.gate", "harness.search", "harness.evals", "harness.serve", "harness.plugin")),
     ("releases", ("harness.releases",)),
     ("commands", ("harness.commands",)),
     ("cli", ("harness.cli",)),

@@ -210,7 +210,7 @@ def test_a_crash_of_a_known_upstream_bug_says_so_and_stays_a_crash(tmp_path):
     ("CRASH (KNOWN UPSTREAM <id>)"); the gate's status of that case, and of later cases that find
     the server gone, is still CRASH."""
     from harness.verdict import Status
-    from harness.verdict.outcome import of_exception
+    from harness.plugin import of_exception
     t = KnownStandIn(crash_on=True, workdir=str(tmp_path), concurrency=4)
     try:
         with pytest.raises(TargetCrash) as e:

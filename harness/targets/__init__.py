@@ -125,8 +125,8 @@ def fault_catalogue(name: str) -> dict:
 
         from harness.agents.sglang.patches import PATCHES
         from harness.agents.sglang.points import CATALOGUE
-        from harness.targets.vllm.setup import _has_cuda
-        if _has_cuda():  # every agent fault acts on the GPU's streams: shown where a CUDA device is visible
+        from harness.targets.vllm.setup import has_cuda
+        if has_cuda():  # every agent fault acts on the GPU's streams: shown where a CUDA device is visible
             return {**{n: replace(f, device_only="") for n, f in CATALOGUE.items()}, **PATCHES}
         return {**CATALOGUE, **PATCHES}
     from harness.faults import CATALOGUE

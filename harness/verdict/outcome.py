@@ -61,31 +61,8 @@ def known(kid: str, finding: str, more: int = 0):
     raise _Known(kid, code_of(finding), f"KNOWN UPSTREAM {kid}: {finding}" + (f" (+{more} more)" if more else ""))
 
 
-def of_exception(exc: BaseException | None) -> tuple[Status, str, str] | None:
-    """(status, code, known id) that an exception ending a case carries, by its type: a suite's
-    verdict, a server's or the ref engine's HANG, a server's CRASH; None for anything else
-    (a plain assertion: FAIL; a plain skip: skipped)."""
+def verdict_of(exc: BaseException | None) -> tuple[Status, str, str] | None:
+    """(status, code, known id) a suite's verdict exception carries; None for any other exception."""
     if isinstance(exc, _Verdict):
         return exc.status, exc.code, exc.known_id
-    from harness.engine.loop import EngineHang
-    from harness.targets.base import TargetCrash, TargetHang
-    seen = set()
-    while exc is not None and id(exc) not in seen:  # a finding raised while handling a HANG is that HANG
-        seen.add(id(exc))
-        if isinstance(exc, (TargetHang, EngineHang)):
-            return Status.HANG, "hang", ""
-        if isinstance(exc, TargetCrash):
-            return Status.CRASH, "crash", ""
-        exc = exc.__cause__ or exc.__context__
     return None
-
-
-def status_of(report, exc: BaseException | None) -> tuple[Status, str, str]:
-    """(status, code, known id) of a case from its report and the exception that ended it: what
-    the exception carries, else the plain outcome (passed: pass; failed: FAIL; skipped: skipped)."""
-    got = of_exception(exc) if not report.passed else None
-    if got is not None:
-        return got
-    if report.passed:
-        return Status.PASS, "", ""
-    return (Status.FAIL, "", "") if report.failed else (Status.SKIPPED, "", "")
