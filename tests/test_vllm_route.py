@@ -182,10 +182,12 @@ def _base_python_and_package():
 
 
 @pytest.mark.vllm_source
-@pytest.mark.parametrize("version,isa", [(v, i) for v, isas in sorted(vr.PROVEN_ISA.items()) for i in isas])
+@pytest.mark.parametrize("version,isa", sorted({(v, i) for v, isas in vr.PROVEN_ISA.items() for i in isas}
+                                               | {(v, "avx2") for v in vr.MAINLINE}))
 def test_each_proven_isa_judges_the_route_clean(version, isa, tmp_path):
-    """What PROVEN_ISA claims, judged again from the wheel: the library of that ISA lacks no op on
-    SmolLM2's route; what it lacks off the route (0.34.0 on AVX2: DeepSeek's indexer) is stubbed."""
+    """What PROVEN_ISA claims, judged again from the wheel, and AVX2 for every overlay (the issue's
+    refusal): the library of that ISA lacks no op on SmolLM2's route; what it lacks off the route
+    (on AVX2: DeepSeek's sparse-attention indexer) is stubbed."""
     if isa not in vllm_isa.runnable():
         pytest.skip(f"this CPU ({vllm_isa.host()}) cannot load {vllm_isa.library(isa)}")
     wheel = vr.cached_wheel(version)

@@ -58,7 +58,8 @@ MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
 # every MAINLINE release to an entry and judges each claimed library against the route again.
 PROVEN_ISA = {
     "0.33.0": {"avx512_bf16": "gate PASS 38 of 38, 765 s (docs/results/2026-12-05-v2.md)"},
-    "0.34.0": {"avx512_bf16": "gate PASS 38 of 38, 595 s (docs/results/2026-12-05-v2.md)"},
+    "0.34.0": {"avx512_bf16": "gate PASS 38 of 38, 595 s (docs/results/2026-12-05-v2.md)",
+               "avx2": "gate PASS 38 of 38, 322 s, servers forced onto _C_AVX2 (docs/results/2026-12-07-v2-avx2.md)"},
 }
 # IPEX releases whose VNNI decode kernel rejects every call without a sliding window: IPEX 2.8.0
 # added `TORCH_CHECK(window_size > 0, "Sliding window unsupported")` to it while its dispatcher
