@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.targets import vllm_configs, vllm_releases, vllm_upstream
+from harness.targets import vllm_configs, vllm_releases, vllm_spec, vllm_upstream
 from harness.targets import vllm_setup as setup_cmd
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served import ServedTarget
@@ -171,6 +171,8 @@ class VllmTarget(ServedTarget):
             self.model_path = model
         if not Path(self.model_path, "config.json").is_file():
             raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
+        if vllm_spec.missing(self):  # a drafter's configuration without its draft model (setup writes it)
+            raise TargetUnavailable(vllm_spec.missing(self))
         # the default model's pair runs the path attack's setting (harness.targets.vllm_paths): a KV
         # pool far smaller than the workload, chunked prefill, prefix caching, our logits processors
         self.paths = model in (None, "smollm2")
@@ -251,7 +253,7 @@ class VllmTarget(ServedTarget):
                 "--disable-log-stats", *self.path_args(), *self.extra_args]
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
-        return vllm_configs.apply(self._command(overlap, port), self.config)
+        return vllm_configs.apply(self._command(overlap, port), self.config) + vllm_spec.args(self)
 
     def path_args(self) -> list[str]:
         if not self.paths:

@@ -1,0 +1,74 @@
+"""Speculative decoding on vLLM (issue 43), without a server: the drafter's cut model directory,
+the windows the agent counts and the oracle that compares them across the arms. The served runs
+are tests/test_vllm_spec_served.py."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from harness.agents.vllm import spec as agent_spec
+from harness.oracles import spec_steps
+from harness.targets import vllm_spec
+
+
+def _model(d, layers=4):
+    d.mkdir()
+    t = {"model.embed_tokens.weight": np.ones((8, 4), np.float32), "model.norm.weight": np.ones(4, np.float32)}
+    for i in range(layers):
+        t[f"model.layers.{i}.mlp.up_proj.weight"] = np.full((4, 4), i, np.float32)
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "architectures": ["LlamaForCausalLM"]}))
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def test_the_cut_draft_keeps_the_first_layers_and_is_rewritten_only_when_its_source_changes(tmp_path):
+    src = _model(tmp_path / "target")
+    home = tmp_path / "home"
+    [d] = vllm_spec.ensure_drafts(home, src)
+    assert d == home / "models" / "smollm2-135m-draft-3l"
+    t = load_file(str(d / "model.safetensors"))
+    assert sorted(k for k in t if ".layers." in k) == [f"model.layers.{i}.mlp.up_proj.weight" for i in range(3)]
+    assert json.loads((d / "config.json").read_text())["num_hidden_layers"] == 3
+    assert (d / "tokenizer.json").is_file() and vllm_spec.draft_dir_current(d, src)
+    before = (d / "model.safetensors").stat().st_mtime_ns
+    vllm_spec.ensure_drafts(home, src)  # current: left alone
+    assert (d / "model.safetensors").stat().st_mtime_ns == before
+    _model(tmp_path / "other", layers=5)
+    (src / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
+    assert not vllm_spec.draft_dir_current(d, src)  # other weights: the checksum says so, and it is cut again
+    vllm_spec.ensure_drafts(home, src)
+    assert len([k for k in load_file(str(d / "model.safetensors")) if ".layers." in k]) == 3
+    assert vllm_spec.draft_dir_current(d, src)
+
+
+def _step(drafts, sampled):
+    rids = list(drafts)
+    so = SimpleNamespace(scheduled_spec_decode_tokens=drafts)
+    mro = SimpleNamespace(sampled_token_ids=[sampled[r] for r in rids], req_id_to_index={r: i for i, r in enumerate(rids)})
+    return so, mro
+
+
+def test_the_agent_counts_each_window_from_the_scheduler_s_update():
+    agent_spec._ACCEPTED.clear()
+    reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, i], max_tokens=9) for i, r in enumerate("abc")}
+    sched = SimpleNamespace(requests=reqs)
+    so, mro = _step({"a": [5, 6, 7], "b": [5, 6, 7], "c": [5, -1, -1]},
+                    {"a": [5, 6, 7, 8], "b": [9], "c": [5, 3]})
+    c = agent_spec._count(sched, so, mro)
+    # a: all 3 accepted and the bonus token; b: none; c: 1 draft (2 invalidated by a grammar), accepted
+    assert (c["spec_windows"], c["spec_drafts"], c["spec_accepted"]) == (3, 7, 4)
+    assert (c["spec_full"], c["spec_rejected_all"], c["spec_rejections"]) == (2, 1, 1)
+    assert [w for _, w in agent_spec._ACCEPTED.values()] == [[[3, 3]], [[3, 0]], [[1, 1]]]
+    assert agent_spec._count(sched, *_step({}, {})) == {}  # a step without drafts: no count
+
+
+def test_the_oracle_compares_windows_only_where_the_arms_gave_the_same_drafts():
+    on = {"r1": ("k1", [(3, 3), (3, 1)]), "r2": ("k2", [(3, 2), (2, 2)]), "r3": ("k3", [(3, 0)])}
+    off = {"x1": ("k1", [(3, 3), (3, 1)]), "x2": ("k2", [(3, 2), (3, 2)]), "x3": ("k3", [(3, 1)])}
+    found, compared, differ = spec_steps.compare(on, off, ["k1", "k2", "k3"])
+    assert (compared, differ) == (2, 1)  # k2's second window had 2 drafts on, 3 off: not comparable
+    assert len(found) == 1 and found[0].startswith("request k3: window 0 (3 drafts) accepted 0 async on, 1 off")
+    assert spec_steps.compare(on, on, ["k1", "k2", "k3"])[:2] == ([], 3)
+    assert spec_steps.summary(on) == {"windows": 5, "drafts": 14, "accepted": 8, "rate": 0.571, "mean_len": 2.6}
