@@ -45,7 +45,8 @@ def test_the_cut_draft_keeps_the_first_layers_and_is_rewritten_only_when_its_sou
 
 def _step(drafts, sampled):
     rids = list(drafts)
-    so = SimpleNamespace(scheduled_spec_decode_tokens=drafts)
+    so = SimpleNamespace(scheduled_spec_decode_tokens=drafts,
+                         num_invalid_spec_tokens={r: sum(1 for t in d if t == -2) for r, d in drafts.items()})
     mro = SimpleNamespace(sampled_token_ids=[sampled[r] for r in rids], req_id_to_index={r: i for i, r in enumerate(rids)})
     return so, mro
 
@@ -54,7 +55,8 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     agent_spec._ACCEPTED.clear()
     reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, i], max_tokens=9) for i, r in enumerate("abc")}
     sched = SimpleNamespace(requests=reqs)
-    so, mro = _step({"a": [5, 6, 7], "b": [5, 6, 7], "c": [5, -1, -1]},
+    # async, the scheduler's drafts are placeholders (-1); -2 marks here the ones a grammar invalidated
+    so, mro = _step({"a": [-1, -1, -1], "b": [5, 6, 7], "c": [5, -2, -2]},
                     {"a": [5, 6, 7, 8], "b": [9], "c": [5, 3]})
     c = agent_spec._count(sched, so, mro)
     # a: all 3 accepted and the bonus token; b: none; c: 1 draft (2 invalidated by a grammar), accepted

@@ -82,7 +82,9 @@ def _count(sched, so, mro) -> dict:
         got = list(got.tolist() if hasattr(got, "tolist") else got)
         if not got:
             continue  # a discarded sample (a partial prefill): no window
-        k = sum(1 for t in ids if t >= 0)  # -1: a draft a grammar invalidated
+        # async, the scheduled drafts are placeholders (-1) the worker fills from its own copy; a
+        # grammar's invalid ones are counted apart (vLLM's make_spec_decoding_stats does the same)
+        k = len(ids) - int((getattr(so, "num_invalid_spec_tokens", None) or {}).get(rid, 0))
         acc = _window(rid, req, k, len(got))
         c["spec_windows"] = c.get("spec_windows", 0) + 1
         c["spec_drafts"] = c.get("spec_drafts", 0) + k
