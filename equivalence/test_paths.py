@@ -285,7 +285,8 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
         pytest.fail("not exercised: steps: the agent kept no books of the requests' steps "
                     f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} requests)",
                     pytrace=False)
-    v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]))
+    v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]),
+                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})))
     line = steps.summary_line(v)
     if record_property is not None:
         record_property("path_count", f"steps={v.compared}/{v.compared}")

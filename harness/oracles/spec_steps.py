@@ -43,24 +43,38 @@ def _by_key(acc: dict) -> dict:
 
 
 def compare(on: dict, off: dict, keys) -> tuple[list[str], int, int]:
-    """(findings, requests compared, requests whose draft counts differ between the arms) over the
-    request keys `keys` (the greedy requests)."""
+    """(findings, requests compared, requests whose draft counts part between the arms) over the
+    request keys `keys` (the greedy requests). Window by window from the first: while both arms gave
+    the request the same number of drafts and accepted the same so far, the accepted lengths must
+    match; the first window with other draft counts ends the comparable part (the schedules parted:
+    the token budget trimmed drafts, a preemption recomputed)."""
+    findings, compared, parted = [], 0, 0
+    for key, w_on, w_off in _pairs(on, off, keys):
+        compared += 1
+        for i, ((k, x), (k2, y)) in enumerate(zip(w_on, w_off)):
+            if k != k2:
+                parted += 1
+                break
+            if x != y:
+                findings.append(f"request {key}: window {i} ({k} drafts) accepted {x} async on, {y} off "
+                                f"(on {[x for _, x in w_on][:12]}, off {[y for _, y in w_off][:12]})")
+                break
+    return findings, compared, parted
+
+
+def parted_keys(on: dict, off: dict) -> set:
+    """The request keys whose draft counts per window differ between the arms: their steps may
+    differ by design (the steps oracle leaves them out, as it does a preempted request)."""
+    return {key for key, w_on, w_off in _pairs(on, off, set(_by_key(on)) | set(_by_key(off)))
+            if [k for k, _ in w_on] != [k for k, _ in w_off]} | (set(_by_key(on)) ^ set(_by_key(off)))
+
+
+def _pairs(on: dict, off: dict, keys):
     a, b = _by_key(on), _by_key(off)
-    findings, compared, differ = [], 0, 0
     for key in sorted(set(keys)):
-        if key not in a or key not in b or len(a[key]) != len(b[key]):
-            continue
-        for w_on, w_off in zip(a[key], b[key]):
-            if [k for k, _ in w_on] != [k for k, _ in w_off]:
-                differ += 1
-                continue
-            compared += 1
-            for i, ((k, x), (_, y)) in enumerate(zip(w_on, w_off)):
-                if x != y:
-                    findings.append(f"request {key}: window {i} ({k} drafts) accepted {x} async on, {y} off "
-                                    f"(on {[x for _, x in w_on][:12]}, off {[y for _, y in w_off][:12]})")
-                    break
-    return findings, compared, differ
+        if key in a and key in b and len(a[key]) == len(b[key]):
+            for w_on, w_off in zip(a[key], b[key]):
+                yield key, w_on, w_off
 
 
 def summary(acc: dict) -> dict:
