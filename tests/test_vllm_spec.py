@@ -79,3 +79,11 @@ def test_the_oracle_compares_windows_only_where_the_arms_gave_the_same_drafts():
     # the steps oracle leaves out (for its step counts) the requests whose draft counts parted
     assert spec_steps.parted_keys(on, off) == {"k2"}
     assert spec_steps.summary(on) == {"windows": 5, "drafts": 14, "accepted": 8, "rate": 0.571, "mean_len": 2.6}
+
+
+def test_a_drafter_s_configuration_sends_no_logit_bias_or_min_p():
+    """vLLM answers 400 to either with drafts (measured: the first spec-draft gate's off arm died on mt1)."""
+    from harness.targets import vllm_configs as vc
+    body = {"prompt": [1], "logit_bias": {"5": 4.0}, "min_p": 0.1, "temperature": 0}
+    assert vllm_spec.payload(vc.CONFIGS["spec-draft"], dict(body)) == {"prompt": [1], "temperature": 0}
+    assert vllm_spec.payload(vc.CONFIGS["default"], dict(body)) == body

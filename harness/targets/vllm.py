@@ -235,7 +235,7 @@ class VllmTarget(ServedTarget):
         if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
             body.pop("structured_outputs")
             body["guided_regex"] = so["regex"]  # the field's name before 0.11.0
-        return body
+        return vllm_spec.payload(self.config, body)  # a drafter's configuration: no logit_bias, min_p
 
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's own faults stay in force on the async server between runs
