@@ -15,7 +15,7 @@ vllm: venv
 	@$(OH) setup vllm --wheels
 
 # SGLang's own venv (CPU torch, sglang 0.5.23 without its CUDA pins) and model: about 5 minutes cold
-# on 2 busy cores, a second when done (harness/targets/sglang_setup.py)
+# on 2 busy cores, a second when done (harness/targets/sglang/setup.py)
 sglang: venv
 	@$(OH) setup sglang
 

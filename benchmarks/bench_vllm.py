@@ -23,7 +23,7 @@ import psutil  # noqa: E402
 from harness.workloads import presets as workloads  # noqa: E402
 from harness.oracles.divergence import record_problems, run_logprobs  # noqa: E402
 from harness.oracles.reference import divergences  # noqa: E402
-from harness.targets.vllm import VllmTarget  # noqa: E402
+from harness.targets.vllm.target import VllmTarget  # noqa: E402
 
 ROUNDS = 5
 

@@ -1,4 +1,4 @@
-"""Each server configuration of harness.targets.vllm_configs started on the vLLM in force, one pair
+"""Each server configuration of harness.targets.vllm.configs started on the vLLM in force, one pair
 at a time: the seconds its pair takes to start (both servers at once, as every command starts them),
 and a short mixed submission judged on it (the agent's overlap check before and after included),
 so a configuration that vLLM refuses, or that starts without overlap, is measured, not assumed.
@@ -23,7 +23,7 @@ def measure(name: str) -> dict:
     from harness import targets
     from harness.search.served_case import ServedCase
     from harness.search.served_judge import judge
-    from harness.targets import vllm_workload
+    from harness.targets.vllm import workload as vllm_workload
     from harness.targets.base import TargetError, TargetUnavailable
     from harness.engine.request import Request
     row = {"config": name}
@@ -54,7 +54,7 @@ def measure(name: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from harness.targets import vllm_configs
+    from harness.targets.vllm import configs as vllm_configs
     p = argparse.ArgumentParser()
     p.add_argument("--configs", default="all")
     p.add_argument("--json")

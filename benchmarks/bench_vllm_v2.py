@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.agents import plan as planmod  # noqa: E402
-from harness.targets.vllm import VllmTarget  # noqa: E402
+from harness.targets.vllm.target import VllmTarget  # noqa: E402
 from harness.workloads import presets as workloads  # noqa: E402
 
 

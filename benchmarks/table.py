@@ -112,7 +112,7 @@ def gate():
 
 def vllm_stress(minutes: float):
     from bench_vllm_stress import rates
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     if vllm_setup.ready():
         return None, f"skipped: {vllm_setup.ready()}"
     r = rates(minutes)

@@ -51,7 +51,7 @@ PRESETS = {
 
 def _check(target, tok, reqs, kw, where: str, record_property=None, skip_case: bool = True) -> list[str]:
     """Fails on a divergence; returns the lines of those a known upstream entry claims (SGLang's:
-    harness.targets.sglang_upstream, each with its mechanism counted for that request)."""
+    harness.targets.sglang.upstream, each with its mechanism counted for that request)."""
     # a target that cannot seed its sampling (SGLang here) runs the sampled requests beside the
     # greedy ones but compares only the greedy ones' tokens; no greedy request: "not exercised"
     # (the case is skipped; one generated example of many raises NothingToJudge: the next one runs)
@@ -69,7 +69,7 @@ def _check(target, tok, reqs, kw, where: str, record_property=None, skip_case: b
     found = without(divergences(off, on, absolute_reference(target, reqs, **kw)), skip)
     known = []
     if getattr(target, "name", "") == "sglang":
-        from harness.targets import sglang_upstream
+        from harness.targets.sglang import upstream as sglang_upstream
         found, known = sglang_upstream.claim(reqs, on, found)
     if not found:
         return known

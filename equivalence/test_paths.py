@@ -1,5 +1,5 @@
 """vLLM's async scheduling attacked where its bugs have lived, one case per path
-(harness.targets.vllm_paths.PATHS): preemption with a step in flight, chunked prefill, prefix-cache
+(harness.targets.vllm.paths.PATHS): preemption with a step in flight, chunked prefill, prefix-cache
 hits, n > 1, seeded sampling across batch reorders, penalties, bad words, min_tokens, logit_bias,
 stops, max_tokens 1 and 2, logprobs, custom logits processors (CLI and entry point), structured
 output, pause / resume, prefix-cache reset, aborts; and the steps each request took (test_steps,
@@ -32,12 +32,13 @@ from harness.oracles import surface
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
-from harness.targets import vllm_paths as vp
-from harness.targets import sglang_upstream, vllm_upstream
-from harness.targets import vllm_workload
+from harness.targets.vllm import paths as vp
+from harness.targets.sglang import upstream as sglang_upstream
+from harness.targets.vllm import upstream as vllm_upstream
+from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import TargetCrash
-from harness.targets.served import ServedTarget
-from harness.targets.vllm_releases import release_in_force
+from harness.targets.served.pair import ServedTarget
+from harness.targets.vllm.releases import release_in_force
 
 
 @pytest.fixture(scope="module")
@@ -341,12 +342,12 @@ def test_books_at_idle(path_run, record_property):
         pytest.fail(f"books: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), pytrace=False)
 
 
-# -- SGLang's overlap paths (harness.targets.sglang_paths): the same judgement, SGLang's counters --
+# -- SGLang's overlap paths (harness.targets.sglang.paths): the same judgement, SGLang's counters --
 @pytest.fixture(scope="module")
 def sglang_path_run(target, tok):
     """The SGLang path workload once on each arm of the gate's pair (the default model's pair runs
     the path setting), with the counts, SGLang's own books at idle and the step books."""
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     if target.name != "sglang" or not getattr(target, "paths", False):
         pytest.skip(f"the SGLang path table needs the SGLang pair of the default model; target {target.name}")
     reqs = sp.build(tok, seed=0)
@@ -368,7 +369,7 @@ def sglang_path_run(target, tok):
 
 
 def _sglang_rows():
-    from harness.targets.sglang_paths import PATHS
+    from harness.targets.sglang.paths import PATHS
     return PATHS
 
 

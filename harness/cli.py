@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         # a command that keeps what it found and prints its summary returned already; this is
         # one that had nothing to keep yet (a server pair still starting, a single run)
         print(f"overlap-harness: {stopping.stopped_word()} by {stopping.signal_name()}", file=sys.stderr)
-        served = sys.modules.get("harness.targets.server_process")
+        served = sys.modules.get("harness.targets.served.process")
         if served is not None:  # before the exit handlers: no server outlives the message
             served.stop_all()
         return stopping.exit_code()
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         # the reader of our output went away (`... --json | head`): not an error of ours; the
         # servers stop as on Ctrl-C, and stdout is pointed at /dev/null so that the interpreter's
         # final flush does not print a second traceback
-        served = sys.modules.get("harness.targets.server_process")
+        served = sys.modules.get("harness.targets.served.process")
         if served is not None:
             served.stop_all()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -54,7 +54,7 @@ def note(signum: int) -> None:
         return
     _GOT.append(signum)
     _interrupt_children()
-    served = sys.modules.get("harness.targets.server_process")  # only when this process started any
+    served = sys.modules.get("harness.targets.served.process")  # only when this process started any
     if served is not None:
         threading.Thread(target=served.stop_all, name="stop-servers", daemon=True).start()
 

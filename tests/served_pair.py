@@ -31,9 +31,9 @@ def start_pair(engine: str, out_dir: str | None = None, **kw):
     from harness import targets
     from harness.targets.base import TargetUnavailable
     if engine == "vllm":
-        from harness.targets import vllm_setup as setup
+        from harness.targets.vllm import setup
     else:
-        from harness.targets import sglang_setup as setup
+        from harness.targets.sglang import setup
     why = setup.ready()
     if why:
         unavailable(engine, why)

@@ -5,7 +5,7 @@ Against real vLLM the path rows judge it on every run (equivalence/test_paths.py
 from types import SimpleNamespace
 
 from harness.oracles import effects
-from harness.targets import vllm_workload
+from harness.targets.vllm import workload as vllm_workload
 
 
 class _Tok:

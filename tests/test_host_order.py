@@ -3,7 +3,7 @@ vLLM's engine core makes them: async scheduling (schedule N+1, then wait on N), 
 waiting before it schedules (the queue still holds two batches), start-up and tail, and a loop
 that delivers nothing; and the hang watchdog's bound."""
 from harness.agents.host_order import EARLY_FRACTION, MIN_JUDGED, HostOrder, delta, judge
-from harness.targets.served import HANG_CAP_S, HANG_FLOOR_S, HANG_STEPS, hang_bound, progress_of
+from harness.targets.served.pair import HANG_CAP_S, HANG_FLOOR_S, HANG_STEPS, hang_bound, progress_of
 
 REQS = ["a", "b", "c"]
 

@@ -81,7 +81,7 @@ def test_a_structured_output_step_with_a_token_in_flight_is_counted_and_claims_o
     """vllm#26866's mechanism (before 0.11.1 the grammar mask is built in schedule(), a step
     behind the token in flight): counted per request, and the entry claims a structured-output
     request's finding only with it counted, only in its release range."""
-    from harness.targets import vllm_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
     books, facts = _books()
     g, plain = _req("g", [1, 2], 8, use_structured_output=True), _req("p", [1, 2], 8)
     for r in (g, plain):

@@ -1,6 +1,6 @@
 """Multi-turn chat and client-set request ids in the served search (issue 36, item 2), without a
 server: the draws (harness.search.served_chat), the conversation client over a real httpx client
-whose transport answers as vLLM's chat API does (harness.targets.chat_turns), the turn-by-turn
+whose transport answers as vLLM's chat API does (harness.targets.served.chat_turns), the turn-by-turn
 judging (harness.oracles.turns) and the request-id oracle (harness.oracles.request_ids), each with
 a fault it must catch and the correct answers it must leave quiet. Against vLLM itself:
 `stress --target vllm` (docs/stress.md, figures in docs/vllm-paths.md)."""
@@ -18,7 +18,7 @@ from harness.search import served_chat
 from harness.search.served_case import ServedCase
 from harness.search.served_judge import _findings
 from harness.targets.base import Run
-from harness.targets.chat_turns import HEADER_KEY
+from harness.targets.served.chat_turns import HEADER_KEY
 
 
 class Tok:
@@ -42,7 +42,7 @@ def _draw(n=60, seed=3):
 
 
 def test_the_search_draws_conversations_client_ids_and_duplicates():
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     cases = _draw()
     feats = [f for c in cases for f in sc.case_features(c)]
     for want in ("chat", "request_id", "x-request-id", "duplicate_id"):
@@ -90,7 +90,7 @@ def _chat_server(answers: dict, seen: list):
 
 
 def test_a_conversation_appends_each_answer_and_comes_back_turn_by_turn():
-    from harness.targets.chat_turns import send_conversation
+    from harness.targets.served.chat_turns import send_conversation
 
     class T:
         name, surface = "vllm", {}
@@ -303,7 +303,7 @@ def test_a_drawn_parameter_that_changed_nothing_is_not_exercised():
 def test_header_fields_leave_the_body_as_headers():
     """X-Request-Id and X-Vllm-Priority are taken out of the body (never sent as unknown fields);
     under the priority policy some requests send their priority as the header."""
-    from harness.targets.chat_turns import PRIORITY_KEY, client_headers
+    from harness.targets.served.chat_turns import PRIORITY_KEY, client_headers
     body = {"prompt": [1], HEADER_KEY: "oh-c0r0", PRIORITY_KEY: 2, "priority": 0}
     assert client_headers(body) == {"X-Request-Id": "oh-c0r0", "X-Vllm-Priority": "2"}
     assert body == {"prompt": [1], "priority": 0} and client_headers(body) == {}
@@ -321,7 +321,7 @@ def test_a_reproducer_keeps_conversations_ids_and_the_new_controls(tmp_path):
     read back to the same bodies (replay sends them as found)."""
     from harness.search import served_repro
     from harness.search.served_judge import Finding
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
 
     class Fake:
         name, seed = "vllm", 0

@@ -16,7 +16,7 @@ import pytest
 
 DRIVER = textwrap.dedent("""
     import signal, sys, time
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
 
     # a shell that starts a job in the background (CI's, nohup) has it ignore SIGINT; Ctrl-C at a
     # terminal is what this driver stands for
@@ -104,7 +104,7 @@ def test_report_files_are_kept_and_the_rest_removed(tmp_path, monkeypatch):
     temporary work folder; a folder the caller gave is never removed."""
     import tempfile
 
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     class T(ServedTarget):

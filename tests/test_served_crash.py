@@ -10,8 +10,8 @@ import pytest
 
 from harness.engine.request import Request
 from harness.targets.base import TargetCrash
-from harness.targets.served import ServedTarget
-from harness.targets.server_log import engine_traceback, exception_line
+from harness.targets.served.pair import ServedTarget
+from harness.targets.served.log import engine_traceback, exception_line
 
 STAND_IN = Path(__file__).with_name("crashing_server.py")
 
@@ -163,7 +163,7 @@ def test_a_start_failure_names_its_cause_not_a_warning(tmp_path):
     """A server that dies while starting is reported by its exception, not by a WARNING that
     mentions an error (vLLM 0.20.2's ulimit warning names `OSError: [Errno 24]`)."""
     from harness.targets.base import TargetUnavailable
-    from harness.targets.server_process import ServerProcess
+    from harness.targets.served.process import ServerProcess
     log = tmp_path / "server.log"
     script = ("import sys\n"
               "print('(APIServer pid=1) WARNING 12-03 08:48:59 [system_utils.py:294] Found ulimit of 20000 and "
@@ -181,7 +181,7 @@ def test_an_engine_dead_in_native_code_is_named_by_what_it_printed(tmp_path):
     message (vLLM 0.11.0 handing `nobind` to libnuma); the API server's traceback, which only says
     the engine died, is quoted with that message, and the colours of its process tag are dropped."""
     from harness.targets.base import TargetUnavailable
-    from harness.targets.server_process import ServerProcess
+    from harness.targets.served.process import ServerProcess
     log = tmp_path / "server.log"
     tag = "\x1b[1;36m(APIServer pid=7)\x1b[0;0m "
     frames = "".join(f"print({tag + '  File x.py, line ' + str(i) + ', in f'!r})\n" for i in range(60))
@@ -235,8 +235,8 @@ def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypat
     """Issue 36: one death must not blind the rest of the gate. The case that kills the async-on
     engine is one finding (its case, exit code and traceback; a HANG: its report); the next run
     starts both servers again (the surviving arm too: the pair stays comparable) and is served."""
-    from harness.targets import served
-    from harness.targets.served import TargetHang
+    from harness.targets.served import pair as served
+    from harness.targets.served.pair import TargetHang
     monkeypatch.setattr(served, "HANG_FLOOR_S", 2.0)  # the stand-in's token period is 10 ms: 2 s bound
     t = StandIn(crash_on=False, poison=death, workdir=str(tmp_path), concurrency=4)
     try:
@@ -285,7 +285,7 @@ def test_a_known_crash_with_a_trigger_is_sent_no_more(tmp_path, monkeypatch, tri
     after three deaths 23 rows were CRASH. A live known bug's death, once seen, proves it: the
     pair sends later requests without its trigger (both arms, said per request) and the run goes
     on. Without a trigger the same deaths repeat until the pair is given up."""
-    from harness.targets import served
+    from harness.targets.served import pair as served
     monkeypatch.setattr(served.ServedTarget, "proven_crashes", {})
     t = KnownPenaltyDeath(crash_on=False, poison="penalty", workdir=str(tmp_path), concurrency=4)
     if not trigger:

@@ -35,7 +35,7 @@ def test_delay_points_are_the_agents():
 
 
 def test_submissions_cover_the_paths_and_fit_the_servers():
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     cases = _draw(40)
     feats = {f for c in cases for f in sc.case_features(c)}
     for want in ("seeded", "n>1", "penalties", "bad_words", "min_tokens", "logit_bias", "stop", "structured_outputs",
@@ -61,7 +61,7 @@ def test_a_pressure_mix_fills_the_pool_while_decoding():
     """Three prompts of 9 blocks fit the path pair's pool once prefilled, and together need more
     than it holds before the first of them ends: the preemption falls on a decoding request (the
     pool filled during a prefill preempts that prefill, with no token in flight)."""
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     mixes = []
     for c in _draw(120, seed=4):
         huge = [r for r in c.requests if r.max_new_tokens >= 40]  # only a pressure mix's run past 24
@@ -150,7 +150,7 @@ class FakeTarget:
     name, seed = "vllm", 0
 
     def payload(self, r, overlap):
-        from harness.targets.served import ServedTarget
+        from harness.targets.served.pair import ServedTarget
         return ServedTarget.payload(self, r, overlap)
 
     def model_name(self):
@@ -184,7 +184,7 @@ def test_a_bad_reproducer_is_one_line(tmp_path):
 
 
 def test_the_upstream_fixture_of_the_seeded_preemption_is_a_served_reproducer():
-    from harness.targets import vllm_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
     k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == "async-seeded-preempt-in-flight")
     d, case = served_repro.load(k.reproducer)
     assert len(case.requests) == 1 and case.controls and k.match(d["harness"]["verdict"]["summary"])
@@ -218,7 +218,7 @@ def test_known_upstream_is_per_runner():
     """V1-runner entries (a generator rewound on the host, placeholders repaired in InputBatch) have
     no code on V2: there the same-looking finding is new, and the gate does not call the entry
     gone (the 0.33.0/0.34.0 V2 gates printed "cpu-seeded-partial-prefill: no longer reproduces")."""
-    from harness.targets import vllm_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
     seeded = Finding("divergence", "request c0r0 diverges at token 0 (x): off [1] vs on [2] (a sampled request "
                      "preempted async on)", ("divergence",))
     for runner, claimed in (("v1", True), (None, True), ("v2", False)):
@@ -333,7 +333,7 @@ def test_a_look_alike_of_a_known_bug_without_its_mechanism_is_new():
 
 
 def test_no_known_entry_claims_by_wording_alone():
-    from harness.targets import vllm_upstream as vp
+    from harness.targets.vllm import upstream as vp
     alone = [k.id for k in vp.KNOWN_UPSTREAM if vp.claims_by_wording_alone(k)]
     assert alone == [], f"known entries that would claim a finding by its text alone: {alone}"
     injected = vp.KnownUpstream("x", "stress", "-", "", "-", match=lambda f: "diverges" in f)

@@ -6,7 +6,7 @@ ever heard."""
 import os
 import sys
 
-from harness.targets.server_process import ServerProcess, stop_each
+from harness.targets.served.process import ServerProcess, stop_each
 
 _WAITER = ("import os, signal, sys, time\n"
            "def end(*_):\n"

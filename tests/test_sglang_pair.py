@@ -19,7 +19,7 @@ def sglang_pair(tmp_path_factory):
     from harness import targets
     from tests.served_pair import start_pair
     # without the CPU graph runner (its capture costs 63-70 s a server here: .ci/run has no room for
-    # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.CPU_GRAPH_BS)
+    # it); check's pair and test_padded_rows_on_entry_0 below run it (harness.targets.sglang.target.CPU_GRAPH_BS)
     yield start_pair("sglang", str(tmp_path_factory.mktemp("sglang-kept")), cpu_graphs=False)
     targets.close_served()
 
@@ -160,13 +160,13 @@ def test_steps_overlap_never_adds_one(sglang, tok, patch):
         assert any("past max_tokens" in f for f in v.findings), (patch, steps.summary_line(v))
 
 
-# the paths: the pair of the default model runs the path setting (harness.targets.sglang_paths: a pool
+# the paths: the pair of the default model runs the path setting (harness.targets.sglang.paths: a pool
 # the path workload outgrows, so retraction; chunks of 64 tokens), so the path workload needs no
 # pair of its own; every row the CPU can run must count on the arms it names
 def _path_counts(t, reqs):
     import time
     from harness.agents import plan as planmod
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     runs, counts, books = {}, {}, {}
     for ov in (False, True):
         t.url(ov)  # a server on other source patches restarts now: the counts are the new one's
@@ -180,7 +180,7 @@ def _path_counts(t, reqs):
 
 @pytest.mark.scheduled  # two runs of the 22-request path workload (fast representative: test_overlap_on_equals_off)
 def test_every_counted_path_runs_on_both_arms(sglang, tok):
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     reqs = sp.build(tok)
     runs, counts, books = _path_counts(sglang, reqs)
     for row in sp.PATHS:
@@ -191,7 +191,7 @@ def test_every_counted_path_runs_on_both_arms(sglang, tok):
         assert not missing, f"not exercised: {row.name} (overlap {missing}): {counts}"
     # the penalised requests diverge on stock 0.5.23 (KNOWN sglang-penalty-one-step-old): claimed only
     # with the agent's per-request evidence; anything else fails
-    from harness.targets import sglang_upstream
+    from harness.targets.sglang import upstream as sglang_upstream
     left, known = sglang_upstream.claim(reqs, runs[True], divergences(runs[False], runs[True]))
     print("\n".join(known))
     bad = [d for _, _, divs in left for d in divs if not d.near_tie]
@@ -207,7 +207,7 @@ def test_reservation_one_window_short_is_caught(sglang, tok):
     server; the path workload outgrows the pool, where stock SGLang retracts (the test above) the
     patched one schedules a step the pool cannot hold and its scheduler dies ('Out of memory')."""
     from harness import targets
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     from harness.targets.base import TargetError, TargetUnavailable
     reqs = sp.build(tok)
     off = sglang.run(reqs, overlap=False)
@@ -219,7 +219,7 @@ def test_reservation_one_window_short_is_caught(sglang, tok):
         return print(f"caught: {str(e)[:300]}")
     finally:
         targets.make_target("sglang", ())
-    from harness.targets import sglang_upstream  # stock's own divergence (penalties) is not this patch's
+    from harness.targets.sglang import upstream as sglang_upstream  # stock's own divergence (penalties) is not this patch's
     left, _ = sglang_upstream.claim(reqs, on, divergences(off, on))
     assert [d for _, _, divs in left for d in divs if not d.near_tie] or record_problems(on.outputs, run_logprobs(on)), \
         "sglang_decode_reservation_short went unnoticed"
@@ -234,7 +234,7 @@ def test_padded_rows_on_entry_0(sglang, tok):
     did not change in the measured run (the stale slots were no longer read), so only the agent's
     check catches this patch, deterministically, wherever a batch is padded twice in a row."""
     from harness import targets
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the CPU graph runner is the CPU's; on a GPU every CUDA-graph batch pads (check's pair)")
     t = targets.make_target("sglang", {"sglang_pad_rows_not_reset"}, cpu_graphs=True, pair="graphs")
@@ -259,7 +259,7 @@ def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
     the path workload: 32 and 10), where stock SGLang's barrier orders every one of them (29 ordered,
     0 hazards) and the off arm has nothing in flight."""
     from harness import targets
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     if sglang.device != "cpu":
         pytest.skip("the fence model is the CPU's (on a GPU the streams really race: check's token oracles)")
     try:
@@ -276,7 +276,7 @@ def test_table_write_without_the_fence_is_caught(sglang, tok, patch):
 def test_stock_barrier_orders_every_conflicting_write(sglang, tok):
     """Stock SGLang, overlap on: writes that overlap an in-flight step's reads happen (the path is
     exercised) and the barrier orders each one (no hazard)."""
-    from harness.targets import sglang_paths as sp
+    from harness.targets.sglang import paths as sp
     _, counts, _ = _path_counts(sglang, sp.build(tok))
     assert counts[True].get("fence_ordered_conflicts", 0) > 0, counts[True]
     assert not counts[True].get("fence_hazards") and not counts[False].get("fence_hazards"), counts

@@ -15,7 +15,7 @@ import pytest
 from harness.agents.sglang_points import SERVER_FIELDS
 from harness.engine.request import Request
 from harness.targets.base import TargetError, TargetHang, TargetUnavailable
-from harness.targets.sglang import SglangTarget, parse_generate, setting_verdict
+from harness.targets.sglang.target import SglangTarget, parse_generate, setting_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_server_commands_differ_only_in_overlap(tmp_path):
     assert cpu[cpu.index("--device") + 1] == "cpu" and cpu[cpu.index("--attention-backend") + 1] == "torch_native"
     assert cpu[cpu.index("--dtype") + 1] == "float32" and "--mem-fraction-static" not in cpu
     env = target(tmp_path, device="cpu").server_env(True)
-    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sglang_cpu_path" in env["PYTHONPATH"].split(os.pathsep)[0]
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sglang/cpu_path" in env["PYTHONPATH"].split(os.pathsep)[0]
 
 
 def test_payload_is_native_generate_with_ids(tmp_path):
@@ -216,7 +216,7 @@ def test_a_stalled_engine_ends_as_hang_with_stacks(tmp_path, monkeypatch):
     """ServedTarget's watchdog, fed by the SGLang agent's progress counters: the device never
     finishes a step, the host waits on it for ever; the run ends as HANG with the scheduler's
     stacks (faulthandler, registered by the agent) and its facts in the report."""
-    from harness.targets import served
+    from harness.targets.served import pair as served
     monkeypatch.setattr(served, "HANG_FLOOR_S", 1.0)  # the bound's floor: 10 s in a real run
     class Stall(StandIn):
         stand_in_env = {"STAND_IN_STALL_AFTER": "6"}

@@ -11,8 +11,8 @@ import pytest
 from equivalence.test_paths import judge_steps
 from harness.agents.vllm.steps import Books, request_key
 from harness.oracles import steps
-from harness.targets import vllm_paths as vp
-from harness.targets import vllm_workload
+from harness.targets.vllm import paths as vp
+from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import Run
 
 

@@ -26,7 +26,7 @@ SUITE = textwrap.dedent("""
     import sys
     import pytest
     from harness.engine.request import Request
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
 
     class Slow(ServedTarget):
         name = "slow-stand-in"

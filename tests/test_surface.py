@@ -5,7 +5,7 @@ row judges it (equivalence/test_paths.py)."""
 from types import SimpleNamespace
 
 from harness.oracles import surface
-from harness.targets import vllm_workload
+from harness.targets.vllm import workload as vllm_workload
 
 
 def _req(rid, n, **extra):
@@ -102,7 +102,7 @@ def test_a_stream_read_whole_is_judged_as_a_response(tmp_path):
     is a surface finding."""
     import httpx
 
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
     events = [_chunk(4, "<4>"), _chunk(5, "<5>"), _chunk(3, "", "stop", 3),
               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}]
     sent = []
@@ -136,7 +136,7 @@ def test_a_stream_that_fails_after_its_first_chunks_is_a_server_error_not_a_miss
     import httpx
 
     from harness.oracles.reference import divergences
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
     r = _req("b", 4, stream=True)
     for err in ({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}},
                 {"object": "error", "message": "Internal server error", "type": "x", "code": 500}):

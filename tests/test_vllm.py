@@ -8,7 +8,7 @@ CI cannot pass with the real engine silently skipped.
 """
 import pytest
 
-from harness.targets import vllm_setup as setup_cmd
+from harness.targets.vllm import setup as setup_cmd
 from harness.workloads import presets as workloads
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
@@ -171,7 +171,7 @@ def paths_off(vllm_pair, tok):
     """The path workload (aborts and preemptions with a step in flight among it) on stock vLLM,
     async off: its outputs and its books at idle, shared by the tests below."""
     vllm = vllm_pair
-    from harness.targets import vllm_workload
+    from harness.targets.vllm import workload as vllm_workload
     reqs = vllm_workload.build(tok, seed=0)
     off, _ = vllm_workload.run_with_controls(vllm, reqs, False)
     return reqs, off, vllm.idle_books(False)
@@ -181,8 +181,8 @@ def _paths_on(vllm, reqs):
     """The path workload on the async server: its outputs, books at idle, and the agent's counts."""
     import time as _time
     from harness.agents import plan as planmod
-    from harness.targets import vllm_paths as vp
-    from harness.targets import vllm_workload
+    from harness.targets.vllm import paths as vp
+    from harness.targets.vllm import workload as vllm_workload
     vllm.url(True)  # a server on other source patches restarts before its counts are read
     before = vp.counts(planmod.read_facts(str(vllm.facts_dir(True))))
     on, _ = vllm_workload.run_with_controls(vllm, reqs, True)
@@ -245,7 +245,7 @@ def test_abort_leak_starves_the_pool_to_a_hang(vllm, tok):
     import time
     from harness import targets
     from harness.engine.request import Request
-    from harness.targets.served import hang_bound, progress_of
+    from harness.targets.served.pair import hang_bound, progress_of
     from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     rng = random.Random(23)  # a seed of its own: distinct prompts, so no two share a cached block
@@ -280,7 +280,7 @@ def test_spinning_engine_is_a_hang(vllm, tok):
     report; the next run starts the pair again. Among the last of the pair's tests: the
     hung server is stopped (and started again by whatever uses it next)."""
     import time
-    from harness.targets.served import HANG_CAP_S, hang_bound, progress_of
+    from harness.targets.served.pair import HANG_CAP_S, hang_bound, progress_of
     from harness.targets.base import TargetHang
     from harness.agents import plan as planmod
     # a patch test before this one leaves the async server to restart: a short run on the fresh
@@ -312,7 +312,7 @@ def test_silently_lost_overlap_fails(tmp_path):
     if why:
         _unavailable(why)
     from harness.targets.base import TargetError
-    from harness.targets.vllm import VllmTarget
+    from harness.targets.vllm.target import VllmTarget
     t = VllmTarget(workdir=str(tmp_path))
     t.keep_overlap = False
     try:

@@ -1,5 +1,5 @@
-"""The vLLM a target runs, read from it (harness.targets.vllm_build), the ops a newer release's
-Python calls against a compiled library's (harness.targets.vllm_ops), the runner chosen and the
+"""The vLLM a target runs, read from it (harness.targets.vllm.build), the ops a newer release's
+Python calls against a compiled library's (harness.targets.vllm.ops), the runner chosen and the
 one-line refusals, `replay --vllm-python`'s exit codes for `git bisect run`: all from hand-made
 folders, without a vLLM. The logits processors' two interfaces and one real V2 server are at the
 end (marked vllm)."""
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import vllm_build, vllm_ops, vllm_releases
-from harness.targets.vllm_build import Build
+from harness.targets.vllm import build as vllm_build
+from harness.targets.vllm import ops as vllm_ops
+from harness.targets.vllm import releases as vllm_releases
+from harness.targets.vllm.build import Build
 
 PY = sys.executable
 
@@ -278,7 +280,7 @@ def test_replay_with_vllm_python_exits_0_when_good_and_1_when_bad(tmp_path, monk
 def _vllm_python():
     import os
 
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     why = vllm_setup.ready()
     if why is not None:  # CI (.ci/run) sets up the pinned release: missing there is a failure
         pytest.fail(why) if os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1" else pytest.skip(why)
@@ -348,8 +350,8 @@ def test_a_v2_server_of_the_overlay_names_release_runner_and_source():
     stays inert (no plan): the V2 points are not this test's subject."""
     import httpx
 
-    from harness.targets import vllm_setup
-    from harness.targets.vllm import VllmTarget
+    from harness.targets.vllm import setup as vllm_setup
+    from harness.targets.vllm.target import VllmTarget
     why = vllm_setup.ready(vllm_releases.home("0.33.0"), "0.33.0")
     if why:
         pytest.skip(why)
@@ -396,7 +398,7 @@ def test_the_triton_shim_keeps_has_triton_only_when_asked_and_runs_the_envs_own_
 
 def test_the_verdict_names_release_commit_runner_and_source_from_what_ran():
     """what_ran() says what the servers' logs and the vLLM itself said, not what was asked for."""
-    from harness.targets.vllm import VllmTarget
+    from harness.targets.vllm.target import VllmTarget
     t = VllmTarget.__new__(VllmTarget)
     t.release = vllm_releases.release("0.36.1", newer_by_range=True)
     t.build = Build(python="/img/bin/python", source="user", version="0.36.1", raw_version="0.36.1+cu130",

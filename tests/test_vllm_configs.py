@@ -1,4 +1,4 @@
-"""Server configurations as a dimension (harness.targets.vllm_configs; issue 36, item 1), without a
+"""Server configurations as a dimension (harness.targets.vllm.configs; issue 36, item 1), without a
 server: the catalogue and its doc, the flags each configuration gives the servers, the rows it
 takes away, stress drawing one configuration per segment of runs (its summary and reproducers),
 and one-line errors for names that do not exist. The servers of each configuration are started in
@@ -10,8 +10,8 @@ import pytest
 
 from harness.search import served_repro
 from harness.search.served_judge import Finding, Verdict
-from harness.targets import vllm_configs as vc
-from harness.targets import vllm_paths as vp
+from harness.targets.vllm import configs as vc
+from harness.targets.vllm import paths as vp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,8 +54,8 @@ def test_a_configuration_replaces_the_path_settings_flags(name):
 
 
 def test_the_target_gives_the_servers_its_configuration():
-    from harness.targets import vllm_releases
-    from harness.targets.vllm import VllmTarget
+    from harness.targets.vllm import releases as vllm_releases
+    from harness.targets.vllm.target import VllmTarget
     t = VllmTarget.__new__(VllmTarget)
     t.python, t.model_path, t.dtype, t.seed, t.max_model_len, t.max_num_seqs = "py", "m", "float32", 0, 512, 32
     t.kv_cache_bytes, t.extra_args, t.paths, t.pair = 1 << 20, [], True, "main"
@@ -152,8 +152,8 @@ class _Cfg:
         return "http://x"
 
     def payload(self, r, overlap):  # what the real target sends, in this configuration
-        from harness.targets import vllm_releases
-        from harness.targets.vllm import VllmTarget
+        from harness.targets.vllm import releases as vllm_releases
+        from harness.targets.vllm.target import VllmTarget
         t = VllmTarget.__new__(VllmTarget)
         t.config, t.model_path, t.seed = self.config, "m", 0
         t.release = vllm_releases.release(vllm_releases.PINNED)
@@ -164,7 +164,7 @@ class _Cfg:
 
 
 def _tok():
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     from harness.engine.smollm2 import HFTokenizer
     d = vllm_setup.model_dir(vllm_setup.vllm_home(), "smollm2")
     if not (Path(d) / "tokenizer.json").is_file():
@@ -267,7 +267,7 @@ def test_after_a_known_crash_no_request_sets_off_the_pair_starts_where_it_never_
     its rows were CRASH twice over. Once that death is seen, the pair starts again in the
     configurations the catalogue names for it (a pool never short, whole prompts); the rows they
     take away say so and why; a release where it is not live keeps its configuration."""
-    from harness.targets import vllm_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
     assert vllm_upstream.crash_remedy("vllm#26385", "0.11.0") == ((), ("kv-plenty", "whole-prefill"))
     assert vllm_upstream.crash_remedy("vllm#26385", "0.11.1") == ((), ())
     assert [f for f, _ in vllm_upstream.crash_remedy("vllm#26467", "0.11.0")[0]] == [

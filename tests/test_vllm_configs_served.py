@@ -10,7 +10,7 @@ servers, stress's segments and reproducers, without a server).
 Needs `overlap-harness setup vllm`."""
 import pytest
 
-from harness.targets import vllm_configs as vc
+from harness.targets.vllm import configs as vc
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.scheduled]
 PATCH = "priority_victim_keeps_placeholders"

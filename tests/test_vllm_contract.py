@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from harness.targets import vllm_setup as setup_cmd
+from harness.targets.vllm import setup as setup_cmd
 from harness.agents.vllm.points import POINTS, check_source
-from harness.targets.vllm_releases import PINNED
+from harness.targets.vllm.releases import PINNED
 
 # the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
 pytestmark = pytest.mark.vllm_source

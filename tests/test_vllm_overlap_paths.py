@@ -18,8 +18,8 @@ import pytest
 
 from harness.agents import plan as planmod
 from harness.oracles import path_overlap, steps
-from harness.targets import vllm_paths as vp
-from harness.targets import vllm_workload
+from harness.targets.vllm import paths as vp
+from harness.targets.vllm import workload as vllm_workload
 from harness.workloads import presets as workloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.scheduled]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from harness.targets import vllm_setup as setup_cmd
+from harness.targets.vllm import setup as setup_cmd
 from harness.agents.vllm import patches as vllm_patches
 from harness.agents.vllm.patches import PATCHES, PatchError, VllmPatch
 
@@ -23,19 +23,19 @@ def pkg():
         if REQUIRED:
             pytest.fail(f"vLLM is required here (OVERLAP_HARNESS_REQUIRE_VLLM=1) but {why}", pytrace=False)
         pytest.skip(why)
-    from harness.targets.vllm_copy import installed_package
+    from harness.targets.vllm.patched_copy import installed_package
     return installed_package()
 
 
 def test_catalogue_covers_the_async_paths():
-    from harness.targets.vllm_paths import PATHS
+    from harness.targets.vllm.paths import PATHS
     rows = {r.name for r in PATHS}
     assert len(PATCHES) >= 12
     assert all(p.path in rows for p in PATCHES.values()), [p.path for p in PATCHES.values() if p.path not in rows]
     assert {"preemption_in_flight", "chunked_prefill", "penalties", "structured_output", "spec_decode_ngram",
             "prefix_cache_reset", "max_tokens_1_2", "bad_words", "min_tokens"} <= {p.path for p in PATCHES.values()}
     # at least 12 run on vLLM's CPU build; one that cannot says why, and its row is one CPU cannot run
-    from harness.targets.vllm_paths import PATHS_BY_NAME
+    from harness.targets.vllm.paths import PATHS_BY_NAME
     here = [p for p in PATCHES.values() if not p.device_only]
     assert len(here) >= 12
     for p in PATCHES.values():
@@ -63,7 +63,7 @@ def test_missing_text_is_one_clear_error(pkg):
 
 
 def test_copy_patches_only_its_files_and_never_the_install(pkg, tmp_path):
-    from harness.targets import vllm_copy
+    from harness.targets.vllm import patched_copy as vllm_copy
     home = tmp_path / "vllm"
     (home / "venv").mkdir(parents=True)
     os.symlink(pkg.parent.parent.parent, home / "venv" / "lib")  # the real install, read only
@@ -82,7 +82,7 @@ def test_copy_patches_only_its_files_and_never_the_install(pkg, tmp_path):
 
 
 def test_unknown_patch_name_is_refused():
-    from harness.targets.vllm import check_fault_names
+    from harness.targets.vllm.target import check_fault_names
     with pytest.raises(ValueError, match="unknown vLLM fault nope"):
         check_fault_names(["nope"])
     check_fault_names(["max_tokens_counts_placeholders", "sampled_ids_no_wait"])

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from equivalence.test_paths import judge
-from harness.targets import vllm_paths as vp
-from harness.targets import vllm_upstream
-from harness.targets import vllm_workload
+from harness.targets.vllm import paths as vp
+from harness.targets.vllm import upstream as vllm_upstream
+from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +147,7 @@ def _smollm2_tok():
 
 
 def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
-    from harness.targets import vllm_setup as setup_cmd
+    from harness.targets.vllm import setup as setup_cmd
     d = setup_cmd.entry_point_shim(tmp_path)
     text = (d / "overlap_harness-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert "[vllm.logits_processors]" in text and "vllm.logitsprocs:NoRepeatProcessor" in text
@@ -155,7 +155,7 @@ def test_the_entry_point_processor_reaches_vllm_through_the_shim(tmp_path):
 
 
 def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, capsys, monkeypatch):
-    from harness.targets.served import ServedTarget
+    from harness.targets.served.pair import ServedTarget
     from harness.targets.base import TargetError
     monkeypatch.setattr(ServedTarget, "_said", set())  # "said once" is per process: earlier tests said it
     t = ServedTarget(workdir=str(tmp_path), concurrency=32)
@@ -171,8 +171,8 @@ def test_engine_switches_on_a_served_target_are_honoured_or_refused(tmp_path, ca
 
 
 def test_a_known_upstream_entry_is_known_only_inside_its_releases():
-    from harness.targets.vllm_upstream import KnownUpstream
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.upstream import KnownUpstream
+    from harness.targets.vllm.releases import release_key
     k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
                       introduced="0.11.0", fixed="0.14.0")
     assert [k.live_in(v) for v in ("0.10.2", "0.11.0", "0.13.0+cpu", "0.14.0", "0.32.0")] == [
@@ -196,11 +196,11 @@ def test_every_server_flag_says_what_it_changes_and_could_hide():
     assert set(vp.BARE_ARGS) <= set(vp.SERVER_ARGS) and vp.SERVER_ENV == {"VLLM_SERVER_DEV_MODE": "1"}
     assert vp.settings_markdown() in (ROOT / "docs/vllm-paths.md").read_text()
     # the settings VllmTarget gives every pair are the ones the table names
-    from harness.targets.vllm import VllmTarget
+    from harness.targets.vllm.target import VllmTarget
     t = VllmTarget.__new__(VllmTarget)
     t.python, t.model_path, t.dtype, t.seed, t.max_model_len, t.max_num_seqs = "py", "m", "float32", 0, 512, 32
     t.kv_cache_bytes, t.extra_args, t.paths, t.pair = 1 << 20, [], True, "main"
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     t.release = vllm_releases.release(vllm_releases.PINNED)
     cmd = " ".join(t.server_command(True, 1))
     assert all(" ".join(st.args) in cmd for st in vp.SETTINGS if "=" not in st.args[0] and not st.implicit)
@@ -290,7 +290,7 @@ def test_the_vllm_52461_entry_names_its_reproducer_and_releases():
     for k in entries:
         assert k.evidence and k.introduced == "0.11.1" and not k.fixed and k.live_in("0.32.0") and not k.live_in("0.11.0")
         # the range is the source fact checked in every cached wheel (tests/test_vllm_releases.py)
-        from harness.targets.vllm_releases import FACTS
+        from harness.targets.vllm.releases import FACTS
         assert k.introduced == FACTS["cli_only_placeholder_repair"].since and not FACTS["cli_only_placeholder_repair"].until
         spec = json.loads((ROOT / k.reproducer).read_text())
         assert spec["id"] == k.id and spec["pair"] == "bare" and spec["requests"]
@@ -304,8 +304,8 @@ def test_extra_entry_points_reach_vllm_as_an_installed_package_would(tmp_path):
     import os
     import subprocess
     import sys
-    from harness.targets import vllm_setup as setup_cmd
-    from harness.targets.vllm import parse_entry_points
+    from harness.targets.vllm import setup as setup_cmd
+    from harness.targets.vllm.target import parse_entry_points
     eps = parse_entry_points(["mine=fixtures.vllm_user.logitsprocs:NoRepeatAll"])
     d = setup_cmd.entry_point_shim(tmp_path, {"vllm.logits_processors": eps})
     code = ("import json, importlib.metadata as m; print(json.dumps(sorted(e.name for e in "
@@ -363,7 +363,7 @@ def test_books_at_idle_judges_both_arms_and_the_in_flight_paths():
 def test_known_crash_names_a_live_async_on_engine_death():
     """An async-on engine death whose exception line is a known bug's is named for the releases the
     bug is live in, never for the async-off arm nor outside its range."""
-    from harness.targets.vllm_upstream import known_crash
+    from harness.targets.vllm.upstream import known_crash
     penalty = "RuntimeError: Worker failed with error 'index -1 is out of bounds for dimension 1 with size 49153'"
     embed = "RuntimeError: Worker failed with error 'INDICES element is out of DATA bounds, id=-1 axis_dim=49152'"
     assert known_crash(penalty, True, "0.11.0") == "vllm#26467"

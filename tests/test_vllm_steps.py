@@ -11,8 +11,8 @@ import pytest
 from harness.agents import plan as planmod
 from harness.oracles import steps
 from harness.oracles.reference import divergences
-from harness.targets import vllm_workload
-from harness.targets import vllm_workload as vp  # the path workload's request builder (_req)
+from harness.targets.vllm import workload as vllm_workload
+from harness.targets.vllm import workload as vp  # the path workload's request builder (_req)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PATCH = "max_tokens_guard_one_step_early"

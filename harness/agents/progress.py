@@ -1,5 +1,5 @@
 """A served engine's progress, as every agent reports it for the target's hang watchdog
-(harness.targets.served.ServedTarget.watch, issue 17 item 2): tokens delivered (`tokens_out`),
+(harness.targets.served.pair.ServedTarget.watch, issue 17 item 2): tokens delivered (`tokens_out`),
 the median gap between steps that delivered some (`token_period_ms`), a stack dump of every
 thread on SIGUSR1 (`stacks-<pid>.txt` in the facts folder, for the HANG report), and a flusher
 that writes changed facts within 0.1 s (Facts.write alone is throttled and would drop a run's

@@ -1,6 +1,6 @@
 """SGLang overlap bugs re-created as source patches of the installed SGLang (as harness/agents/vllm/patches.py
 does for vLLM): exact search/replace edits of sglang 0.5.23's own text, applied in a private
-linked copy of the package (harness.targets.sglang_copy) that only the overlap-on server of a
+linked copy of the package (harness.targets.sglang.patched_copy) that only the overlap-on server of a
 pair imports; the off server stays stock. Each names the class of the article it belongs to and
 the upstream entries of the same kind, and the suite that must catch it.
 

@@ -154,17 +154,17 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "disable_overlap_schedule"),
     ("sglang.srt.arg_groups.fields.schedule", "mem_fraction_static"),
     ("sglang.srt.arg_groups.fields.exec_", "enable_deterministic_inference"),
-    # the CPU backend's (harness.targets.sglang: device "cpu")
+    # the CPU backend's (harness.targets.sglang.target: device "cpu")
     ("sglang.srt.arg_groups.fields.device", "device"),
     ("sglang.srt.arg_groups.fields.exec_", "attention_backend"),
     ("sglang.srt.arg_groups.fields.model", "dtype"),
     ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
     ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
     ("sglang.srt.arg_groups.fields.model", "context_length"),
-    # the path setting's (harness.targets.sglang_paths.SERVER_ARGS)
+    # the path setting's (harness.targets.sglang.paths.SERVER_ARGS)
     ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
     ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),
-    # the CPU graph runner's (harness.targets.sglang.CPU_GRAPH_BS: padded batches, entry 0)
+    # the CPU graph runner's (harness.targets.sglang.target.CPU_GRAPH_BS: padded batches, entry 0)
     ("sglang.srt.arg_groups.fields.exec_", "enable_torch_compile"),
     ("sglang.srt.arg_groups.fields.exec_", "cuda_graph_bs_decode"),
 ]
@@ -186,7 +186,7 @@ class SglangFault:
     def device_only(self) -> str:
         """Why this machine cannot show it (`mutants` lists it and runs nothing): every agent fault
         acts on the GPU's streams; "" where a CUDA device is visible."""
-        from harness.targets.vllm_setup import _has_cuda
+        from harness.targets.vllm.setup import _has_cuda
         return "" if _has_cuda() else GPU_ONLY
 
 

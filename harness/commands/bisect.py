@@ -32,7 +32,7 @@ def gate_rows() -> set[str]:
     """The rows `check --json` reports (harness.gate.json_report.row_name): every path of the paths suite, its
     steps and books cases, every other suite."""
     from harness.gate import ROOT, SUITE_DIRS
-    from harness.targets.vllm_paths import PATHS
+    from harness.targets.vllm.paths import PATHS
     suites = {f.stem for d in SUITE_DIRS for f in (ROOT / d).glob("test_*.py")}
     return {p.name for p in PATHS} | {"steps", "books_at_idle"} | (suites - {"test_paths"})
 
@@ -42,7 +42,7 @@ def cmd_bisect(a) -> int:
     from harness.flags import UsageError
     from harness.releases import bisect as bi
     from harness.releases import sweep as sw
-    from harness.targets.vllm_releases import versions as known_releases
+    from harness.targets.vllm.releases import versions as known_releases
     if a.vllm_python:
         return bisect_commits(a)
     if a.good or a.bad or a.replay:
@@ -63,8 +63,8 @@ def cmd_bisect(a) -> int:
             raise UsageError(f"bisect --sweep: {e}") from None
         cache = bi.outcomes_from(done, a.row)
     if a.sweep and not a.releases:  # the sweep's releases, with whatever is installed besides
-        from harness.targets.vllm_releases import installed
-        from harness.targets.vllm_releases import release_key
+        from harness.targets.vllm.releases import installed
+        from harness.targets.vllm.releases import release_key
         versions = sorted(set(cache) | set(installed()), key=release_key)
     else:
         versions = releases_arg(a.releases, UsageError)
@@ -94,7 +94,7 @@ def bisect_commits(a) -> int:
     (harness.releases.commits), each step a `replay --vllm-python` (exit 0 / 1 / 125)."""
     from harness.flags import UsageError
     from harness.releases import commits
-    from harness.targets import vllm_build
+    from harness.targets.vllm import build as vllm_build
     if a.row or a.reproducer or a.releases or a.sweep:
         raise UsageError("bisect --vllm-python bisects one checkout's commits with --replay FILE: --row, "
                          "--reproducer, --releases and --sweep search installed releases instead")

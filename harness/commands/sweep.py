@@ -8,8 +8,8 @@ from pathlib import Path
 def releases_arg(text: str | None, error) -> list[str]:
     """--releases "0.11.0,0.13.0" or "installed" (default): the releases, oldest first; every one
     named must be installed (one line naming those that are not)."""
-    from harness.targets.vllm_releases import installed
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.releases import installed
+    from harness.targets.vllm.releases import release_key
     have = installed()
     if text in (None, "", "installed"):
         if not have:

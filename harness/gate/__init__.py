@@ -295,7 +295,7 @@ def start_served(target: str, faults, exc, model: str | None = None, server_args
     if logits_processors and target != "vllm":
         raise exc(f"--logits-processor is for --target vllm (its vllm.logits_processors entry points), not {target}")
     if logits_processors:  # a malformed one is one line before any server starts
-        from harness.targets.vllm import parse_entry_points
+        from harness.targets.vllm.target import parse_entry_points
         parse_entry_points(logits_processors, exc)
     if target == "ref":
         return
@@ -439,10 +439,10 @@ def served_release(target: str, asked: str | None = None) -> tuple[str | None, l
     if target == "ref":
         return None, []
     pair = _served_pair(target)
-    rel = getattr(pair, "release", None)  # the release table's entry (harness.targets.vllm_releases)
+    rel = getattr(pair, "release", None)  # the release table's entry (harness.targets.vllm.releases)
     adapted = [str(x) for x in (rel.adaptations() if hasattr(rel, "adaptations") else ())]
     if target == "vllm":
-        from harness.targets.vllm_releases import release_in_force
+        from harness.targets.vllm.releases import release_in_force
         return asked or release_in_force(pair), adapted
     return asked, adapted
 

@@ -6,7 +6,7 @@ loses the overlap on its path and still leaves the run "effective (529 of 530 wa
 the agent also judges each wait for each request of the step waited on (overlapped: a batch
 scheduled before the wait continued it; early: none did although each had room, and the next
 batch after the wait did; host_order.HostOrder), and this oracle sums those verdicts by path
-(the path rows of harness.targets.vllm_paths, the features of a stress case).
+(the path rows of harness.targets.vllm.paths, the features of a stress case).
 
 A path is judged twice: over every wait of its requests, and over the waits on their prefill
 steps alone (a chunked prefill loses its overlap on its chunks; its decode steps after would

@@ -23,7 +23,7 @@ nothing): this oracle is absolute, per arm, over the requests that carry a clien
 """
 from __future__ import annotations
 
-from harness.targets.chat_turns import HEADER_KEY
+from harness.targets.served.chat_turns import HEADER_KEY
 
 DUPLICATE_MARK = "-dup-"  # in a duplicate group's client id (served_chat draws them): the summary counts them
 

@@ -15,7 +15,7 @@ each field with an oracle, judged on the path workload's responses (no request m
   first None, and at each position the same top token in both arms unless the off arm's two best
   were a near tie (harness.oracles.divergence.DEFAULT_TIE_TOL), as output logprobs are judged.
 
-Each turn of a conversation (`<rid>@<k>`, harness.targets.chat_turns) is judged as a request of its
+Each turn of a conversation (`<rid>@<k>`, harness.targets.served.chat_turns) is judged as a request of its
 own whose prompt is the chat template over the messages so far (the client's ids). Aborted clients
 are left out (their response is cut by the client). Fields left out, with why:
 docs/vllm-paths.md ("The request surface").
@@ -77,7 +77,7 @@ def findings(reqs, off, on, decode=None) -> dict[str, list[str]]:
     def add(rid, what):
         out.setdefault(rid.split("#")[0], []).append(what)
 
-    def request_of(rid):  # '#k': a sample of n; '@k': a turn of a conversation (harness.targets.chat_turns)
+    def request_of(rid):  # '#k': a sample of n; '@k': a turn of a conversation (harness.targets.served.chat_turns)
         return by_rid.get(rid.split("#")[0].split("@")[0])
 
     ids = {lab: {rid: list(i) for rid, i, _ in run.outputs} for lab, run in (("off", off), ("on", on))}

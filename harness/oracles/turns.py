@@ -1,7 +1,7 @@
 """Multi-turn chat judged turn by turn (issue 36, item 2).
 
 A conversation's turn k+1 is sent with the arm's own answer of turn k appended
-(harness.targets.chat_turns), so once the arms' answers differ at turn k, the later turns have
+(harness.targets.served.chat_turns), so once the arms' answers differ at turn k, the later turns have
 different prompts and nothing to be compared by: a difference there is the earlier one's echo,
 and an agreement there proves nothing. `comparable` keeps each conversation's turns up to and
 including the first one whose ids or finish reason differ between the arms (the token oracles
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 
-from harness.targets.chat_turns import split_turn
+from harness.targets.served.chat_turns import split_turn
 
 
 def conversations(run) -> dict[str, list[tuple[int, str]]]:

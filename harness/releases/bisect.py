@@ -105,7 +105,7 @@ def _middle_out(xs: list) -> list:
 
 
 def _key(v: str):
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.releases import release_key
     return release_key(v)
 
 

@@ -202,7 +202,7 @@ def to_json(results: list[ReleaseResult], shard_of: tuple[int, int] | None = Non
 def load(paths) -> list[ReleaseResult]:
     """The results of one or more sweep JSON files (the shards of a CI matrix), oldest release
     first; a release in two files keeps the later file's result."""
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.releases import release_key
     by: dict[str, ReleaseResult] = {}
     for p in paths:
         d = json.loads(Path(p).read_text())

@@ -6,7 +6,7 @@ into one run on each server: the servers stay warm and a run of a few seconds bu
 (benchmarks/bench_vllm_stress.py measures what that buys). The mixes share the run's delays and
 controls, which are drawn once per submission.
 
-What a request can carry (harness.targets.vllm_paths.PATHS names the same paths): greedy, seeded
+What a request can carry (harness.targets.vllm.paths.PATHS names the same paths): greedy, seeded
 or unseeded temperature sampling, repetition / presence / frequency penalties, two-token
 bad_words, min_tokens with a stop token id (and that token boosted, so the stream ends right at
 the minimum), logit_bias, stop strings and stop token ids, n = 2-3 seeded samples, top-5 logprobs
@@ -86,7 +86,7 @@ def clone(case: ServedCase) -> ServedCase:
 
 def features(r: Request) -> list[str]:
     """The paths one request exercises, by what it asks for (the summary counts cases by these)."""
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     ex = getattr(r, "extra", None) or {}
     out = []
     if r.temperature > 0:
@@ -137,12 +137,12 @@ def case_features(case: ServedCase) -> list[str]:
 
 # -- drawing ------------------------------------------------------------------------------
 def _words(draw, lo, hi):
-    from harness.targets.vllm_workload import WORDS
+    from harness.targets.vllm.workload import WORDS
     return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=lo, max_size=hi)))
 
 
 def _seeded_words(seed: int, n: int) -> str:
-    from harness.targets.vllm_workload import WORDS
+    from harness.targets.vllm.workload import WORDS
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -151,10 +151,10 @@ def _seeded_words(seed: int, n: int) -> str:
 def requests(draw, tok, rid: str, vllm: bool = True, huge: bool = False, priority: bool = False):
     """One request; every option off in hypothesis's simplest example (a short greedy request).
     `huge`: one of a KV-pressure mix (see submissions): a prompt of 257-280 tokens and 40-56 more.
-    `priority`: the servers run the priority policy (harness.targets.vllm_configs), so the request
+    `priority`: the servers run the priority policy (harness.targets.vllm.configs), so the request
     carries a priority 0-3 (drawn only then: every other configuration keeps its draws)."""
-    from harness.targets import vllm_paths as vp
-    from harness.targets import vllm_workload
+    from harness.targets.vllm import paths as vp
+    from harness.targets.vllm import workload as vllm_workload
     kind = "huge" if huge else draw(st.sampled_from(("short", "long", "prefix")))
     text = (_words(draw, 2, 12) if kind in ("short", "prefix") else
             _words(draw, 70, 110) if kind == "long" else

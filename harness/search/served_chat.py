@@ -6,7 +6,7 @@ served_case), one of:
 - a **conversation** (feature `chat`, one in eight mixes): one request whose body carries `chat`,
   the user's messages of 2-3 turns (the first short, or the shared prefix's text, so that
   conversations share cached blocks; the next ones a few words), sent on /v1/chat/completions
-  turn after turn with the arm's own answers appended (harness.targets.chat_turns); the sampling
+  turn after turn with the arm's own answers appended (harness.targets.served.chat_turns); the sampling
   and options of a drawn request (greedy or seeded, penalties, bad words, stop strings and ids,
   logit bias, processors), never a disconnect, n > 1, a grammar, a stream or prompt logprobs;
 - **client ids** (features `request_id`, `x-request-id`, one in eight): each request of the mix
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from harness.oracles.request_ids import DUPLICATE_MARK
 from harness.search import served_effects
-from harness.targets.chat_turns import HEADER_KEY, PRIORITY_KEY, chat_prompt_ids
+from harness.targets.served.chat_turns import HEADER_KEY, PRIORITY_KEY, chat_prompt_ids
 
 CHAT, IDS, DUPLICATE = 0, 1, 2  # a mix's hash modulo COIN: what it becomes
 COIN = 8
@@ -43,7 +43,7 @@ def conversation(draw, tok, rid: str, priority: bool = False):
     """One conversation of 2-3 turns; its prompt ids are the first turn's (the template over the
     first message), so the steps oracle and the summary see what the engine sees first."""
     from harness.search.served_case import _words, requests
-    from harness.targets import vllm_workload
+    from harness.targets.vllm import workload as vllm_workload
     r = draw(requests(tok, rid, True, priority=priority))
     r.n, r.abort_after = 1, None
     for k in NOT_IN_CHAT:

@@ -32,7 +32,7 @@ CONFLICTS = ("chat", "structured_outputs", "vllm_xargs")
 
 def maybe_allowed_ids(draw, tok, r) -> None:
     """One request in COIN (none with a CONFLICTS field) may say only a few of the workload's words."""
-    from harness.targets.vllm_workload import WORDS
+    from harness.targets.vllm.workload import WORDS
     if any(r.extra.get(k) for k in CONFLICTS) or zlib.crc32(repr(r).encode()) % COIN:
         return
     words = draw(st.lists(st.sampled_from(WORDS), min_size=4, max_size=8, unique=True))

@@ -95,7 +95,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     idle, the control answers; or {"error": Finding} when the server crashed or hung."""
     from harness.agents import plan as planmod
     from harness.oracles import steps
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     from harness.targets.base import TargetCrash, TargetHang
     done, got = threading.Event(), []
     ctl = threading.Thread(target=_controls, args=(target, overlap, case.controls, done, got), daemon=True)
@@ -234,7 +234,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     from harness.oracles import request_ids, steps, surface, turns
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     evidence = {} if evidence is None else evidence
     out = []
     # a chat turn (rid@k) is a request of its own, keyed in the agent's books by the prompt ids
@@ -324,8 +324,8 @@ def _classify(v: Verdict, version: str | None, runner: str | None = None) -> Non
     """Move the findings a known-upstream entry claims (live in `version`) to v.known; note the
     entries the agent worked around. The bare pair's entries (vllm#52461) cannot show on the main
     pair (a CLI processor turns vLLM's repair on), so they never claim a finding here."""
-    from harness.targets import vllm_paths as vp
-    from harness.targets import vllm_upstream
+    from harness.targets.vllm import paths as vp
+    from harness.targets.vllm import upstream as vllm_upstream
     both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
     rows = sorted({k.row for k in vllm_upstream.KNOWN_UPSTREAM
                    if k.row not in vp.PATHS_BY_NAME or vp.PATHS_BY_NAME[k.row].pair == "main"})

@@ -29,7 +29,7 @@ def request_of(b: dict, rid: str, arrival: int = 0, abort_after=None) -> Request
                 stop=tuple(b.pop("stop", ())), repetition_penalty=float(b.pop("repetition_penalty", 1.0)),
                 ignore_eos=bool(b.pop("ignore_eos", False)), arrival=int(arrival), abort_after=abort_after)
     r.n = int(b.pop("n", 1))
-    r.priority = int(b.pop("priority", 0))  # the priority policy's (harness.targets.vllm_configs)
+    r.priority = int(b.pop("priority", 0))  # the priority policy's (harness.targets.vllm.configs)
     for k in CLIENT_KEYS:
         b.pop(k, None)
     r.extra = b
@@ -46,7 +46,7 @@ def reproducer(target, case: ServedCase, finding, *, seed: int, patches=(), vers
         "counters": [],
         "requests": [body(target, r) for r in case.requests],
         "harness": {"format": FORMAT, "version": 1, "target": target.name, "vllm_version": version,
-                    # the server configuration the servers ran (harness.targets.vllm_configs); a
+                    # the server configuration the servers ran (harness.targets.vllm.configs); a
                     # reproducer without one ran the default
                     "config": getattr(getattr(target, "config", None), "name", None),
                     "patches": sorted(patches), "seed": seed,

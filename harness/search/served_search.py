@@ -64,7 +64,7 @@ class ServedStressResult:
     overlap_total: dict = field(default_factory=dict)  # "all"/"prefill" -> every request's Share, summed
     interrupted: bool = False
     error: str = ""
-    # per server configuration (harness.targets.vllm_configs): cases, runs, search seconds, start
+    # per server configuration (harness.targets.vllm.configs): cases, runs, search seconds, start
     # seconds, segments; and the configurations whose servers would not start, with the line why
     configs: dict = field(default_factory=dict)
     config_errors: dict = field(default_factory=dict)
@@ -129,7 +129,7 @@ class ServedStress:
         for feats in mixes.values():
             for f in feats | set(case_features(ServedCase([], case.delays, case.controls))):
                 r.features[f] = r.features.get(f, 0) + 1
-        from harness.targets import vllm_paths as vp
+        from harness.targets.vllm import paths as vp
         for row in vp.PATHS if self.agent else ():  # no agent: nothing counted the paths
             if row.pair != "main" or row.cpu_reason:
                 continue
@@ -364,7 +364,7 @@ def _key(case: ServedCase) -> str:
 
 def summary_lines(s: ServedStress) -> list[str]:
     """The closing summary: cases and rate, each feature and path row, known upstream, findings."""
-    from harness.targets import vllm_paths as vp
+    from harness.targets.vllm import paths as vp
     r = s.res
     out = [f"{r.cases} cases in {r.runs - r.shrink_runs} runs ({r.refused} refused) over {r.explore_s / 60:.1f} min "
            f"of search: {r.cases_per_min:.1f} cases/min" + (f"; shrinking {r.shrink_runs} runs in {r.shrink_s:.0f} s"
@@ -417,7 +417,7 @@ def surface_lines(r) -> list[str]:
 
 
 def config_lines(r) -> list[str]:
-    """Cases per server configuration (harness.targets.vllm_configs), and those that did not start."""
+    """Cases per server configuration (harness.targets.vllm.configs), and those that did not start."""
     out = []
     if r.configs:
         out.append(f"server configurations (cases, runs, search min, cases/min, pair start s): "

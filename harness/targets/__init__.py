@@ -15,7 +15,7 @@ def configure(name: str, **kw) -> None:
 
 
 def close_served() -> None:
-    from harness.targets.server_process import stop_each
+    from harness.targets.served.process import stop_each
     # every pair's servers at once (a gate holds up to three pairs: their shutdowns overlap)
     stop_each([s for t in _SERVED.values() for s in getattr(t, "servers", {}).values()])
     for t in list(_SERVED.values()):
@@ -25,7 +25,7 @@ def close_served() -> None:
 
 def served_key(name: str, kw: dict) -> tuple:
     """A pair per model (the GSM8K gate serves another one), per setting (the bare pair) and per
-    server configuration (harness.targets.vllm_configs)."""
+    server configuration (harness.targets.vllm.configs)."""
     return (name, kw.get("model")) + ((kw["pair"],) if kw.get("pair", "main") != "main" else ()) + (
         (kw["config"],) if kw.get("config") not in (None, "default") else ())
 
@@ -41,9 +41,9 @@ def make_target(name: str, faults=frozenset(), **kw):
         t = _SERVED.get(key)
         if t is None:
             if name == "vllm":
-                from harness.targets.vllm import VllmTarget as cls
+                from harness.targets.vllm.target import VllmTarget as cls
             else:
-                from harness.targets.sglang import SglangTarget as cls
+                from harness.targets.sglang.target import SglangTarget as cls
             t = _SERVED[key] = cls(faults=frozenset(faults), **kw)
         elif t.faults != frozenset(faults):  # faults live in the agent's plan: no restart needed
             old, t.faults = t.faults, frozenset(faults)

@@ -6,7 +6,7 @@ ids as "token_id:N" (`return_tokens_as_token_ids`, vLLM's completions API)."""
 from __future__ import annotations
 
 from harness.targets.base import TargetUnavailable
-from harness.targets.served import ServedTarget
+from harness.targets.served.pair import ServedTarget
 
 
 class OpenAIPair(ServedTarget):

@@ -15,7 +15,7 @@ Inert unless a plan is handed over (harness.agents.plan). With one it
 - dumps every thread's stack into the facts folder on SIGUSR1, for a HANG report (state);
 - reads vLLM's own books when the engine goes idle: what harness.oracles.books holds to "nothing
   leaks" (books);
-- adapts to the release it runs in (the plan's "release", harness.targets.vllm_releases): it
+- adapts to the release it runs in (the plan's "release", harness.targets.vllm.releases): it
   patches the points that release has (install), stubs torch.cuda's streams and events where the
   release calls them on CPU (cuda_stubs), and works around the vLLM bugs that release has, one
   module per bug (workarounds/).

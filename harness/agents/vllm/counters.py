@@ -1,5 +1,5 @@
 """Path counters: how often each attacked path ran, counted from inside vLLM, so that a suite
-attacking a path can fail as "not exercised" (harness.targets.vllm_paths: each row names the
+attacking a path can fail as "not exercised" (harness.targets.vllm.paths: each row names the
 counters that prove its path ran). COUNTERS maps a patch point (harness.agents.vllm.points) to
 (role, counter, condition); each is installed where the release has the point (elsewhere the
 row is n/a).

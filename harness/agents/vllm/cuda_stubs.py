@@ -88,7 +88,7 @@ def cuda_stubs(on: bool, args, names=CudaStubs.NAMES):
 
 def needs_cuda_stubs(v: str | None) -> bool:
     """The release fact that turns the stubs on: async output path, no stubs of vLLM's own, no device."""
-    from harness.targets.vllm_releases import TORCH, release
+    from harness.targets.vllm.releases import TORCH, release
     if v is None or v not in TORCH:
         return False
     r = release(v)

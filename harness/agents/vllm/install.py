@@ -48,7 +48,7 @@ PATCHES = {
 
 def holds(v: str | None, fact: str) -> bool:
     """The release table's fact holds in release v (a release the table does not know: no)."""
-    from harness.targets.vllm_releases import TORCH, release
+    from harness.targets.vllm.releases import TORCH, release
     return v is not None and v in TORCH and release(v).has(fact)
 
 

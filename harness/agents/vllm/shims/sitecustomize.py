@@ -1,5 +1,5 @@
 """First on a vLLM server's PYTHONPATH where the target runs vLLM's V2 model runner on a CPU build
-(harness.targets.vllm_build.needs_triton_shim): Python imports this module at start, before vLLM.
+(harness.targets.vllm.build.needs_triton_shim): Python imports this module at start, before vLLM.
 
 vLLM counts Triton usable on its CPU build only when triton has a `cpu` backend (triton-cpu, not
 on the package index): `vllm/triton_utils/importing.py` sets HAS_TRITON false, and V2 (whose

@@ -23,7 +23,7 @@ the input ids and positions), the penalties' counts, bad words, logit bias. The 
   (how many logits are >= its own).
 
 Each call is counted in the worker's facts (v2_pytorch_kernels), and the verdict names the
-adaptation (harness.targets.vllm.what_ran). The spec-decode paths (a logits cache, drafting) and
+adaptation (harness.targets.vllm.target.what_ran). The spec-decode paths (a logits cache, drafting) and
 fp64 Gumbel keep vLLM's kernel.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The path rows (harness.targets.vllm_paths) on V2's runner: which the V2 agent counts, and which
+"""The path rows (harness.targets.vllm.paths) on V2's runner: which the V2 agent counts, and which
 have nothing to attack there.
 
-V1's rows that need a V1 worker point (harness.targets.vllm_releases.ROW_NEEDS "point:...") are
+V1's rows that need a V1 worker point (harness.targets.vllm.releases.ROW_NEEDS "point:...") are
 counted on V2 by the V2 point of the same path (harness.agents.vllm.v2.agent counters, V1's
 counter names); a row whose path V2 does not have is n/a on V2, with the reason.
 """
@@ -21,7 +21,7 @@ ABSENT = {
 def row_absent(row: str, version: str | None) -> str:
     """"n/a on V2 (V): why" when V2's runner lacks what the row attacks or counts; "" when it has it."""
     from harness.agents.vllm.v2.points import POINTS_BY_NAME
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     where = f"n/a on the V2 runner{f' ({version})' if version else ''}"
     if row in ABSENT:
         return f"{where}: {row}: {ABSENT[row]}"

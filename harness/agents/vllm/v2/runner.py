@@ -18,7 +18,7 @@ V2_DEFAULT = "0.32.0"  # the first release checked whose config defaults to V2 w
 
 
 def decide(plan_data: dict | None, version: str | None, env=None) -> str:
-    from harness.targets.vllm_releases import release_key
+    from harness.targets.vllm.releases import release_key
     env = os.environ if env is None else env
     want = (plan_data or {}).get("runner")
     if want in ("v1", "v2"):

@@ -1,5 +1,5 @@
 """The agent's workarounds for bugs of vLLM itself, one module each, each installed only where the
-release fact that says the bug is there holds (harness.targets.vllm_releases FACTS; the module's
+release fact that says the bug is there holds (harness.targets.vllm.releases FACTS; the module's
 FACT), so the gate's rows run past a bug the project has recorded (KNOWN_UPSTREAM) instead of
 dying on it. Each module names its FACT (None: wherever its patch points exist), its PATCHES
 (patch point -> patch) and the plan's "stock" switch that leaves vLLM's own code in place (what its

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness.agents.vllm import state
 
-FACT = "cpu_reorder_by_prompt"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "cpu_reorder_by_prompt"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "cpu_reorder"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness.agents.vllm import state
 
-FACT = "discard_without_step_in_flight"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "discard_without_step_in_flight"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "reset_cache"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.agents.vllm import state
 
-FACT = "cpu_warmup_under_eager"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "cpu_warmup_under_eager"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "cpu_warmup"
 
 

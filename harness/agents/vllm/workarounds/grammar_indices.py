@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from harness.agents.vllm import state
 
-FACT = "grammar_indices_pinned"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "grammar_indices_pinned"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "grammar"
 
 

@@ -10,7 +10,7 @@ import os
 
 from harness.agents.vllm import state
 
-FACT = "ipex_vnni_rejects_no_window"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "ipex_vnni_rejects_no_window"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "ipex_decode"
 
 

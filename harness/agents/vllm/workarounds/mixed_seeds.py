@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from harness.agents.vllm import state
 
-FACT = "cpu_sampler_ignores_mixed_seeds"  # harness.targets.vllm_releases FACTS: the releases it holds in
+FACT = "cpu_sampler_ignores_mixed_seeds"  # harness.targets.vllm.releases FACTS: the releases it holds in
 POINT = "cpu_sampler"
 
 

@@ -1,5 +1,5 @@
 """What an OpenAI-compatible server's answers look like on the wire, for the served targets
-(harness.targets.served, and the conversations of harness.targets.chat_turns): token ids asked
+(harness.targets.served.pair, and the conversations of harness.targets.served.chat_turns): token ids asked
 for as "token_id:N" (`return_tokens_as_token_ids`, vLLM's), the top-k records of the completions
 and of the chat API, and an error's message."""
 from __future__ import annotations

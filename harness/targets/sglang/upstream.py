@@ -1,5 +1,5 @@
 """Divergences of unmodified SGLang (overlap on vs off) that the project found, as
-harness.targets.vllm_upstream keeps vLLM's: each with the row that shows it, the upstream report
+harness.targets.vllm.upstream keeps vLLM's: each with the row that shows it, the upstream report
 (or the search that found none), its reproducer in fixtures/sglang_upstream/, and the mechanism the
 agent counts per request, without which it claims no finding (a divergence that only looks like it
 is new). The gate reports a claimed finding as KNOWN UPSTREAM, never as a pass.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from harness.agents.vllm.steps import request_key
-from harness.targets.vllm_upstream import KnownUpstream
+from harness.targets.vllm.upstream import KnownUpstream
 
 PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (sglang_agent: point penalty_cumulate)
 

@@ -1,6 +1,6 @@
 """The SGLang target's setup: SGLang's own venv, the model directory, the agent's entry point.
 
-`overlap-harness setup sglang`. Like vLLM (harness/targets/vllm_setup.py), SGLang lives in a venv
+`overlap-harness setup sglang`. Like vLLM (harness/targets/vllm/setup.py), SGLang lives in a venv
 of its own under the cache folder (`$OVERLAP_HARNESS_CACHE/sglang/venv`), and this project is
 installed there without dependencies only for its `sglang.srt.plugins` entry point.
 
@@ -10,7 +10,7 @@ SGLANG_USE_CPU_ENGINE=1) needs none of them on a CPU without AMX but its kernel 
 ops, so the venv gets: the local CPU torch 2.13.0, the sglang wheel without dependencies, its
 light runtime requirements at the release's own pins (LIGHT_REQUIREMENTS, read from the wheel's
 metadata), torchvision without dependencies (SGLang imports it at import time), and the
-servers get harness/targets/sglang_cpu_path first on their PYTHONPATH (see its README).
+servers get harness/targets/sglang/cpu_path first on their PYTHONPATH (see its README).
 On a GPU: `pip install sglang==0.5.23` as the release ships.
 """
 from __future__ import annotations
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from harness.cache import cache_root
-from harness.targets.vllm_setup import (CPU_TORCH, SetupError, _has_cuda, _model_ok, _read_stamp, _run, _step,
+from harness.targets.vllm.setup import (CPU_TORCH, SetupError, _has_cuda, _model_ok, _read_stamp, _run, _step,
                                         ensure_agent, venv_python, write_model_dir)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SGLANG = "sglang==0.5.23"  # the agent's points were written against this source (sglang_points)
-CPU_PATH = Path(__file__).resolve().parent / "sglang_cpu_path"
-TORCHVISION_NO_DEPS = "torchvision==0.28.0"  # the index's build for torch 2.13 (CUDA-built: see sglang_cpu_path)
+CPU_PATH = Path(__file__).resolve().parent / "cpu_path"
+TORCHVISION_NO_DEPS = "torchvision==0.28.0"  # the index's build for torch 2.13 (CUDA-built: see cpu_path)
 # what the server, the scheduler and a Llama model import on the CPU path; versions come from the
 # release's own requirements (the pins there), so a new release brings its own
 LIGHT_REQUIREMENTS = (

@@ -20,13 +20,13 @@ answer is back.
 from __future__ import annotations
 
 from harness.targets.base import TargetError
-from harness.targets.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
+from harness.targets.served.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
 
 CHAT_PATH = "/v1/chat/completions"
 HEADER_KEY = "oh_x_request_id"  # a body key of ours: sent as the X-Request-Id header, never in the body
 # the priority as the X-Vllm-Priority header (vLLM 0.32 takes it over the body's `priority`: both
 # APIs, `_get_priority`); the body then says 0, so a server that ignored the header would schedule
-# by 0 (under the priority policy: harness.targets.vllm_configs)
+# by 0 (under the priority policy: harness.targets.vllm.configs)
 PRIORITY_KEY = "oh_x_vllm_priority"
 HEADERS = {HEADER_KEY: "X-Request-Id", PRIORITY_KEY: "X-Vllm-Priority"}
 TURN_SEP = "@"  # output rid of turn k: f"{rid}@{k}" ('#' is taken by the n samples of one request)

@@ -1,5 +1,5 @@
 """The server processes a served target starts: free ports on 127.0.0.1, a start through the
-keeper (harness.targets.keeper) in a process group of its own, a health wait that notices a server
+keeper (harness.targets.served.keeper) in a process group of its own, a health wait that notices a server
 that died, and every server stopped on every exit path (a normal end, an exception, Ctrl-C,
 SIGTERM, and the parent dying: PR_SET_PDEATHSIG).
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from harness.targets.base import TargetUnavailable
-from harness.targets.server_log import _log_body, _untagged_line_before, engine_traceback, exception_line
+from harness.targets.served.log import _log_body, _untagged_line_before, engine_traceback, exception_line
 
 _LIVE: set["ServerProcess"] = set()
 _LOCK = threading.Lock()
@@ -48,7 +48,7 @@ class ServerProcess:
         # through the keeper: it takes the server's whole group down, even when we are killed, and
         # then removes `orphan_dir` (our temporary work folder) when we died without doing it
         orphan = ["--orphan-remove", str(orphan_dir), "--"] if orphan_dir else []
-        cmd = [sys.executable, "-m", "harness.targets.keeper", *orphan, *cmd]
+        cmd = [sys.executable, "-m", "harness.targets.served.keeper", *orphan, *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
                                      preexec_fn=_die_with_parent)

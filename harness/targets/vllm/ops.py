@@ -1,6 +1,6 @@
 """The C++ ops a vLLM release's Python calls on the CPU route, against the ops a compiled vLLM
 library registers: what decides whether a newer release's Python can run over an older build's
-`.so` files (harness.targets.vllm_overlay), before any server starts.
+`.so` files (harness.targets.vllm.overlay), before any server starts.
 
 The calls are read from the source (ast, nothing imported): every `torch.ops.<ns>.<op>(...)` and
 every call of a wrapper of `vllm._custom_ops` / `vllm._cpu_ops` (the modules that wrap the ops),

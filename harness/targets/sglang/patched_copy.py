@@ -1,5 +1,5 @@
 """A private, patched copy of the installed SGLang package, for the overlap-on server of a pair
-(built by harness.targets.vllm_copy.build_copy, as vLLM's is; its notes on hard links apply here too):
+(built by harness.targets.vllm.patched_copy.build_copy, as vLLM's is; its notes on hard links apply here too):
 
     <cache>/sglang/patched/<patch>[+<patch>...]/sglang/...
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.agents.sglang_patches import PATCHES, PatchError, apply
-from harness.targets import sglang_setup
-from harness.targets.vllm_copy import build_copy, fingerprint, package_in, patched_sources
+from harness.targets.sglang import setup as sglang_setup
+from harness.targets.vllm.patched_copy import build_copy, fingerprint, package_in, patched_sources
 
 
 def installed_package(home: Path | None = None) -> Path:

@@ -3,8 +3,8 @@ default: `event_loop_overlap`) and off (`--disable-overlap-schedule`), the same 
 
 Where: on a CUDA GPU as SGLang ships, or on the CPU (no GPU visible): SGLang's CPU backend
 (`--device cpu`, SGLANG_USE_CPU_ENGINE=1, the `torch_native` attention backend, float32), in the
-venv `overlap-harness setup sglang` makes (harness/targets/sglang_setup.py), with
-harness/targets/sglang_cpu_path first on the servers' PYTHONPATH (the CPU kernel operations
+venv `overlap-harness setup sglang` makes (harness/targets/sglang/setup.py), with
+harness/targets/sglang/cpu_path first on the servers' PYTHONPATH (the CPU kernel operations
 SGLang imports, in plain PyTorch: see its README). The agent (harness.agents.sglang_agent) is
 loaded by SGLang itself in each scheduler subprocess through the `sglang.srt.plugins` entry
 point; it holds back the forward and the result copy by a seeded policy (the GPU spun on its
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harness.agents.sglang_points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
 from harness.targets.base import TargetError, TargetUnavailable
-from harness.targets.served import TOP_LOGPROBS, ServedTarget
+from harness.targets.served.pair import TOP_LOGPROBS, ServedTarget
 
 # provoke by default: half the steps get their forward held back before it reads req_to_token,
 # and half the result copies are held back behind the forward (seeded per point)
@@ -39,7 +39,7 @@ INSTALL_HINT = "run `overlap-harness setup sglang` (SGLang 0.5.23 in its own ven
 # the CPU's memory is shared with the other server (and, here, other engineers' servers): a KV pool
 # of 4096 tokens, 64 requests at once and 2048 positions a request keep one scheduler near 1 GB
 # (SGLang's CPU defaults, 2048 requests of 8192 positions, took 1.5 GB, and the OOM killer). The
-# default model's pair runs the path attack's setting instead (harness.targets.sglang_paths: a
+# default model's pair runs the path attack's setting instead (harness.targets.sglang.paths: a
 # smaller pool, so retraction; chunked prefill), so the gate's pair serves the path table too
 CPU_LIMITS = {"--max-total-tokens": "4096", "--max-running-requests": "64", "--context-length": "2048"}
 # why a sampled request's tokens cannot be compared across the arms (checked against 0.5.23's source:
@@ -54,7 +54,7 @@ ARITH_ARGS = {"--max-total-tokens": "16384", "--max-running-requests": "64", "--
 # (torch.compile, --enable-torch-compile) captures the sizes given here; one size keeps the compile
 # at one graph (63 s cold here, measured), every decode batch of 1-3 rows is padded to 4 (rows on
 # entry 0), and larger ones run eagerly as before. Both arms run it (the same kernels on both).
-# harness/targets/sglang_cpu_path gives torch_native attention the runner's three hooks.
+# harness/targets/sglang/cpu_path gives torch_native attention the runner's three hooks.
 CPU_GRAPH_BS = (4,)
 
 
@@ -87,8 +87,8 @@ class SglangTarget(ServedTarget):
                  extra_args=(), delays: dict | None = None, mem_fraction: float = 0.35,
                  deterministic: bool = False, check_env: bool = True, device: str | None = None,
                  home=None, pair: str = "main", cpu_graphs: bool | None = None, **kw):
-        from harness.targets import sglang_setup
-        from harness.targets.vllm_setup import _has_cuda, venv_python
+        from harness.targets.sglang import setup as sglang_setup
+        from harness.targets.vllm.setup import _has_cuda, venv_python
         check_fault_names(faults, ValueError)
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"unknown SGLang device {device!r}: expected cpu or cuda")
@@ -99,7 +99,7 @@ class SglangTarget(ServedTarget):
             if why and self.device == "cpu":
                 raise TargetUnavailable(why)
             python = None if why else str(venv_python(self.home))
-        # the default model's pair runs the path attack's setting (harness.targets.sglang_paths)
+        # the default model's pair runs the path attack's setting (harness.targets.sglang.paths)
         self.paths = not model or model == "smollm2"
         self.arith = model == "arith"
         # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
@@ -238,12 +238,12 @@ class SglangTarget(ServedTarget):
     def limits(self) -> dict:
         """The pool and batch flags: the path setting for the default model, room for 64 arith
         questions at once for the GSM8K pair, CPU_LIMITS for a model of the user's."""
-        from harness.targets import sglang_paths
+        from harness.targets.sglang import paths as sglang_paths
         return sglang_paths.SERVER_ARGS if self.paths else ARITH_ARGS if self.arith else CPU_LIMITS
 
     def server_env(self, overlap: bool) -> dict:
-        from harness.targets import sglang_setup
-        from harness.targets import vllm_setup as setup_cmd
+        from harness.targets.sglang import setup as sglang_setup
+        from harness.targets.vllm import setup as setup_cmd
         env = dict(os.environ)
         allowed = env.get("SGLANG_PLUGINS")
         if allowed and "overlap_harness" not in allowed.split(","):
@@ -264,7 +264,7 @@ class SglangTarget(ServedTarget):
         patches = self.patches() if overlap else []
         if patches:  # the overlap-on server runs the patched copy of SGLang; the off server stays stock
             from harness.agents.sglang_patches import PatchError
-            from harness.targets.sglang_copy import ensure_copy
+            from harness.targets.sglang.patched_copy import ensure_copy
             try:
                 env["PYTHONPATH"] = str(ensure_copy(patches, self.home)) + os.pathsep + env["PYTHONPATH"]
             except PatchError as e:

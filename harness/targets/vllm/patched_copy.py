@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.targets import vllm_setup as setup_cmd
+from harness.targets.vllm import setup as setup_cmd
 from harness.agents.vllm.patches import PATCHES, PatchError, apply
 
 STAMP = "patched.json"
@@ -98,7 +98,7 @@ def ensure_copy(names, home: Path | None = None, pkg: Path | None = None) -> Pat
 def build_copy(pkg: Path, root: Path, sources: dict[str, str], want: dict, label: str, error=PatchError) -> Path:
     """`root`/<package> as a linked copy of the installed package `pkg` with `sources` (file relative
     to the package -> its patched text) written as real files; reused while its stamp equals `want`.
-    One builder for every engine's patched copy (vLLM here, SGLang: harness.targets.sglang_copy)."""
+    One builder for every engine's patched copy (vLLM here, SGLang: harness.targets.sglang.patched_copy)."""
     package = pkg.name
     try:
         if json.loads((root / STAMP).read_text()) == want and (root / package / "__init__.py").exists():

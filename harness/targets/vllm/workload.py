@@ -1,4 +1,4 @@
-"""The workload that exercises every row of the path table (harness.targets.vllm_paths.PATHS):
+"""The workload that exercises every row of the path table (harness.targets.vllm.paths.PATHS):
 requests built from SmolLM2's tokenizer so each one drives the path its row names, and the runs
 that send them with the controls some rows need (a pause and resume, a prefix-cache reset with
 running requests) while they are in flight.

@@ -54,7 +54,7 @@ class NotProvidedOnThisCpu(RuntimeError):
 def _not_provided(name: str):
     def op(*args, **kwargs):
         raise NotProvidedOnThisCpu(f"sgl_kernel.{name}: SGLang's speculative decoding kernel has no plain-PyTorch "
-                                   "version in overlap-harness's CPU path (harness/targets/sglang_cpu_path)")
+                                   "version in overlap-harness's CPU path (harness/targets/sglang/cpu_path)")
     op.__name__ = name
     return op
 

@@ -17,10 +17,13 @@ import os
 import time
 from pathlib import Path
 
-from harness.targets import vllm_configs, vllm_releases, vllm_spec, vllm_upstream
-from harness.targets import vllm_setup as setup_cmd
+from harness.targets.vllm import configs as vllm_configs
+from harness.targets.vllm import releases as vllm_releases
+from harness.targets.vllm import upstream as vllm_upstream
+from harness.targets.vllm import setup as setup_cmd
+from harness.targets import vllm_spec
 from harness.targets.base import TargetError, TargetUnavailable
-from harness.targets.served import ServedTarget
+from harness.targets.served.pair import ServedTarget
 
 
 def check_fault_names(faults, exc=ValueError) -> None:
@@ -77,7 +80,7 @@ def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
 
 class VllmTarget(ServedTarget):
     name = "vllm"
-    config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm_configs)
+    config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm.configs)
     upstream = vllm_upstream  # its known crashes and their remedies, per release (ServedTarget.known_crash)
 
     def __init__(self, faults=frozenset(), dtype: str = "float32", max_num_seqs: int = 32,
@@ -86,12 +89,12 @@ class VllmTarget(ServedTarget):
                  logits_processors=(), version: str | None = None, vllm_python: str | None = None,
                  runner: str = "auto", config: str | None = None, **kw):
         super().__init__(**kw)
-        # the server configuration (harness.targets.vllm_configs): its flags replace the path setting's
+        # the server configuration (harness.targets.vllm.configs): its flags replace the path setting's
         self.config = vllm_configs.resolve(config, TargetUnavailable)
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
         # main: the path workload's setting; bare: the same without a CLI logits processor, for
-        # the rows a CLI processor would hide (harness.targets.vllm_paths.SETTINGS)
+        # the rows a CLI processor would hide (harness.targets.vllm.paths.SETTINGS)
         self.pair = pair
         # extra `vllm.logits_processors` entry points ("name=module:attr"), as if installed in
         # vLLM's venv: the servers get them through the entry-point shim
@@ -99,8 +102,8 @@ class VllmTarget(ServedTarget):
         check_fault_names(faults, ValueError)
         self.faults = frozenset(faults)
         # the vLLM in force: a venv of ours, an overlay, or the user's own (--vllm-python); its
-        # release and commit read from it (harness.targets.vllm_build), the release's facts from the table
-        from harness.targets import vllm_build
+        # release and commit read from it (harness.targets.vllm.build), the release's facts from the table
+        from harness.targets.vllm import build as vllm_build
         self.build = None
         if vllm_python:
             try:
@@ -173,11 +176,11 @@ class VllmTarget(ServedTarget):
             raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
         if vllm_spec.missing(self):  # a drafter's configuration without its draft model (setup writes it)
             raise TargetUnavailable(vllm_spec.missing(self))
-        # the default model's pair runs the path attack's setting (harness.targets.vllm_paths): a KV
+        # the default model's pair runs the path attack's setting (harness.targets.vllm.paths): a KV
         # pool far smaller than the workload, chunked prefill, prefix caching, our logits processors
         self.paths = model in (None, "smollm2")
         if self.paths:
-            from harness.targets import vllm_paths
+            from harness.targets.vllm import paths as vllm_paths
             max_model_len = min(max_model_len, vllm_paths.MAX_MODEL_LEN)
         self.dtype, self.max_num_seqs, self.max_model_len = dtype, max_num_seqs, max_model_len
         self.kv_cache_bytes, self.extra_args = kv_cache_bytes, list(extra_args)
@@ -258,14 +261,14 @@ class VllmTarget(ServedTarget):
     def path_args(self) -> list[str]:
         if not self.paths:
             return []
-        from harness.targets import vllm_paths
+        from harness.targets.vllm import paths as vllm_paths
         return list(vllm_paths.BARE_ARGS if self.pair == "bare" else vllm_paths.SERVER_ARGS)
 
     def fixed_setting(self) -> str:
         if self.config.name != "default":
             return f"configuration {self.config.name} ({self.config.flags()}) over the path setting"
         if self.paths:
-            from harness.targets import vllm_paths as vp
+            from harness.targets.vllm import paths as vp
             return (f"--max-num-seqs {self.max_num_seqs}, a KV pool of {vp.KV_BLOCKS} blocks of {vp.BLOCK} tokens "
                     f"with prefix caching, {vp.MAX_BATCHED_TOKENS} tokens a step")
         return f"--max-num-seqs {self.max_num_seqs}, a KV pool of {self.kv_cache_bytes >> 20} MiB"
@@ -287,7 +290,7 @@ class VllmTarget(ServedTarget):
             env["OVERLAP_HARNESS_HAS_TRITON"] = "1"
             env["PYTHONPATH"] = str(setup_cmd.ROOT / "harness" / "agents" / "vllm" / "shims") + os.pathsep + env["PYTHONPATH"]
         if self.paths:
-            from harness.targets import vllm_paths
+            from harness.targets.vllm import paths as vllm_paths
             env.update(vllm_paths.SERVER_ENV)
         env.update(vllm_configs.env(self.config))
         # this checkout's entry points (the vllm.logits_processors one included) shadow whatever
@@ -298,7 +301,7 @@ class VllmTarget(ServedTarget):
         patches = self.patches() if overlap else []
         if patches:  # the async-on server runs the patched copy of vLLM; the off server stays stock
             from harness.agents.vllm.patches import PatchError
-            from harness.targets.vllm_copy import server_pythonpath
+            from harness.targets.vllm.patched_copy import server_pythonpath
             try:
                 env["PYTHONPATH"] = server_pythonpath(env.get("PYTHONPATH"), patches, self.home,
                                                       Path(self.build.package))
@@ -349,7 +352,7 @@ class VllmTarget(ServedTarget):
         super().start(which)
         if fresh and True in self.servers:
             self.servers[True].patches = frozenset(self.patches())
-        from harness.targets import vllm_build
+        from harness.targets.vllm import build as vllm_build
         for overlap in pending:  # the runner each server built, as its log says
             s = self.servers.get(overlap)
             if s is None:

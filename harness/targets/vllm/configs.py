@@ -1,6 +1,6 @@
 """Server configurations of vLLM as a dimension of the attack (issue 36, item 1).
 
-The path setting (harness.targets.vllm_paths.SETTINGS) is one corner of vLLM's surface; async
+The path setting (harness.targets.vllm.paths.SETTINGS) is one corner of vLLM's surface; async
 bugs that shipped lived in others: a batch of one or two requests, another token budget per
 step, a whole prompt prefilled in one step, another block size, a KV pool under more pressure
 or none, prefix caching off, the engine core and the worker in one process, the priority
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.targets import vllm_paths as vp
+from harness.targets.vllm import paths as vp
 
 DEFAULT = "default"
 # rows a configuration cannot reach with the path workload (a reason each)

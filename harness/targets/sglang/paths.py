@@ -2,7 +2,7 @@
 results, retraction, chunked prefill, the finish check one step late, an abort with a step in
 flight, the prefix cache, penalties and grammar reading the newest token), each exercised by one
 workload and counted inside SGLang's scheduler by the agent (facts `path_*`), so a path that did
-not run fails as "not exercised", as vLLM's table does (harness.targets.vllm_paths).
+not run fails as "not exercised", as vLLM's table does (harness.targets.vllm.paths).
 
 One server setting serves every row (a start costs minutes on a CPU): the default model's pair
 runs it (SglangTarget.server_command), so the path attack shares the gate's pair.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import random
 
 from harness.engine.request import Request
-from harness.targets.vllm_paths import PathRow, counts, delta, row_count  # noqa: F401 (the shared helpers)
+from harness.targets.vllm.paths import PathRow, counts, delta, row_count  # noqa: F401 (the shared helpers)
 # the same prompt text and request builder as vLLM's path workload: the two engines are judged on
 # requests made alike (only the rows and the controls differ)
-from harness.targets.vllm_workload import PREFIX, WORDS, _ids, _req
+from harness.targets.vllm.workload import PREFIX, WORDS, _ids, _req
 
 POOL_TOKENS = 1024  # --max-total-tokens: ten long requests need ~1400 at their peak (see build)
 CHUNK = 64  # --chunked-prefill-size: the 93-token shared prefix is prefilled in two chunks

@@ -5,8 +5,8 @@ What every such target shares lives here: the agent's plan file, logs kept for t
 workload sent as concurrent requests whose token ids and top-k logprobs come back for the
 equivalence oracles, and the progress watchdog that ends a run making no progress as a HANG and
 names a dead server as a CRASH. The processes themselves (ports, the health wait, stopping them
-on every exit path) are harness.targets.server_process; reading their logs is
-harness.targets.server_log. A subclass says how to start its engine and how to prove the
+on every exit path) are harness.targets.served.process; reading their logs is
+harness.targets.served.log. A subclass says how to start its engine and how to prove the
 effective overlap setting.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
-from harness.targets.openai_wire import TOP_LOGPROBS
-from harness.targets.openai_wire import error_message as _error_message
-from harness.targets.openai_wire import ids_and_logprobs as _ids_and_logprobs
-from harness.targets.openai_wire import stream_error
-from harness.targets.server_log import engine_traceback, exception_line
-from harness.targets.server_process import ServerProcess, free_port, install_sigterm_handler, stop_each
+from harness.targets.served.openai_wire import TOP_LOGPROBS
+from harness.targets.served.openai_wire import error_message as _error_message
+from harness.targets.served.openai_wire import ids_and_logprobs as _ids_and_logprobs
+from harness.targets.served.openai_wire import stream_error
+from harness.targets.served.log import engine_traceback, exception_line
+from harness.targets.served.process import ServerProcess, free_port, install_sigterm_handler, stop_each
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
 MAX_STOP = 4  # OpenAI's limit, which vLLM enforces; both runs of a pair send the same ones
@@ -219,7 +219,7 @@ class ServedTarget(Target):
         every live server of the process is asked at once, so the pairs' shutdowns overlap)."""
         import shutil
 
-        from harness.targets import server_process
+        from harness.targets.served import process as server_process
         server_process.stop_all(grace=10.0)
         self.close()
         if self.owns_workdir:
@@ -285,11 +285,11 @@ class ServedTarget(Target):
         wait = t0 + r.arrival * ARRIVAL_MS / 1000.0 - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        from harness.targets import chat_turns
+        from harness.targets.served import chat_turns
         body = self.leave_out(r.rid, self.payload(r, overlap))
         kw = {"headers": h} if (h := chat_turns.client_headers(body)) else {}  # X-Request-Id (vLLM only)
         self._sent += 1  # a new request is progress for the watchdog: it may take a step to answer
-        if body.get("chat"):  # a conversation: its turns one after another (harness.targets.chat_turns)
+        if body.get("chat"):  # a conversation: its turns one after another (harness.targets.served.chat_turns)
             return chat_turns.send_conversation(self, client, base, r, body, h)
         if r.abort_after is not None:
             return self._send_aborted(client, base, r, body, **kw)
@@ -546,7 +546,7 @@ class ServedTarget(Target):
 
     def crash_remedy(self, known: str) -> tuple[tuple, tuple]:
         """For the known crash `known`: ((request field, neutral value), ...) that set it off, and
-        the server configurations that never reach it (harness.targets.vllm_upstream.crash_remedy)."""
+        the server configurations that never reach it (harness.targets.vllm.upstream.crash_remedy)."""
         return self.upstream.crash_remedy(known, getattr(self, "version", None)) if self.upstream else ((), ())
 
     def leave_out(self, rid: str, body: dict) -> dict:
