@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.search import served_repro
-from harness.search.served_judge import Finding, Verdict
+from harness.search.served import repro as served_repro
+from harness.search.served.judge import Finding, Verdict
 from harness.targets.vllm import configs as vc
 from harness.targets.vllm import paths as vp
 
@@ -176,7 +176,7 @@ def test_stress_draws_a_configuration_per_segment_and_counts_cases_in_each(tmp_p
     """Segments of runs, one configuration each, the pair switched between them (never per case);
     a configuration whose servers do not start is said in one line and the search goes on; the
     summary has cases per configuration; under the priority policy the requests carry a priority."""
-    from harness.search import served_search as ss
+    from harness.search.served import explore as ss
     from harness.targets.base import TargetUnavailable
     clock = [0.0]
     monkeypatch.setattr(ss.time, "monotonic", lambda: clock[0])
@@ -211,7 +211,7 @@ def test_stress_draws_a_configuration_per_segment_and_counts_cases_in_each(tmp_p
 
 
 def test_a_reproducer_records_its_configuration_and_an_old_one_runs_the_default(tmp_path, capsys):
-    from harness.search.served_case import ServedCase
+    from harness.search.served.case import ServedCase
     from harness.engine.request import Request
     r = Request(rid="c0r0", prompt_ids=[5, 6, 7], max_new_tokens=4)
     r.extra, r.n, r.priority = {}, 1, 3

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file, save_file
 
 from harness.agents.vllm import spec as agent_spec
 from harness.oracles import spec_steps
-from harness.targets import vllm_spec
+from harness.targets.vllm import spec as vllm_spec
 
 
 def _model(d, layers=4):
@@ -83,7 +83,7 @@ def test_the_oracle_compares_windows_only_where_the_arms_gave_the_same_drafts():
 
 def test_a_drafter_s_configuration_sends_no_logit_bias_or_min_p():
     """vLLM answers 400 to either with drafts (measured: the first spec-draft gate's off arm died on mt1)."""
-    from harness.targets import vllm_configs as vc
+    from harness.targets.vllm import configs as vc
     body = {"prompt": [1], "logit_bias": {"5": 4.0}, "min_p": 0.1, "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["spec-draft"], dict(body)) == {"prompt": [1], "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["default"], dict(body)) == body

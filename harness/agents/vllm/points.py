@@ -267,18 +267,18 @@ def check_source(site_packages, version: str | None = None, points=None, attrs=N
     import ast
     from pathlib import Path
 
-    from harness.agents.sglang_contract import _find, _parse
+    from harness.agents.engine_source import find_def, parse_module
     root, cache, problems = Path(site_packages), {}, []
     for p in (points_in(version) if points is None else points):
-        tree = _parse(root, p.module, cache)
+        tree = parse_module(root, p.module, cache)
         if tree is None:
             problems.append(f"{p.module}: no such module ({label} {p.name})")
             continue
-        if _find(tree, p.qualname) is None and not _imports(tree, p.qualname):
+        if find_def(tree, p.qualname) is None and not _imports(tree, p.qualname):
             problems.append(f"{p.module}.{p.qualname}: not found ({label} {p.name}: {p.why[:60]})")
             continue
         cls, want = attributes(p.name, version) if attrs is None else attrs(p.name)
-        node = _find(tree, cls) if cls else None
+        node = find_def(tree, cls) if cls else None
         if cls and node is None and class_missing:
             problems.append(f"{p.module}.{cls}: not found ({label} {p.name})")
         elif cls and node is not None:

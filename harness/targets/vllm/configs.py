@@ -34,7 +34,7 @@ SPEC_HIDES = {**{r: _NO_LP for r in ("logits_processor_cli", "logits_processor_c
                                       "logits_processor_batch_cli", "logits_processor_entry_point",
                                       "logits_processor_batch_entry_point", "installed_logits_processors")},
               "logit_bias": "vLLM applies no logit_bias with drafts (its builtin processor is not built)"}
-# the rows only a drafter's configuration reaches (harness.targets.vllm_paths, the spec_* rows)
+# the rows only a drafter's configuration reaches (harness.targets.vllm.paths, the spec_* rows)
 SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties")
 
 
@@ -49,7 +49,7 @@ class ServerConfig:
     refused: str = ""  # non-empty: vLLM (this release) cannot run it, measured; the line says why
     priority: bool = False  # requests carry a "priority" (the priority policy orders by it)
     drop: tuple[str, ...] = ()  # the path pair's flags (names without --) this configuration leaves out
-    spec: tuple = ()  # (drafter, num_speculative_tokens): a --speculative-config (harness.targets.vllm_spec)
+    spec: tuple = ()  # (drafter, num_speculative_tokens): a --speculative-config (harness.targets.vllm.spec)
 
     def flags(self) -> str:
         spec = [f"--speculative-config draft_model:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
@@ -107,7 +107,7 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         refused="vLLM's CPU platform turns --distributed-executor-backend uni into mp while "
                 "VLLM_ENABLE_V1_MULTIPROCESSING=1 (vllm/platforms/cpu.py): it runs as the default; "
                 "one-process is the uni executor"),
-    # speculative decoding (issue 43; harness.targets.vllm_spec): a drafter's windows on every request
+    # speculative decoding (issue 43; harness.targets.vllm.spec): a drafter's windows on every request
     ServerConfig(
         "spec-draft", (),
         "draft-model speculative decoding, 3 drafts a step from SmolLM2 cut to 3 layers: windows accepted "

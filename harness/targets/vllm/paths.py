@@ -193,7 +193,7 @@ PATHS = [
                        "supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of speculative "
                        "decoding' (plain ngram), and ngram_gpu needs a GPU"),
     # draft-model speculative decoding (issue 43): only a drafter's configuration (spec-draft,
-    # spec-same; harness.targets.vllm_spec) reaches these, n/a in every other one
+    # spec-same; harness.targets.vllm.spec) reaches these, n/a in every other one
     PathRow("spec_windows", "the greedy requests on a drafter's configuration: windows of drafts verified; "
             "their accepted lengths equal async on and off where the arms gave them the same draft counts "
             "(harness.oracles.spec_steps)", ("spec_windows",)),

@@ -21,7 +21,7 @@ from harness.targets.vllm import configs as vllm_configs
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import setup as setup_cmd
-from harness.targets import vllm_spec
+from harness.targets.vllm import spec as vllm_spec
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served.pair import ServedTarget
 
@@ -131,7 +131,7 @@ class VllmTarget(ServedTarget):
             why = setup_cmd.ready(self.home, self.version)
         if why:
             raise TargetUnavailable(why)
-        stamp = setup_cmd._read_stamp(self.home)
+        stamp = setup_cmd.read_stamp(self.home)
         if self.build is None:
             # no install into the venv: the servers take this checkout's entry points from a shim on
             # their PYTHONPATH (server_env), so checkouts with different entry points never clash
