@@ -27,6 +27,7 @@ from harness.agents import plan as planmod
 from harness.oracles import books as bookmod
 from harness.oracles import effects
 from harness.oracles import path_overlap
+from harness.oracles import spec_steps
 from harness.oracles import surface
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
@@ -47,7 +48,7 @@ def path_run(target, tok, oh_options):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs = vllm_workload.build(tok, seed=0)
     try:
-        runs, cnt, ctl, books, stepbooks = _both_arms(target, reqs)
+        runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     except TargetCrash:
         # a live known bug killed the async-on engine and its trigger is now left out of every
         # request (ServedTarget.proven_crashes): the pair starts again and the workload runs once
@@ -55,7 +56,7 @@ def path_run(target, tok, oh_options):
         if not target.crashes or target.crashes[-1].get("known") not in ServedTarget.proven_crashes:
             raise
         target.restart_after_death()
-        runs, cnt, ctl, books, stepbooks = _both_arms(target, reqs)
+        runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     # every parameter had an effect (issue 36, item 3): each request that sets one, again without
     # it, async off; after the counts were read, so the path counters are the workload's alone
     eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
@@ -65,24 +66,25 @@ def path_run(target, tok, oh_options):
                       runner=target.runner, steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
-                      left_out=dict(target.left_out))
+                      left_out=dict(target.left_out), spec=spec)
 
 
 def _both_arms(target, reqs):
     """The workload on the async-on arm, then on the async-off one, with each arm's counts (on
     first: where a known bug kills the async-on engine, 0.11.0's, no off run is spent before it)."""
-    runs, cnt, ctl, books, stepbooks = {}, {}, {}, {}, {}
+    runs, cnt, ctl, books, stepbooks, spec = {}, {}, {}, {}, {}, {}
     for overlap in (True, False):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
-        before, books_before = vp.counts(facts), steps.books_of(facts)
+        before, books_before, spec_before = vp.counts(facts), steps.books_of(facts), spec_steps.accepted_of(facts)
         runs[overlap], ctl[overlap] = vllm_workload.run_with_controls(target, reqs, overlap)
         books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
         time.sleep(0.1)  # the agent flushes its counters every 0.1 s
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         cnt[overlap] = vp.delta(before, vp.counts(facts))
         stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
-    return runs, cnt, ctl, books, stepbooks
+        spec[overlap] = spec_steps.new_since(spec_before, spec_steps.accepted_of(facts))
+    return runs, cnt, ctl, books, stepbooks, spec
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +151,16 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
             if c.get(counter, 0):
                 out.insert(0, f"async {lab}: {c[counter]} {what} ({counter})")
+    if row.name == "spec_windows":  # a greedy request's accepted lengths, window for window (spec_steps)
+        from harness.agents.vllm.steps import request_key
+        keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in pr.reqs if row.name in r.paths]
+        found, compared, differ = spec_steps.compare(pr.spec.get(True, {}), pr.spec.get(False, {}), keys)
+        print(f"spec_windows: async on {spec_steps.summary(pr.spec.get(True, {}))}, off "
+              f"{spec_steps.summary(pr.spec.get(False, {}))}; {compared} greedy request(s) compared window "
+              f"for window, {differ} with other draft counts per step (not comparable)")
+        out += found
+        if not compared:
+            out.append("not exercised: no greedy request had the same draft counts step for step in both arms")
     if row.name == "pause_resume":
         for ov, got in pr.controls.items():
             bad = [g for g in got if g[1] != 200]
@@ -274,7 +286,8 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
         outcome.not_exercised("not exercised: steps: the agent kept no books of the requests' steps "
                               f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} "
                               "requests)", "steps.no_books")
-    v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]))
+    v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]),
+                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})))
     line = steps.summary_line(v)
     if record_property is not None:
         record_property("path_count", f"steps={v.compared}/{v.compared}")

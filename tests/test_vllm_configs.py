@@ -3,12 +3,13 @@ server: the catalogue and its doc, the flags each configuration gives the server
 takes away, stress drawing one configuration per segment of runs (its summary and reproducers),
 and one-line errors for names that do not exist. The servers of each configuration are started in
 benchmarks/bench_vllm_configs.py and in the scheduled matrix (tests/test_vllm_configs_served.py)."""
+import json
 from pathlib import Path
 
 import pytest
 
-from harness.search import served_repro
-from harness.search.served_judge import Finding, Verdict
+from harness.search.served import repro as served_repro
+from harness.search.served.judge import Finding, Verdict
 from harness.targets.vllm import configs as vc
 from harness.targets.vllm import paths as vp
 
@@ -46,9 +47,10 @@ def test_a_configuration_replaces_the_path_settings_flags(name):
     keys = [k for k, _ in vc._split(got)]
     assert len(keys) == len(set(keys)), got  # each flag once: the configuration's wins, never a duplicate
     assert " ".join(c.args) in " ".join(got)
-    mine = {k for k, _ in vc._split(c.args)}
+    mine = {k for k, _ in vc._split(c.args)} | set(c.drop)
     kept = [toks for k, toks in vc._split(base) if k not in mine]
     assert all(" ".join(t) in " ".join(got) for t in kept)  # the rest of the path setting stays
+    assert not set(c.drop) & set(keys)  # a flag the configuration drops is gone (with its values)
 
 
 def test_the_target_gives_the_servers_its_configuration():
@@ -62,6 +64,14 @@ def test_the_target_gives_the_servers_its_configuration():
     t.config = vc.CONFIGS["one-seq"]
     cmd = " ".join(t.server_command(True, 1))
     assert "--max-num-seqs 1" in cmd and "--max-num-seqs 32" not in cmd
+    t.config, t.home = vc.CONFIGS["spec-draft"], Path("/h")  # a drafter: its flag, no CLI logits processor
+    cmd = t.server_command(True, 1)
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "model": "/h/models/smollm2-135m-draft-3l", "num_speculative_tokens": 3}
+    t.config = vc.CONFIGS["spec-same"]  # the target as its own drafter
+    cmd = t.server_command(True, 1)
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["model"] == "m"
+    assert "--logits-processors" not in cmd and "--enable-prefix-caching" in cmd
     t.config = vc.CONFIGS["priority"]
     from harness.engine.request import Request
     r = Request(rid="c0r0", prompt_ids=[1, 2], max_new_tokens=3)
@@ -71,7 +81,14 @@ def test_the_target_gives_the_servers_its_configuration():
 
 
 def test_rows_a_configuration_cannot_reach_are_na_never_a_pass():
-    assert all(vc.row_absent(r.name, vc.CONFIGS[vc.DEFAULT]) == "" for r in vp.PATHS)
+    assert all(vc.row_absent(r.name, vc.CONFIGS[vc.DEFAULT]) == "" for r in vp.PATHS if r.name not in vc.SPEC_ROWS)
+    # the speculative rows: only a drafter's configuration reaches them, and it loses the processors' rows
+    assert set(vc.SPEC_ROWS) <= set(vp.PATHS_BY_NAME)
+    for row in vc.SPEC_ROWS:
+        assert vc.row_absent(row, vc.CONFIGS[vc.DEFAULT]).startswith(f"n/a in configuration default: {row}: no drafter")
+        assert vc.row_absent(row, vc.CONFIGS["spec-draft"]) == ""
+    assert "logits processor" in vc.row_absent("logits_processor_cli", vc.CONFIGS["spec-draft"])
+    assert vc.row_absent("penalties", vc.CONFIGS["spec-draft"]) == ""
     why = vc.row_absent("preemption_in_flight", vc.CONFIGS["kv-plenty"])
     assert why.startswith("n/a in configuration kv-plenty: preemption_in_flight")
     assert vc.row_absent("prefix_cache_hit", vc.CONFIGS["no-prefix-cache"])
@@ -159,7 +176,7 @@ def test_stress_draws_a_configuration_per_segment_and_counts_cases_in_each(tmp_p
     """Segments of runs, one configuration each, the pair switched between them (never per case);
     a configuration whose servers do not start is said in one line and the search goes on; the
     summary has cases per configuration; under the priority policy the requests carry a priority."""
-    from harness.search import served_search as ss
+    from harness.search.served import explore as ss
     from harness.targets.base import TargetUnavailable
     clock = [0.0]
     monkeypatch.setattr(ss.time, "monotonic", lambda: clock[0])
@@ -194,7 +211,7 @@ def test_stress_draws_a_configuration_per_segment_and_counts_cases_in_each(tmp_p
 
 
 def test_a_reproducer_records_its_configuration_and_an_old_one_runs_the_default(tmp_path, capsys):
-    from harness.search.served_case import ServedCase
+    from harness.search.served.case import ServedCase
     from harness.engine.request import Request
     r = Request(rid="c0r0", prompt_ids=[5, 6, 7], max_new_tokens=4)
     r.extra, r.n, r.priority = {}, 1, 3

@@ -127,9 +127,11 @@ class StepsVerdict:
     evidence: dict = field(default_factory=dict)  # finding -> the async-on arm's evidence for its request
 
 
-def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
+def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVerdict:
     """The findings over the workload's requests (harness.engine.request.Request: prompt_ids,
-    max_new_tokens, rid)."""
+    max_new_tokens, rid). `parted`: the keys of requests whose speculative windows got other draft
+    counts in the two arms (harness.oracles.spec_steps.parted_keys): their sampling steps may
+    differ by design, so only their waits are compared."""
     names: dict[str, list[str]] = {}
     for r in reqs:
         names.setdefault(request_key(r.prompt_ids, r.max_new_tokens), []).append(r.rid)
@@ -163,7 +165,9 @@ def compare(reqs, off: StepBooks, on: StepBooks) -> StepsVerdict:
             continue
         compared += a.copies
         w_off, w_on = w_off + a.waited, w_on + b.waited
-        if fin == {LENGTH}:
+        if key in parted:  # a drafter gave it other draft counts on each arm: its steps differ by design
+            left["other draft counts"] = left.get("other draft counts", 0) + 1
+        elif fin == {LENGTH}:
             capped += a.copies
             if b.sampled > a.sampled:
                 add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (max_tokens "

@@ -7,7 +7,7 @@ patches share a point):
 2. the workarounds whose release fact holds there (harness.agents.vllm.workarounds);
 3. the in-flight flags the path counters read, then the path counters (harness.agents.vllm.counters);
 4. the books at idle, outermost (harness.agents.vllm.books), then each request's steps
-   (harness.agents.vllm.steps);
+   (harness.agents.vllm.steps) and speculative windows (harness.agents.vllm.spec);
 and starts the facts flusher. A point the release should have and does not is an AgentError,
 written to the "error" facts and raised (vLLM then does not start).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from harness.agents import plan as planmod
 from harness.agents import progress
-from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, state, steps, timing
+from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, spec, state, steps, timing
 from harness.agents.vllm.points import POINTS_BY_NAME, WRITTEN_AGAINST, patch_at, points_in
 from harness.agents.vllm.state import AgentError
 from harness.agents.vllm.workarounds import MODULES as WORKAROUND_MODULES
@@ -82,6 +82,9 @@ def register() -> None:
             if point in here:  # a release without the point keeps no such books (said by the oracle)
                 patch(point, make)
         steps.install(patch, state.facts)  # each request's steps, for the steps oracle
+        for point, make in spec.PATCHES.items():  # speculative windows (a step without drafts: no count)
+            if point in here:
+                patch(point, make)
         if runner == "v2":
             from harness.agents.vllm.v2 import agent as v2agent
             try:

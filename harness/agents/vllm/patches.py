@@ -219,6 +219,24 @@ PATCHES: dict[str, SourcePatch] = {p.name: p for p in [
         ("vllm-project/vllm#46669", "vllm-project/vllm#32303"),
         device_only="ngram speculative decoding with async scheduling needs ngram_gpu (see the "
                     "spec_decode_ngram row)"),
+    # draft-model speculative decoding (issue 43: configurations spec-draft / spec-same reach them)
+    VllmPatch(
+        "spec_max_tokens_guard_ignores_drafts",
+        "the async guard at max_tokens counts a step's drafts as tokens already won: a request whose "
+        "drafts in flight would reach max_tokens sits out the next step, and when some of them are "
+        "rejected it has budget free and nothing scheduled for a step (without drafts the guard is "
+        "unchanged)", "spec_rejection", PATHS_SUITE, SCHED,
+        "                and request.num_computed_tokens + 2 - request.num_output_placeholders\n",
+        "                and request.num_computed_tokens + 1\n",
+        ("vllm-project/vllm#29542",)),
+    VllmPatch(
+        "spec_placeholders_repair_last_only",
+        "the async repair of the output ids puts back only the last token a window accepted: the "
+        "accepted drafts before it stay placeholders (-1) in the ids the rejection sampler's penalties "
+        "and bad words read, for the rest of the request", "spec_penalties", PATHS_SUITE, BATCH,
+        "            req_output_token_ids[first_placeholder:] = new_ids\n",
+        "            req_output_token_ids[first_placeholder:] = [-1] * (len(new_ids) - 1) + new_ids[-1:]\n",
+        ("vllm-project/vllm#30122", "vllm-project/vllm#30495")),
 ]}
 
 

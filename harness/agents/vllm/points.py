@@ -150,6 +150,15 @@ POINTS += [
     Point("books_batch", "vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request",
           "after each worker step: the input batch's rows and the seeded requests' generators", until="0.34.0", runner="v1"),
 ]
+# Speculative decoding's steps (issue 43; harness.agents.vllm.spec): what each window accepted, and
+# the placeholders the rejection sampler's penalties and bad words read.
+POINTS += [
+    Point("spec_update", "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+          "per step with drafts: each request's drafts scheduled and tokens sampled (its accepted length)"),
+    Point("spec_logits", "vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors",
+          "penalties and bad words over the output ids with the drafts appended: placeholders read there",
+          since="0.11.1", until="0.34.0", runner="v1"),
+]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 

@@ -93,7 +93,7 @@ SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
 def tag(reqs, tok) -> list:
     """The path workload with the speculative rows: the ten long plain requests serve them, plus
     repetitive prompts whose continuation the n-gram trie finds (acceptance)."""
-    from harness.targets.vllm.workload import _ids, _req
+    from harness.targets.vllm.workload import path_request, token_ids
     for r in reqs:  # the long plain requests (p0-p9): a penalty's, a grammar's or an abort's findings stay
         # in their own rows (measured: pen0's penalty divergence failed every spec row when tagged here)
         if "retraction" in r.paths:
@@ -101,7 +101,7 @@ def tag(reqs, tok) -> list:
     texts = ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "Monday, Tuesday, Wednesday, Thursday, Friday,",
              "red green blue red green blue red green blue", "a b c d e f g h i j k l m n"]
     for i, text in enumerate(texts):
-        r = _req(f"s{i}", _ids(tok, text), 48, list(SPEC_ROW_NAMES), arrival=i % 2)
+        r = path_request(f"s{i}", token_ids(tok, text), 48, list(SPEC_ROW_NAMES), arrival=i % 2)
         r.temperature = 0.0
         reqs.append(r)
     return reqs

@@ -26,6 +26,18 @@ _PREEMPT = ("preemption", "preemption_in_flight")
 _CHUNK = ("chunked_prefill", "seeded_partial_prefill")
 
 
+# with a --speculative-config vLLM loads no CLI or entry-point logits processor (it refuses the CLI
+# ones: vllm/v1/sample/logits_processor/__init__.py, STR_SPEC_DEC_REJECTS_LOGITSPROCS) and builds
+# no logit_bias or min_p processor ("won't work with speculative decoding", the same function)
+_NO_LP = "a speculative config loads no CLI or entry-point logits processor (vLLM refuses them with drafts)"
+SPEC_HIDES = {**{r: _NO_LP for r in ("logits_processor_cli", "logits_processor_cli_value",
+                                      "logits_processor_batch_cli", "logits_processor_entry_point",
+                                      "logits_processor_batch_entry_point", "installed_logits_processors")},
+              "logit_bias": "vLLM applies no logit_bias with drafts (its builtin processor is not built)"}
+# the rows only a drafter's configuration reaches (harness.targets.vllm.paths, the spec_* rows)
+SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     name: str
@@ -36,9 +48,13 @@ class ServerConfig:
     env: tuple[str, ...] = ()  # "VAR=value" for both servers
     refused: str = ""  # non-empty: vLLM (this release) cannot run it, measured; the line says why
     priority: bool = False  # requests carry a "priority" (the priority policy orders by it)
+    drop: tuple[str, ...] = ()  # the path pair's flags (names without --) this configuration leaves out
+    spec: tuple = ()  # (drafter, num_speculative_tokens): a --speculative-config (harness.targets.vllm.spec)
 
     def flags(self) -> str:
-        return " ".join([*self.env, *self.args]) or "(the path setting)"
+        spec = [f"--speculative-config draft_model:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
+        drop = [f"(no --{d})" for d in self.drop]
+        return " ".join([*self.env, *self.args, *spec, *drop]) or "(the path setting)"
 
 
 CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
@@ -91,6 +107,19 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         refused="vLLM's CPU platform turns --distributed-executor-backend uni into mp while "
                 "VLLM_ENABLE_V1_MULTIPROCESSING=1 (vllm/platforms/cpu.py): it runs as the default; "
                 "one-process is the uni executor"),
+    # speculative decoding (issue 43; harness.targets.vllm.spec): a drafter's windows on every request
+    ServerConfig(
+        "spec-draft", (),
+        "draft-model speculative decoding, 3 drafts a step from SmolLM2 cut to 3 layers: windows accepted "
+        "whole, in part and not at all; under async scheduling the scheduler counts 1+3 placeholders a "
+        "step, rolls back the rejected ones a step late, guards max_tokens against drafts that may be "
+        "rejected, and the penalties read output ids whose accepted drafts were placeholders",
+        SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("cut3", 3)),
+    ServerConfig(
+        "spec-same", (),
+        "the target as its own drafter, 3 drafts a step: every greedy window accepted whole, so each "
+        "step carries the bonus token and the max_tokens guard meets whole windows",
+        SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("same", 3)),
     ServerConfig(
         "priority", ("--scheduling-policy", "priority"),
         "the priority policy: the waiting queue is a heap by (priority, arrival), and a KV-pressure "
@@ -160,7 +189,7 @@ def apply(args, config: ServerConfig) -> list[str]:
     """The servers' flags with the configuration's in place of the same flags (last, so a
     release that reads a flag twice still takes the configuration's)."""
     mine = _split(config.args)
-    keys = {k for k, _ in mine}
+    keys = {k for k, _ in mine} | set(config.drop)
     return [t for k, toks in _split(args) if k not in keys for t in toks] + [t for _, toks in mine for t in toks]
 
 
@@ -172,6 +201,9 @@ def row_absent(row: str, config: ServerConfig) -> str:
     """"n/a in configuration X: why" for a path row this configuration takes away; the rows of
     the bare pair run in the default configuration only (a second pair per configuration would
     double the matrix's cost)."""
+    if row in SPEC_ROWS and not config.spec:
+        return (f"n/a in configuration {config.name}: {row}: no drafter (the configurations "
+                f"{', '.join(c.name for c in CONFIGS.values() if c.spec)})")
     if config.name == DEFAULT:
         return ""
     why = config.hides.get(row)
@@ -201,7 +233,8 @@ def after_known_crashes(config: ServerConfig, proven: dict, remedy) -> ServerCon
         return ServerConfig("+".join(names), tuple(a for c in parts for a in c.args),
                             " and ".join(c.exposes for c in parts),
                             {r: w + why for c in parts for r, w in c.hides.items()},
-                            env=tuple(e for c in parts for e in c.env))
+                            env=tuple(e for c in parts for e in c.env), drop=tuple(d for c in parts for d in c.drop),
+                            spec=next((c.spec for c in parts if c.spec), ()))
     return config
 
 

@@ -76,7 +76,7 @@ SETTINGS = [
                   "anyway)",
                   "the rows that need the repair off run on a second pair without this flag (pair bare: "
                   "*_bare rows), where vllm#52461 shows",
-                  bare=False),
+                  bare=False, configs="spec-draft (drafts: vLLM loads no logits processor), spec-same"),
     ServerSetting(("--max-model-len", str(MAX_MODEL_LEN)),
                   f"at most {MAX_MODEL_LEN} positions a request",
                   "nothing here: every request fits",
@@ -192,6 +192,21 @@ PATHS = [
             cpu_reason="vLLM 0.32 refuses it with async scheduling: 'Currently, async scheduling is only "
                        "supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of speculative "
                        "decoding' (plain ngram), and ngram_gpu needs a GPU"),
+    # draft-model speculative decoding (issue 43): only a drafter's configuration (spec-draft,
+    # spec-same; harness.targets.vllm.spec) reaches these, n/a in every other one
+    PathRow("spec_windows", "the greedy requests on a drafter's configuration: windows of drafts verified; "
+            "their accepted lengths equal async on and off where the arms gave them the same draft counts "
+            "(harness.oracles.spec_steps)", ("spec_windows",)),
+    PathRow("spec_rejection", "windows with a draft rejected: num_computed_tokens (and async, the "
+            "placeholders) rolled back a step late, a request near max_tokens guarded against drafts that "
+            "may be rejected (vllm#29542's class; the steps oracle judges its steps)", ("spec_rejections",)),
+    PathRow("spec_in_flight", "steps with drafts scheduled while the previous one was in flight (async only)",
+            ("spec_steps_in_flight",), arm="on"),
+    PathRow("spec_penalties", "penalties and bad words with drafts: the rejection sampler reads the output "
+            "ids with the drafts appended, every accepted draft repaired from its placeholder first "
+            "(vllm#30122's class)", ("spec_lp_steps",),
+            violations=("spec_lp_placeholders", "placeholder ids read by the rejection sampler's penalties or "
+                        "bad words")),
     PathRow("pause_resume", "POST /pause?mode=keep then /resume while requests run",
             ("pauses", "resumes")),
     PathRow("prefix_cache_reset", "POST /reset_prefix_cache?reset_running_requests=true while requests "
@@ -248,6 +263,7 @@ class PathRun:
     steps: dict = field(default_factory=dict)  # overlap -> the agent's books per request (harness.oracles.steps)
     effects: dict | None = None  # (rid, parameter) -> it changed the async-off output (harness.oracles.effects)
     surface: dict = field(default_factory=dict)  # rid -> what is wrong with its other response fields (harness.oracles.surface)
+    spec: dict = field(default_factory=dict)  # overlap -> each request's speculative windows (harness.oracles.spec_steps)
     absent: dict = field(default_factory=dict)  # row -> "n/a in ...: why" (a release or server configuration without it)
     left_out: dict = field(default_factory=dict)  # rid -> (known id, fields, case): a known crash's trigger not sent
 

@@ -188,6 +188,8 @@ def _models(home: Path, rel, force: bool, n: int, stamp: dict) -> dict:
         print(f"      and the arith fixture's model directory {ad}", file=sys.stderr)  # the GSM8K gate's model
         write_arith_dir(ad)
         set_tokenizer_class(ad, tok_class)
+    from harness.targets.vllm.spec import ensure_drafts  # the drafters' cut models (issue 43)
+    ensure_drafts(home, md, force, log=lambda line: print(line, file=sys.stderr))
     stamp["model_dir"] = str(md)
     home.mkdir(parents=True, exist_ok=True)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))

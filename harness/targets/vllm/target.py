@@ -21,6 +21,7 @@ from harness.targets.vllm import configs as vllm_configs
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import setup as setup_cmd
+from harness.targets.vllm import spec as vllm_spec
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served.engine_pair import EnginePair
 
@@ -170,6 +171,8 @@ class VllmTarget(EnginePair):
             self.model_path = model
         if not Path(self.model_path, "config.json").is_file():
             raise TargetUnavailable(f"--served-model {model}: not a model directory with a config.json")
+        if vllm_spec.missing(self):  # a drafter's configuration without its draft model (setup writes it)
+            raise TargetUnavailable(vllm_spec.missing(self))
         # the default model's pair runs the path attack's setting (harness.targets.vllm.paths): a KV
         # pool far smaller than the workload, chunked prefill, prefix caching, our logits processors
         self.paths = model in (None, "smollm2")
@@ -239,7 +242,7 @@ class VllmTarget(EnginePair):
         if so is not None and not self.release.has("structured_outputs_field") and "regex" in so:
             body.pop("structured_outputs")
             body["guided_regex"] = so["regex"]  # the field's name before 0.11.0
-        return body
+        return vllm_spec.payload(self.config, body)  # a drafter's configuration: no logit_bias, min_p
 
     def set_plan(self, overlap, delays=None, faults=(), seed=None):
         # the target's own faults stay in force on the async server between runs
@@ -257,7 +260,7 @@ class VllmTarget(EnginePair):
                 "--disable-log-stats", *self.path_args(), *self.extra_args]
 
     def server_command(self, overlap: bool, port: int) -> list[str]:
-        return vllm_configs.apply(self._command(overlap, port), self.config)
+        return vllm_configs.apply(self._command(overlap, port), self.config) + vllm_spec.args(self)
 
     def path_args(self) -> list[str]:
         if not self.paths:

@@ -141,6 +141,11 @@ def build(tok, seed: int = 0) -> list[Request]:
     reqs += build_bare(tok, count, colours, echo)
     for r in reqs:
         r.paths.add("logprobs")
+        if not str(getattr(r, "phase", "")).startswith("bare"):  # the spec rows (a drafter's configuration only)
+            if not getattr(r, "temperature", None):
+                r.paths |= {"spec_windows", "spec_rejection", "spec_in_flight"}
+            if r.paths & {"penalties", "bad_words"}:
+                r.paths.add("spec_penalties")
     return reqs
 
 

@@ -1,0 +1,114 @@
+"""Speculative decoding's steps, counted from inside vLLM (issue 43, item 2).
+
+The scheduler learns what a step with drafts did in Scheduler.update_from_output: for each request
+it had scheduled drafts for (scheduler_output.scheduled_spec_decode_tokens), the rejection
+sampler's tokens come back as that request's sampled ids: the accepted drafts, then one token of
+the target's own (the bonus token after a window accepted whole, the correction after a
+rejection). vLLM rolls num_computed_tokens (and, async, num_output_placeholders) back by the
+rejected count there. So, per step with drafts (engine core, role "spec"):
+- `spec_steps`, `spec_steps_in_flight` (one with a batch still in flight: async only);
+- `spec_windows` (request-steps with drafts that sampled), `spec_drafts` (drafts scheduled),
+  `spec_accepted`, `spec_full` (windows accepted whole: the bonus token), `spec_rejections` (a
+  draft rejected), `spec_rejected_all`;
+and per request (by the steps books' key: prompt ids and max_tokens), each window's drafts and
+accepted length, so the arms compare them for greedy requests (harness.oracles.spec_steps).
+
+In the worker, the rejection sampler applies penalties and bad words to the output ids with
+the drafts appended (RejectionSampler.apply_logits_processors); under async scheduling those
+ids end in placeholders vLLM repairs first (InputBatch.update_async_output_token_ids). A
+placeholder left there is read as a token (vllm#30122: only the last accepted token repaired):
+`spec_lp_steps` counts the steps with a penalty or bad words, `spec_lp_placeholders` the
+placeholder ids they read (a violation: > 0 fails its row).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from harness.agents.vllm import state
+from harness.agents.vllm.steps import KEEP, request_key
+
+ROLE = "spec"
+_ACCEPTED: OrderedDict = OrderedDict()  # vLLM request id -> [key, [[drafts, accepted] per window]]
+
+
+def _window(rid, req, n_drafts: int, n_sampled: int) -> int:
+    """One request's window: its accepted drafts (the sampled ids less the target's own one)."""
+    accepted = max(n_sampled - 1, 0)
+    rec = _ACCEPTED.get(rid)
+    if rec is None:
+        cap = getattr(req, "max_tokens", None)
+        if cap is None:
+            cap = getattr(getattr(req, "sampling_params", None), "max_tokens", None)
+        rec = _ACCEPTED[rid] = [request_key(getattr(req, "prompt_token_ids", None) or (), cap), []]
+        while len(_ACCEPTED) > KEEP:
+            _ACCEPTED.popitem(last=False)
+    rec[1].append([n_drafts, accepted])
+    return accepted
+
+
+def update_from_output(orig):
+    def update(self, scheduler_output, model_runner_output, *a, **kw):
+        try:
+            counts = _count(self, scheduler_output, model_runner_output)
+        except Exception as e:  # a counter must never break the engine
+            counts = {}
+            state.facts(ROLE).set(counter_error=f"spec: {e}")
+        out = orig(self, scheduler_output, model_runner_output, *a, **kw)
+        if counts:
+            f = state.facts(ROLE)
+            for k, n in counts.items():
+                if n:
+                    f.add(k, n)
+            f.set(accepted={rid: [k, list(v)] for rid, (k, v) in _ACCEPTED.items()})
+        return out
+    return update
+
+
+def _count(sched, so, mro) -> dict:
+    """Read before vLLM's own update (it trims the requests it finishes)."""
+    drafts = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+    sampled = getattr(mro, "sampled_token_ids", None)
+    index = getattr(mro, "req_id_to_index", None) or {}
+    if not drafts or not sampled:
+        return {}
+    from harness.agents.vllm import counters
+    c = {"spec_steps": 1, "spec_steps_in_flight": int(bool(counters._IN_FLIGHT.get("engine")))}
+    for rid, ids in drafts.items():
+        i = index.get(rid)
+        req = sched.requests.get(rid)
+        if i is None or req is None or i >= len(sampled):
+            continue
+        got = sampled[i]
+        got = list(got.tolist() if hasattr(got, "tolist") else got)
+        if not got:
+            continue  # a discarded sample (a partial prefill): no window
+        # async, the scheduled drafts are placeholders (-1) the worker fills from its own copy; a
+        # grammar's invalid ones are counted apart (vLLM's make_spec_decoding_stats does the same)
+        k = len(ids) - int((getattr(so, "num_invalid_spec_tokens", None) or {}).get(rid, 0))
+        acc = _window(rid, req, k, len(got))
+        c["spec_windows"] = c.get("spec_windows", 0) + 1
+        c["spec_drafts"] = c.get("spec_drafts", 0) + k
+        c["spec_accepted"] = c.get("spec_accepted", 0) + acc
+        c["spec_full"] = c.get("spec_full", 0) + int(k > 0 and acc >= k)
+        c["spec_rejected_all"] = c.get("spec_rejected_all", 0) + int(k > 0 and acc == 0)
+        c["spec_rejections"] = c.get("spec_rejections", 0) + int(acc < k)
+    return c
+
+
+def apply_logits_processors(orig):
+    def apply(self, logits, sampling_metadata, metadata, *a, **kw):
+        try:
+            if sampling_metadata.bad_words_token_ids or not sampling_metadata.no_penalties:
+                f = state.facts("worker")
+                f.add("spec_lp_steps")
+                n = sum(1 for ids in sampling_metadata.output_token_ids or () for t in ids if t == -1)
+                if n:
+                    f.add("spec_lp_placeholders", n)
+        except Exception as e:  # a counter must never break the engine
+            state.facts("worker").set(counter_error=f"spec_lp: {e}")
+        return orig(self, logits, sampling_metadata, metadata, *a, **kw)
+    return apply
+
+
+# the agent's patch points (harness.agents.vllm.points) these counters wrap
+PATCHES = {"spec_update": update_from_output, "spec_logits": apply_logits_processors}
