@@ -190,6 +190,8 @@ class Scheduler:
         r.entry = self.entries.alloc(r.rid)
         r.fill = len(seq)
         r.seq_at_admit = list(seq)
+        if r.gen == 0:  # a readmission after retraction finds its own pages: not a prefix hit
+            r.hit_pages = len(nodes)
         r.gen += 1
         r.state = State.RUNNING
         new = self._topup_need(r)
@@ -241,7 +243,10 @@ class Scheduler:
     def _release(self, r: Request, keep_row: bool = False, keep_entry: bool = False) -> None:
         """Everything r holds goes back: its private pages, its locks on cached ones, its row
         and its relay entry (keep_row / keep_entry: the faults that forget one)."""
-        self.cache.unlock(r.cached_nodes)
+        if r.aborted and r.hit_pages and "abort_prefix_double_ref" in self.cfg.faults:
+            self.cache.lock(r.cached_nodes)  # the fault: the references taken again, not released
+        else:
+            self.cache.unlock(r.cached_nodes)
         self.pool.release(r.pages[r.n_cached_pages:])
         r.pages, r.cached_nodes = [], []
         if not keep_row:
