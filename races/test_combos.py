@@ -9,6 +9,7 @@ no request exercised fails the suite as `not exercised`. A books finding is name
 the pairs every failing case's suspects (the requests that ended or were retracted in the round
 the books went wrong) met and no clean case met.
 """
+import itertools
 from collections import Counter
 from functools import reduce
 
@@ -78,7 +79,8 @@ def name_pairs(target, tok, failing: list, clean: set) -> str:
 
 
 def test_pairs_meet_and_books_balance(target, tok, oh_options, record_property):
-    met: Counter = Counter()
+    met: Counter = Counter()  # pair -> requests that met it, overlap on (met_off: off)
+    met_off: Counter = Counter()
     clean: set = set()
     failing = []  # (case, the suspects' pairs, seed, overlap)
     firsts = []  # each failing case's first finding and its step
@@ -91,7 +93,7 @@ def test_pairs_meet_and_books_balance(target, tok, oh_options, record_property):
                 eng, watch, hang = run_case(target, reqs, kw, plan, overlap)
                 everyone = Watch._requests(eng)
                 for r in everyone:
-                    met.update(combos.met(combos.observed(eng, r)))
+                    (met if overlap else met_off).update(combos.met(combos.observed(eng, r)))
                 bad = findings(eng)
                 if bad or hang:
                     suspects = watch.suspects if watch.suspects else everyone
@@ -99,11 +101,15 @@ def test_pairs_meet_and_books_balance(target, tok, oh_options, record_property):
                     firsts.append((str(bad[0]) if bad else hang, bad[0].step if bad else eng.steps))
                 else:
                     clean |= pairs_of(eng, everyone)
-    record_property("pairs_met", ", ".join(f"{combos.pair_name(p)} {n}" for p, n in sorted(met.items())))
+    planned = combos.planned_pairs(ARRAY)
+    for p in itertools.combinations(combos.FEATURES, 2):
+        n = (f"{met[p]}/{met_off[p]}" if met[p] + met_off[p] else "not exercised") if p in planned else "n/a"
+        record_property("pairs_met", f"{combos.pair_name(p)}={n}")
+    met += met_off
     if failing:
         record_property("first_step", firsts[0][1])
         assert not failing, (f"{name_pairs(target, tok, failing, clean)}: {firsts[0][0]} ({failing[0][0]}; "
                              f"{len(failing)} failing case(s) "
                              f"of {2 * len(ARRAY.rows) * len(seeds(oh_options, 1))})")
-    missing = sorted(combos.planned_pairs(ARRAY) - set(met))
+    missing = sorted(planned - set(met))
     assert not missing, "not exercised: " + ", ".join(combos.pair_name(p) for p in missing)
