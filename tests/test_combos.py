@@ -101,6 +101,9 @@ def test_suite_quiet_on_the_correct_engine():
     res = run_suites("ref", (), 1, suites=["test_combos"])
     s = res.suites["test_combos"]
     assert res.exit_code == 0 and s.passed == 1 and s.failed == 0, (res.exit_code, s)
+    # check's line: every pair with its requests (overlap on/off), the excluded ones n/a
+    assert "abort x stop=n/a" in res.pairs and "penalty x spec=n/a" in res.pairs, res.pairs
+    assert len(res.pairs) == 21 and not any("not exercised" in p for p in res.pairs), res.pairs
 
 
 class NoPreempt:
