@@ -22,11 +22,11 @@ ARRAY = combos.plan()
 
 
 class Watch:
-    """The on_step hook of one case: retracts as planned, and keeps the requests that ended or were
+    """The on_step hook of one case: aborts and retracts as planned, and keeps the requests that ended or were
     retracted in the round where the books first found something (the suspects)."""
 
     def __init__(self, plan: dict):
-        self.preempt = combos.preempt(plan)
+        self.drive = combos.drive(plan)
         self.seen: dict[str, tuple] = {}
         self.suspects: list | None = None
 
@@ -34,7 +34,7 @@ class Watch:
         changed = [r for r in self._requests(eng) if self.seen.get(r.rid) != (r.state, r.retractions)]
         if self.suspects is None and eng.books.findings:
             self.suspects = changed
-        self.preempt(eng)
+        self.drive(eng)
         self.seen = {r.rid: (r.state, r.retractions) for r in self._requests(eng)}
 
     @staticmethod

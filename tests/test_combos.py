@@ -74,7 +74,7 @@ def ref():
 def observe(ref, on: set, overlap=True):
     t, tok = ref
     reqs, kw, plan = combos.mix(tok, {f: f in on for f in combos.FEATURES}, 0)
-    eng = t.run(reqs, overlap=overlap, on_step=combos.preempt(plan), **kw).engine
+    eng = t.run(reqs, overlap=overlap, on_step=combos.drive(plan), **kw).engine
     return {r.rid: combos.observed(eng, r) for r in eng.sched.finished}
 
 
@@ -106,15 +106,14 @@ def test_suite_quiet_on_the_correct_engine():
     assert len(res.pairs) == 21 and not any("not exercised" in p for p in res.pairs), res.pairs
 
 
-class NoPreempt:
-    """A plugin that turns the planned retractions off: every retraction pair goes unmet."""
+class NoRetraction:
+    """A plugin that plans every retraction past the end of its request: every retraction pair goes unmet."""
 
     def pytest_configure(self, config):
-        self.saved = combos.preempt
-        combos.preempt = lambda plan: (lambda eng: None)
+        self.saved, combos.RETRACT_AT = combos.RETRACT_AT, 1 << 20
 
     def pytest_unconfigure(self, config):
-        combos.preempt = self.saved
+        combos.RETRACT_AT = self.saved
 
     def pytest_runtest_logreport(self, report):
         if report.failed:
@@ -125,8 +124,8 @@ def test_a_pair_that_never_ran_is_not_exercised():
     from harness.gate import ROOT
     args = [str(ROOT / "races" / "test_combos.py"), "-p", "no:cacheprovider", "-q", "--tb=line",
             "--rootdir", str(ROOT), "--oh-target", "ref"]
-    plugin = NoPreempt()
+    plugin = NoRetraction()
     code = pytest.main(args, plugins=[plugin])
     assert code == 1
     assert "not exercised: abort x retraction" in plugin.failure, plugin.failure[-800:]
-    assert combos.preempt.__name__ == "preempt"  # restored
+    assert combos.RETRACT_AT == 2  # restored

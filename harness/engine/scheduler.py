@@ -87,6 +87,8 @@ class Scheduler:
         elif r.state is State.RUNNING and "abort_drops_inflight" in self.cfg.faults:
             self._finish(r, "abort")  # the defect: ends now, dropping the step already in flight
         elif r.state is State.RUNNING:
+            if r.hit_pages and "abort_prefix_double_ref" in self.cfg.faults:
+                self.cache.lock(r.cached_nodes)  # the fault: its cached pages' references taken again
             r.aborted = True
 
     def sample_seed(self, r: Request) -> int:
@@ -243,10 +245,7 @@ class Scheduler:
     def _release(self, r: Request, keep_row: bool = False, keep_entry: bool = False) -> None:
         """Everything r holds goes back: its private pages, its locks on cached ones, its row
         and its relay entry (keep_row / keep_entry: the faults that forget one)."""
-        if r.aborted and r.hit_pages and "abort_prefix_double_ref" in self.cfg.faults:
-            self.cache.lock(r.cached_nodes)  # the fault: the references taken again, not released
-        else:
-            self.cache.unlock(r.cached_nodes)
+        self.cache.unlock(r.cached_nodes)
         self.pool.release(r.pages[r.n_cached_pages:])
         r.pages, r.cached_nodes = [], []
         if not keep_row:

@@ -18,7 +18,8 @@ from harness.workloads.presets import SYSTEM, WORDS, _ids
 
 # feature -> what the engine's counts show for one request (the rule for "it ran")
 FEATURES = {
-    "abort": "aborted while running: finish reason abort with a token (under overlap a step was in flight)",
+    "abort": "the client aborted it while running (Engine.abort; Request.aborted), so it ended after its step in "
+             "flight (finish reason abort)",
     "prefix_hit": "its prompt found another request's cached pages at its first admission (Request.hit_pages)",
     "retraction": "retracted at least once with a step in flight, then readmitted (Request.retractions)",
     "sampling": "seeded sampling (temperature > 0) produced a token",
@@ -43,6 +44,7 @@ FEATURED = 4  # requests per mix that carry the row's features
 LEADS = "ABCD"
 SPEC_K = 3
 RETRACT_AT = 2  # tokens a request of a retraction row has when it is retracted
+ABORT_AT = 4  # tokens (or one more) a request of an abort row has when the client aborts it
 
 
 def allowed(row: dict) -> bool:
@@ -60,9 +62,10 @@ def planned_pairs(arr: CoveringArray) -> set[tuple[str, str]]:
 
 
 def mix(tok, row: dict, seed: int = 0) -> tuple[list[Request], dict, dict]:
-    """The requests, engine settings and retraction plan (rid -> tokens it has when `preempt`
-    retracts it) of one row: FEATURED requests carry every feature the row turns on; a warm-up
-    request caches the shared prefix first when prefix_hit is on."""
+    """The requests, engine settings and client plan of one row: FEATURED requests carry every
+    feature the row turns on; a warm-up request caches the shared prefix first when prefix_hit
+    is on. The plan ({"retract": {rid: n}, "abort": {rid: n}}: the tokens a request has when
+    `drive` retracts or aborts it) is for `drive`, the run's on_step hook."""
     rng = random.Random(seed)
     on = {f for f, v in row.items() if v}
     reqs, kw = [], dict(max_running=FEATURED, page_size=2)
@@ -70,13 +73,13 @@ def mix(tok, row: dict, seed: int = 0) -> tuple[list[Request], dict, dict]:
     if "prefix_hit" in on:
         reqs.append(Request("warm", _ids(tok, SYSTEM + "warm"), max_new_tokens=2))
         late = 4  # its prefill has been processed (its pages cached) by then, overlap on or off
-    retract = {}
+    retract, abort = {}, {}
     for i in range(FEATURED):
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5)))
         text = (SYSTEM + f"{LEADS[i]} {words}") if "prefix_hit" in on else f"{LEADS[i]} {words}"
         r = Request(f"c{i}", _ids(tok, text), max_new_tokens=24, arrival=late, ignore_eos=True)
-        if "abort" in on:
-            r.abort_after = 4 + i % 2  # after the retraction, which comes at token RETRACT_AT
+        if "abort" in on:  # the client's abort, as the server's disconnect calls it (Engine.abort)
+            abort[r.rid] = ABORT_AT + i % 2
         if "sampling" in on:
             r.temperature, r.top_p, r.seed = 0.8, 0.9, rng.randrange(1 << 30)
         if "penalty" in on:
@@ -88,19 +91,25 @@ def mix(tok, row: dict, seed: int = 0) -> tuple[list[Request], dict, dict]:
         reqs.append(r)
     if "spec" in on:
         kw.update(spec="oracle", spec_k=SPEC_K, spec_wrong=0.2)
-    return reqs, kw, retract
+    return reqs, kw, {"retract": retract, "abort": abort}
 
 
-def preempt(plan: dict):
-    """An on_step hook: retract each planned request once it has its tokens, between two rounds
-    of the loop, which is where the scheduler's own retraction runs (the start of the next
-    prepare): under overlap the step just launched with it is in flight. The scheduler retracts
+def drive(plan: dict):
+    """An on_step hook, between two rounds of the loop: the client aborts each planned running
+    request once it has its tokens (Engine.abort, as the server's disconnect does), and each
+    planned request is retracted once it has its tokens, which is where the scheduler's own
+    retraction runs (the start of the next prepare): under overlap the step just launched with
+    it is in flight. The scheduler retracts
     only when the pool runs dry, and then the request with the fewest tokens: a pool sized so
     that the featured requests are the victims misses them whenever the model's outputs change
     (measured: one victim of four, in two rows of three)."""
+    never = 1 << 30
+
     def hook(eng):
         for r in list(eng.sched.running):
-            if r.retractions == 0 and not r.aborted and len(r.output_ids) >= plan.get(r.rid, 1 << 30):
+            if not r.aborted and len(r.output_ids) >= plan["abort"].get(r.rid, never):
+                eng.abort(r)
+            elif r.retractions == 0 and not r.aborted and len(r.output_ids) >= plan["retract"].get(r.rid, never):
                 eng.sched.retract(r)
     return hook
 
@@ -109,7 +118,7 @@ def observed(eng, r: Request) -> frozenset[str]:
     """The features one request's path took, from the engine's own counts."""
     got = bool(r.output_ids)
     seen = {
-        "abort": r.finish_reason == "abort" and got,
+        "abort": r.aborted and r.finish_reason == "abort",
         "prefix_hit": r.hit_pages > 0,
         "retraction": r.retractions > 0,
         "sampling": r.temperature > 0 and got,
