@@ -14,7 +14,7 @@ import random
 
 from harness.engine.request import Request
 from harness.workloads.covering import CoveringArray, pairwise
-from harness.workloads.presets import SYSTEM, WORDS, _ids
+from harness.workloads.presets import SYSTEM, WORDS
 
 # feature -> what the engine's counts show for one request (the rule for "it ran")
 FEATURES = {
@@ -45,6 +45,10 @@ LEADS = "ABCD"
 SPEC_K = 3
 RETRACT_AT = 2  # tokens a request of a retraction row has when it is retracted
 ABORT_AT = 4  # tokens (or one more) a request of an abort row has when the client aborts it
+
+
+def _ids(tok, text: str) -> list[int]:
+    return [tok.bos_id] + tok.encode(text) if getattr(tok, "add_bos", False) else tok.encode(text)
 
 
 def allowed(row: dict) -> bool:
