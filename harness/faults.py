@@ -97,6 +97,10 @@ CATALOGUE: dict[str, Fault] = {f.name: f for f in [
           "node's reference twice on that path (the second by hand, past the cache's lock count), releasing "
           "it once: a reference no request owns stays on those pages, never evictable, and every count still "
           "adds up", "5.3", "test_conservation", ordering=False),
+    Fault("abort_prefix_double_ref", "the client's abort of a running request whose prompt was a prefix-cache "
+          "hit takes its cached pages' references again (released once, when its step in flight ends it): "
+          "those pages are never evictable again; only a run where a client abort meets a prefix hit shows it",
+          "5.3", "test_combos", ordering=False),
 ]}
 
 

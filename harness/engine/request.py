@@ -39,6 +39,7 @@ class Request:
     gen: int = 0  # admissions so far: a step's result for an older admission is discarded
     aborted: bool = False
     retractions: int = 0
+    hit_pages: int = 0  # cached pages its prompt found at its first admission (another request's: a prefix hit)
     seq_at_admit: list[int] = field(default_factory=list)  # what the last prefill computed
 
     @property

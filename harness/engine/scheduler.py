@@ -87,6 +87,8 @@ class Scheduler:
         elif r.state is State.RUNNING and "abort_drops_inflight" in self.cfg.faults:
             self._finish(r, "abort")  # the defect: ends now, dropping the step already in flight
         elif r.state is State.RUNNING:
+            if r.hit_pages and "abort_prefix_double_ref" in self.cfg.faults:
+                self.cache.lock(r.cached_nodes)  # the fault: its cached pages' references taken again
             r.aborted = True
 
     def sample_seed(self, r: Request) -> int:
@@ -190,6 +192,8 @@ class Scheduler:
         r.entry = self.entries.alloc(r.rid)
         r.fill = len(seq)
         r.seq_at_admit = list(seq)
+        if r.gen == 0:  # a readmission after retraction finds its own pages: not a prefix hit
+            r.hit_pages = len(nodes)
         r.gen += 1
         r.state = State.RUNNING
         new = self._topup_need(r)

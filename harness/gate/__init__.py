@@ -47,6 +47,7 @@ class GateResult:
     seconds: float = 0.0
     paths: list = field(default_factory=list)  # "row=on/off": how often each attacked path ran
     path_overlap: list = field(default_factory=list)  # "row=overlapped/judged": its waits, async on
+    pairs: list = field(default_factory=list)  # "a x b=on/off": requests that met both features (races/test_combos)
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
@@ -96,7 +97,7 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met"):
                 self.extra.append((report.nodeid, k, v))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
@@ -133,7 +134,7 @@ class _Collector:
                 s.seconds += sec
         res.cases = sorted(self.cases, key=lambda c: self.order.get(c["id"], last))
         res.collected = len(self.order)
-        slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "known": res.known,
+        slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "pairs_met": res.pairs, "known": res.known,
                 "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
                 "not_exercised": res.not_exercised}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
@@ -356,6 +357,8 @@ def path_lines(res: GateResult) -> list[str]:
     out = []
     if res.paths:
         out.append("paths exercised (count async on/off): " + ", ".join(p.replace("=", " ") for p in res.paths))
+    if res.pairs:
+        out.append("pairs met (requests, overlap on/off): " + ", ".join(p.replace("=", " ") for p in res.pairs))
     if res.path_overlap:
         out.append("overlap per path (waits overlapped of judged, async on): "
                    + ", ".join(p.replace("=", " ") for p in res.path_overlap))
