@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def measure(name: str) -> dict:
     from harness import targets
-    from harness.search.served_case import ServedCase
-    from harness.search.served_judge import judge
+    from harness.search.served.case import ServedCase
+    from harness.search.served.judge import judge
     from harness.targets.vllm import workload as vllm_workload
     from harness.targets.base import TargetError, TargetUnavailable
     from harness.engine.request import Request

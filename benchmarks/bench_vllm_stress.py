@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def rates(minutes: float = 1.5, batch: int = 4, rounds: int = 1, seed: int = 5) -> dict:
     """{"batched": cases/min, "single": cases/min, ...} measured on one warm pair."""
     from harness import targets
-    from harness.search.served_search import ServedStress
+    from harness.search.served.explore import ServedStress
     pairs = targets.Pairs()
     t = pairs.get("vllm")
     t.start()

@@ -49,7 +49,7 @@ def hand_back(pair, engine: str, pairs) -> None:
     """The pair as the next test expects it whatever this one did: stock faults, and a server the
     watchdog stopped or that died started again when next used (a test that leaves a hang behind
     fails itself, not every test after it)."""
-    from harness.search.served_judge import restart_lost
+    from harness.search.served.judge import restart_lost
     if pair.faults:
         pairs.get(engine, ())
     restart_lost(pair)

@@ -7,10 +7,10 @@ import random
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
-from harness.search import served_case as sc
-from harness.search import served_repro
-from harness.search.served_judge import Finding, Verdict, _classify
-from harness.search.served_shrink import shrink
+from harness.search.served import case as sc
+from harness.search.served import repro as served_repro
+from harness.search.served.judge import Finding, Verdict, _classify
+from harness.search.served.shrink import shrink
 
 
 class Tok:
@@ -36,7 +36,7 @@ def test_delay_points_are_the_agents():
 
 def test_submissions_cover_the_paths_and_fit_the_servers():
     from harness.targets.vllm import paths as vp
-    cases = _draw(40)
+    cases = _draw(60)  # 40 drew no reset once the path table grew its drafter rows (the draw shifted)
     feats = {f for c in cases for f in sc.case_features(c)}
     for want in ("seeded", "n>1", "penalties", "bad_words", "min_tokens", "logit_bias", "stop", "structured_outputs",
                  "chunked_prefill", "shared_prefix", "abort", "arrival", "max_tokens<=2", "pause", "reset"):
@@ -265,7 +265,7 @@ def test_a_reproducer_that_does_not_replay_falls_back_on_one_that_does(tmp_path)
     other case fails once, by luck, then never again. Shrinking keeps the lucky steps (one run
     each), so the smallest case does not replay; the reproducer written is the one that replays
     most often (here the case as found, 3 of 3), with its rate."""
-    from harness.search import served_search as ss
+    from harness.search.served import explore as ss
     case = next(c for c in _draw(30, seed=5) if len(c.requests) >= 4)
     case.requests[0].extra["bad_words"] = [" the"]
     lucky = set()
@@ -307,7 +307,7 @@ def test_replay_tries_below_one_is_one_line_before_a_server_starts(tmp_path, cap
 def test_a_crash_signature_does_not_name_the_request():
     """A crash that names vLLM's request id (a KeyError on it) must give the same signature on
     replay, where the id is new (the output_index_map_shared search's reproducer did not replay)."""
-    from harness.search.served_judge import _exception
+    from harness.search.served.judge import _exception
     a = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-8fb273866332d9ca-0-85fb76ba' (log /a)")
     b = _exception("CRASH: vllm (overlap on) exited with code 0 while x ran: KeyError: 'cmpl-93ab00ff1234abcd-0-1a2b3c4d' (log /b)")
     assert a == b == "KeyError: 'cmpl-X'"
@@ -347,7 +347,7 @@ def test_a_refused_case_is_said_with_the_servers_answer():
     can be fixed, instead of a bare count."""
     from types import SimpleNamespace
 
-    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    from harness.search.served.explore import ServedStress, ServedStressResult, summary_lines
     s = SimpleNamespace(res=ServedStressResult(), agent=False)
     case = _draw(1)[0]
     why = "vllm: request c0r1 refused with 400: prompt_logprobs is not supported with streaming"
@@ -363,7 +363,7 @@ def test_answers_the_server_failed_are_counted_in_the_summary():
     engine fails is seen, not silent; a run without one says nothing."""
     from types import SimpleNamespace
 
-    from harness.search.served_search import ServedStress, ServedStressResult, summary_lines
+    from harness.search.served.explore import ServedStress, ServedStressResult, summary_lines
     s = SimpleNamespace(res=ServedStressResult(), agent=False, config=None)
     case = _draw(1)[0]
     ServedStress._count(s, case, Verdict())

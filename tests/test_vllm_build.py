@@ -239,7 +239,7 @@ def test_a_vllm_that_cannot_be_attacked_is_one_line_before_any_server(args, says
 
 # -- replay --vllm-python under git bisect run: 0 good, 1 bad, 125 cannot test ----------------------
 def _repro(tmp_path) -> Path:
-    from harness.search.served_repro import FORMAT
+    from harness.search.served.repro import FORMAT
     f = tmp_path / "repro.json"
     f.write_text(json.dumps({"requests": [{"prompt": [1, 2, 3], "max_tokens": 4}],
                              "harness": {"format": FORMAT, "version": 1, "target": "vllm", "rids": ["r0"],
@@ -263,8 +263,8 @@ def test_replay_with_vllm_python_exits_0_when_good_and_1_when_bad(tmp_path, monk
     import argparse
 
     from harness.commands import stress_served
-    from harness.search import served_judge
-    from harness.search.served_judge import Finding, Verdict
+    from harness.search.served import judge as served_judge
+    from harness.search.served.judge import Finding, Verdict
 
     class Pair:
         version = "0.33.0"

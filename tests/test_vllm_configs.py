@@ -115,9 +115,9 @@ def test_names_parse_pin_exclude_and_refuse_in_one_line():
     (["stress", "--target", "vllm", "--config-minutes", "0"], "--config-minutes must be a positive number"),
     (["stress", "--configs", "one-seq"], "--configs applies to a served target"),
     (["stress", "--target", "openai", "--url", "a", "--url-off", "b", "--configs", "one-seq"],
-     "--configs applies to --target vllm only"),
+     "--configs applies to --target vllm or sglang"),
     (["check", "--target", "vllm", "--configs", "nope"], "unknown server configuration 'nope'"),
-    (["check", "--configs", "all"], "--configs applies to --target vllm only"),
+    (["check", "--configs", "all"], "--configs applies to --target vllm or sglang"),
 ])
 def test_bad_configuration_flags_are_one_line_and_exit_2(argv, msg, capsys, tmp_path):
     from harness.cli import main

@@ -8,7 +8,7 @@ vLLM's timing is not, so the patch chosen is one every capped request shows). Sp
 benchmarks/bench_vllm_stress.py's."""
 import pytest
 
-from harness.search.served_search import ServedStress, summary_lines
+from harness.search.served.explore import ServedStress, summary_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PATCH = "max_tokens_counts_placeholders"  # a length-capped request ends one token short async on
@@ -32,8 +32,8 @@ def test_stress_is_quiet_on_stock_vllm(vllm, tok, tmp_path):  # noqa: F811
 
 @pytest.mark.on_server(PATCH)
 def test_stress_finds_a_source_patch_and_its_reproducer_replays(vllm, tok, tmp_path, oh_pairs):  # noqa: F811
-    from harness.search import served_repro
-    from harness.search.served_judge import judge
+    from harness.search.served import repro as served_repro
+    from harness.search.served.judge import judge
     try:
         assert oh_pairs.get("vllm", {PATCH}) is vllm  # the async-on server restarts on the patched copy
         s = ServedStress(vllm, tok, seconds=600, seed=2, cases=4, shrink_seconds=45, out=str(tmp_path),
@@ -56,8 +56,8 @@ def test_a_pressure_mix_preempts_a_decoding_request_in_flight(vllm, tok):  # noq
     """The search's KV-pressure mix (hypothesis's simplest one: greedy, 257-token prompts, 40 tokens)
     alone makes stock vLLM preempt with a step in flight, async on; async off preempts too."""
     from hypothesis import find
-    from harness.search.served_case import ServedCase, requests
-    from harness.search.served_judge import judge
+    from harness.search.served.case import ServedCase, requests
+    from harness.search.served.judge import judge
     mix = [find(requests(tok, f"c0r{j}", huge=True), lambda r: True) for j in range(3)]
     v = judge(vllm, ServedCase(mix, {}, [], 1), vllm.version)
     assert not v.new, [f.summary for f in v.new]

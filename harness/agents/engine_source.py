@@ -1,7 +1,7 @@
 """An engine's source read without importing it (ast): a module's file under the package root, its
 parsed tree (each module parsed once per check), and a class or function in it by qualname. The
 contract checks of both agents find their patch points with it (harness.agents.vllm.points.
-check_source for vLLM's releases, harness.agents.sglang_contract for SGLang's wheel)."""
+check_source for vLLM's releases, harness.agents.sglang.contract for SGLang's wheel)."""
 from __future__ import annotations
 
 import ast

@@ -2,7 +2,7 @@
 own text (never a switch in our agent), applied in a private linked copy of the package that
 only the overlap-on server of a pair imports. The type and its application are one for every
 engine; each engine's patches stay beside its agent (harness.agents.vllm.patches,
-harness.agents.sglang_patches), which build them through a constructor in their own argument
+harness.agents.sglang.patches), which build them through a constructor in their own argument
 order. The copy itself is the target's (harness.targets.vllm.patched_copy).
 
 A search text the installed engine no longer has is one clear error (PatchError, one line).

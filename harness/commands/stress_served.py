@@ -1,5 +1,5 @@
 """`overlap-harness stress --target vllm|openai` and `replay FILE --target vllm|openai`: the search
-against served pairs (harness.search.served_search), its summary, its reproducers."""
+against served pairs (harness.search.served.explore), its summary, its reproducers."""
 from __future__ import annotations
 
 import json
@@ -122,7 +122,7 @@ def _tokenizer(path, bad):
 def cmd_stress_served(a, bad, term) -> int:
     from harness.search.explore import parse_shard
     from harness.search.reproducer import check_writable
-    from harness.search.served_search import ServedStress, summary_lines
+    from harness.search.served.explore import ServedStress, summary_lines
     from harness.search.signals import sigterm_deferred
     vllm = check_flags(a, bad)
     try:
@@ -194,8 +194,8 @@ def cmd_stress_served(a, bad, term) -> int:
 
 
 def cmd_replay_served(a, bad) -> int:
-    from harness.search import served_repro
-    from harness.search.served_judge import judge
+    from harness.search.served import repro as served_repro
+    from harness.search.served.judge import judge
     from harness.verdict import code_of
     try:
         d, case = served_repro.load(a.file)

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from harness.search.served_case import PAUSE_FOR_S, PAUSE_MODES, ServedCase
+from harness.search.served.case import PAUSE_FOR_S, PAUSE_MODES, ServedCase
 from harness.verdict import Finding as VFinding
 from harness.verdict import code_of
 
@@ -194,11 +194,11 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
 
 
 def _effects(target, case, off_run, cut, v: Verdict) -> dict:
-    """Item 3's rule (harness.search.served_effects): each drawn parameter of the async path sent
+    """Item 3's rule (harness.search.served.effects): each drawn parameter of the async path sent
     once more without it, async off. A server lost in that run is a finding and is started again
     by the next case; the parameters then count as not judged (no entry), never as having had an
     effect."""
-    from harness.search import served_effects
+    from harness.search.served import effects as served_effects
     from harness.targets.base import TargetCrash, TargetError, TargetHang
     try:
         return served_effects.check(target, case, off_run, cut)
@@ -218,7 +218,7 @@ def feature_overlap(case, books: dict) -> dict:
     waits in this case, async on, over every wait of the requests that drew it and over their
     prefill steps (harness.oracles.path_overlap)."""
     from harness.oracles import path_overlap as po
-    from harness.search.served_case import features
+    from harness.search.served.case import features
     keys = {ph: po.by_key(books, ph) for ph in po.PHASES}
     out: dict = {}
     for r in case.requests:

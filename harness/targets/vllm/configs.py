@@ -127,7 +127,10 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "scheduled in this step, or one with a step in flight far from the batch's end", {},
         priority=True),
 ]}
-MATRIX = [c.name for c in CONFIGS.values() if not c.refused]  # what `check --configs all` runs
+# what `check --configs all` and stress's default draw run. The drafters' configurations run only
+# when named (`--configs spec-draft`): their stock gate is not quiet yet on vLLM's CPU build (runs of
+# token 0 in both arms, docs/vllm-spec.md), and a draw that fails on stock would bury real findings
+MATRIX = [c.name for c in CONFIGS.values() if not c.refused and not c.spec]
 
 
 def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str]:

@@ -191,7 +191,7 @@ KNOWN_UPSTREAM += [
                   report_gone=False),
 ]
 
-# Found by `stress --target vllm` (harness.search.served_judge annotates the divergence from the
+# Found by `stress --target vllm` (harness.search.served.judge annotates the divergence from the
 # agent's step books): a sampling request preempted while a step of it is in flight (a
 # reset_prefix_cache with running requests, or KV pressure) draws from its generator in that step;
 # the scheduler drops the stale sample, but GPUModelRunner rewinds a request's generator only for a
