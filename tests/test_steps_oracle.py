@@ -97,7 +97,7 @@ def _arm(**per_key):
     return b
 
 
-REQS = [vllm_workload._req("t0", [1, 2], 2, ["max_tokens_1_2"]), vllm_workload._req("st0", [3, 4], 40, ["stop"])]
+REQS = [vllm_workload.path_request("t0", [1, 2], 2, ["max_tokens_1_2"]), vllm_workload.path_request("st0", [3, 4], 40, ["stop"])]
 K0, K1 = request_key([1, 2], 2), request_key([3, 4], 40)
 L, S = "FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"
 
@@ -279,7 +279,7 @@ def test_max_tokens_row_allows_one_sample_per_in_flight_drop():
     Without the drop counted, one more is still a finding."""
     from equivalence.test_paths import row_findings
     row = vp.PATHS_BY_NAME["max_tokens_1_2"]
-    r = vllm_workload._req("m2", [7, 8, 9], 2, ["max_tokens_1_2"])
+    r = vllm_workload.path_request("m2", [7, 8, 9], 2, ["max_tokens_1_2"])
     key = request_key(r.prompt_ids, 2)
     cnt_off = {"sampled_max2": 4, "max2_requests": 2}
     for ev, bad in (({"stale_dropped:reset": 1}, False), ({}, True), ({"scheduled_at_cap": 1}, True)):

@@ -23,7 +23,7 @@ def _run(outputs):
 
 
 def _path_run(on_ids, counts, rid="pen0", paths=("penalties",)):
-    req = vllm_workload._req(rid, [1, 2, 3], 4, paths)
+    req = vllm_workload.path_request(rid, [1, 2, 3], 4, paths)
     off = _run([(rid, [5, 6, 7, 8], "length")])
     on = _run([(rid, on_ids, "length")])
     return vp.PathRun([req], off, on, dict(counts), dict(counts))
@@ -94,8 +94,8 @@ def test_a_placeholder_read_by_the_value_reading_processor_fails():
 
 def test_an_aborted_stream_must_be_a_prefix_of_its_twins():
     row = vp.PATHS_BY_NAME["abort"]
-    req = vllm_workload._req("ab0", [1], 4, ["abort"])
-    twin = vllm_workload._req("ab0full", [1], 4, ["abort"])
+    req = vllm_workload.path_request("ab0", [1], 4, ["abort"])
+    twin = vllm_workload.path_request("ab0full", [1], 4, ["abort"])
     off = _run([("ab0", [5, 6], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
     on = _run([("ab0", [5, 9], "abort"), ("ab0full", [5, 6, 7, 8], "length")])
     pr = vp.PathRun([req, twin], off, on, {"aborted_requests": 2}, {"aborted_requests": 2})
@@ -128,7 +128,7 @@ def test_the_workload_preempts_by_construction_not_by_timing():
         reqs = vllm_workload.build(t, 0)
         long = [r for r in reqs if "preemption" in r.paths]
         assert len({r.arrival for r in long}) == 1
-        shared = len(vllm_workload._ids(t, vllm_workload.PREFIX)) // vp.BLOCK
+        shared = len(vllm_workload.token_ids(t, vllm_workload.PREFIX)) // vp.BLOCK
         own = sum(-(-(len(r.prompt_ids) + r.max_new_tokens) // vp.BLOCK) - shared for r in long)
         assert own + shared > vp.KV_BLOCKS, (own, shared)
         assert all(len(r.prompt_ids) > vp.MAX_BATCHED_TOKENS for r in long)

@@ -15,12 +15,8 @@ SPEC_PATCHES = ("spec_max_tokens_guard_ignores_drafts", "spec_placeholders_repai
 
 
 def _gate(capsys, tmp_path, *argv):
-    from harness import targets
     from harness.cli import main
-    try:
-        code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])
-    finally:
-        targets.close_served()
+    code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])  # its own pairs, closed at its end
     return code, capsys.readouterr().out
 
 

@@ -22,7 +22,7 @@ def _workload(tok):
     """Requests capped at different lengths sent together, so that whenever one sits out a
     step, the others run in it (a step that schedules nothing is no step)."""
     words = "slot table relay fence window step stream token prefix cache batch entry".split()
-    return [vllm_workload._req(f"c{i}", tok.encode(" ".join(words[i:i + 4])), k, ["steps"], ignore_eos=True)
+    return [vllm_workload.path_request(f"c{i}", tok.encode(" ".join(words[i:i + 4])), k, ["steps"], ignore_eos=True)
             for i, k in enumerate((2, 3, 4, 5, 6, 7, 9, 12))]
 
 
@@ -44,12 +44,12 @@ def _with_aborts_and_arrivals(tok):
     (each finds room: a slot, budget and blocks); and four clients that disconnect after 2 tokens
     (issue 36: an aborted request gets no step after its abort; admission is a result)."""
     words = "slot table relay fence window step stream token prefix cache batch entry row page copy".split()
-    reqs = [vp._req("anchor", tok.encode(" ".join(words[::-1])), ANCHOR_TOKENS, ["steps"], ignore_eos=True)]
+    reqs = [vp.path_request("anchor", tok.encode(" ".join(words[::-1])), ANCHOR_TOKENS, ["steps"], ignore_eos=True)]
     for i, r in enumerate(_workload(tok)):
         r.arrival = 2 + 2 * i
         reqs.append(r)
     for i in range(4):
-        r = vp._req(f"a{i}", tok.encode(" ".join(words[i + 3:i + 9])), 40, ["abort"], arrival=3 + 3 * i,
+        r = vp.path_request(f"a{i}", tok.encode(" ".join(words[i + 3:i + 9])), 40, ["abort"], arrival=3 + 3 * i,
                     ignore_eos=True)
         r.abort_after = 2
         reqs.append(r)
