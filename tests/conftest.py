@@ -20,7 +20,9 @@ def _pair_order(item):
 def pytest_collection_modifyitems(config, items):
     """The tests on the shared vLLM pair first (scripts/test.sh runs them in a process of their
     own), in the order _pair_order gives them; the rest as collected."""
-    pair = sorted((i for i in items if "vllm_pair" in getattr(i, "fixturenames", ())), key=_pair_order)
+    # by the fixtures a test names: `vllm` reaches the pair through request.getfixturevalue
+    # (tests/served_pair.pair_fixtures), so its closure does not list `vllm_pair`
+    pair = sorted((i for i in items if {"vllm_pair", "vllm"} & set(getattr(i, "fixturenames", ()))), key=_pair_order)
     ids = {id(i) for i in pair}
     items[:] = pair + [i for i in items if id(i) not in ids]
 
