@@ -330,6 +330,9 @@ PATCH_SINCE = {
     "priority_victim_keeps_placeholders": "0.28.0",  # issue 36, item 1 (the priority branch's text)
     # issue 36, item 2: the internal id with its random suffix, and the abort by it, from 0.14.0
     "client_abort_by_client_id": "0.14.0",
+    # issue 43 (speculative decoding; read from every cached wheel, as the rest): the draft-aware
+    # max_tokens guard's text from 0.12.0, the placeholder repair's loop over accepted tokens from 0.19.0
+    "spec_max_tokens_guard_ignores_drafts": "0.12.0", "spec_placeholders_repair_last_only": "0.19.0",
 }
 
 
