@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from harness.targets.vllm.library import ops as vllm_ops
 from harness.targets.vllm import releases as vr
 from harness.targets.vllm.library import route as vllm_route
 from harness.targets.vllm.build import Build
+from tests.test_vllm_build import _tree  # the fake source trees both files write
 
 LIBRARY_FULL = {s.op: s for s in map(vllm_ops.Schema.parse, [
     "_C::rms_norm(Tensor($0! -> ) result, Tensor input, Tensor weight, float epsilon) -> ()",
@@ -65,14 +65,6 @@ SOURCE = {
                 return cpu_ops.mqa_logits(q, k)
         """,
 }
-
-
-def _tree(root: Path, files: dict) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return root
 
 
 def test_an_op_only_another_model_calls_is_stubbed_and_named(tmp_path):
