@@ -122,7 +122,7 @@ def _tokenizer(path, bad):
 def cmd_stress_served(a, bad, term) -> int:
     from harness.search.explore import parse_shard
     from harness.search.reproducer import check_writable
-    from harness.search.served.explore import ServedStress, summary_lines
+    from harness.search.served.explore import ServedStress, summary_lines, summary_record
     from harness.search.signals import sigterm_deferred
     vllm = check_flags(a, bad)
     try:
@@ -170,15 +170,7 @@ def cmd_stress_served(a, bad, term) -> int:
         lines = summary_lines(s)
         print("\n".join(lines))
         with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump({"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
-                       "features": res.features, "rows": res.rows, "known": res.known,
-                       "configs": res.configs, "config_errors": res.config_errors, "start_s": res.start_s,
-                       "turns": res.turns, "request_ids": res.ids, "effects": res.effects,
-                       "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
-                                     "requests_found": len(x.first.requests), "requests_shrunk": len(x.best.requests),
-                                     "repro": x.repro, "replay_same": x.replay_same, "replays": x.replays,
-                                     "missed_once": x.flaky} for x in res.found],
-                       "interrupted": res.interrupted, "error": res.error}, f, indent=1)
+            json.dump(summary_record(res, lines), f, indent=1)
         lost = [x for x in lines if x.startswith("overlap: LOST on ")]  # per feature, over the run (issue 36)
         verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
                    f"FAIL: {lost[0]} (judged over the whole run: no single case reproduces it)" if lost else

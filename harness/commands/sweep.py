@@ -1,4 +1,5 @@
-"""`overlap-harness sweep`: the vLLM gate over installed releases (harness/releases/sweep.py)."""
+"""`overlap-harness sweep`: the vLLM gate over installed releases (harness/releases/sweep.py), each
+followed by a short seeded stress (harness/releases/stress.py)."""
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,8 @@ def cmd_sweep(a) -> int:
             raise UsageError(f"sweep --merge: {e}") from None
     else:
         shard_of = sw.parse_shard(a.shard, UsageError) if a.shard else None
+        if a.stress_minutes < 0:
+            raise UsageError(f"--stress-minutes must be >= 0 (0: the gate only), got {a.stress_minutes:g}")
         versions = every = releases_arg(a.releases, UsageError)
         if shard_of:
             versions = sw.shard(every, *shard_of)
@@ -30,7 +33,16 @@ def cmd_sweep(a) -> int:
 
         def gate(v, out_dir):
             return sw.gate_release(v, out_dir, extra=extra, timeout=a.timeout)
-        results = sw.run_sweep(versions, gate, Path(a.out), progress=lambda s: print(s, file=sys.stderr, flush=True))
+        stress = None
+        if a.stress_minutes > 0:
+            from harness.releases.stress import stress_release
+            s_extra = ["--vllm-runner", a.vllm_runner] if a.vllm_runner != "auto" else []
+
+            def stress(v, out_dir):  # its time limit: the minutes, its pair's start and a shrink or two
+                return stress_release(v, out_dir, a.stress_minutes, seed=a.stress_seed, extra=s_extra,
+                                      timeout=a.stress_minutes * 60 + 900)
+        results = sw.run_sweep(versions, gate, Path(a.out), progress=lambda s: print(s, file=sys.stderr, flush=True),
+                               stress=stress)
     print(sw.format_table(results))
     if a.json:
         from harness.gate import json_report
@@ -60,6 +72,11 @@ def add_commands(sub) -> None:
     s.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
                    help="the model runner each release's gate attacks (default auto: the one its build runs for "
                         "its users; a release without the runner asked is UNAVAILABLE, with why)")
+    s.add_argument("--stress-minutes", type=float, default=3.0, metavar="M",
+                   help="after each release's gate, a seeded stress of M minutes drawing the features and server "
+                        "configurations stress draws (default 3; 0: the gate only)")
+    s.add_argument("--stress-seed", type=int, default=0, metavar="S",
+                   help="the stress seed, the same on every release (default 0)")
     s.add_argument("--check-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for each release's `check` (repeatable; e.g. --check-arg=--fault=NAME)")
     s.set_defaults(fn=cmd_sweep)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness import stopping
 from harness.gate import json_report
+from harness.releases.stress import StressResult
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 UNAVAILABLE = "UNAVAILABLE"  # the release's gate could not run (not installed, servers did not start)
@@ -36,6 +37,7 @@ class ReleaseResult:
     error: str = ""  # UNAVAILABLE: the one line saying why
     json_path: str = ""
     log_path: str = ""
+    stress: dict | None = None  # the short stress after the gate (harness/releases/stress.py), when run
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReleaseResult":
@@ -116,8 +118,9 @@ def _why(log: Path, code: int) -> str:
     return (errs[-1] if errs else (lines[-1] if lines else f"exit {code}, no output"))[:300]
 
 
-def run_sweep(versions: list[str], gate, out_dir: Path, progress=None) -> list[ReleaseResult]:
-    """gate(version, out_dir) for each release in order; progress(line) before and after each."""
+def run_sweep(versions: list[str], gate, out_dir: Path, progress=None, stress=None) -> list[ReleaseResult]:
+    """gate(version, out_dir) for each release in order, then stress(version, out_dir) (a
+    StressResult) when given and the gate could run; progress(line) before and after each."""
     out = []
     for k, v in enumerate(versions, 1):
         if progress:
@@ -126,6 +129,14 @@ def run_sweep(versions: list[str], gate, out_dir: Path, progress=None) -> list[R
         out.append(r)
         if progress:
             progress(f"[{k}/{len(versions)}] vLLM {v}: {summary(r)}")
+        if stress is not None and r.verdict != UNAVAILABLE and not stopping.requested():
+            if progress:
+                progress(f"[{k}/{len(versions)}] vLLM {v}: running the stress ...")
+            s = stress(v, out_dir)
+            r.stress = s.to_dict()
+            if progress:
+                progress(f"[{k}/{len(versions)}] vLLM {v}: stress {s.cell()} in {s.seconds:.0f} s"
+                         + (f": {s.error}" if s.error else ""))
         if stopping.requested():  # SIGTERM or Ctrl-C during that release: no next one
             break
     return out
@@ -166,6 +177,9 @@ def format_table(results: list[ReleaseResult]) -> str:
     head = ["row"] + [r.version for r in results]
     body = [[n] + [cell(r.rows.get(n)) if r.verdict != UNAVAILABLE else UNAVAILABLE for r in results]
             for n in names]
+    stressed = [StressResult.from_dict(r.stress) for r in results]
+    if any(stressed):
+        body.append(["stress"] + [s.cell() if s else "-" for s in stressed])
     body.append(["verdict"] + [r.verdict for r in results])
     w = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     lines = ["  ".join(x[i].ljust(w[i]) for i in range(len(head))).rstrip() for x in [head] + body]
@@ -179,6 +193,10 @@ def format_table(results: list[ReleaseResult]) -> str:
             row = r.rows.get(n)
             if row and row["status"] in (json_report.FAIL, json_report.CRASH, json_report.HANG, json_report.NOT_EXERCISED):
                 notes.append(f"{r.version} {n}: {row['status']}: {row['detail'][:200]}")
+        s = StressResult.from_dict(r.stress)
+        if s and s.status != "pass":
+            notes.append(f"{r.version} stress: {s.status}: " + (s.error or "; ".join(
+                f"{f['summary'][:160]} (reproducer: {f['repro'] or 'none'})" for f in s.findings)))
         if r.ran:
             notes.append(f"{r.version}: vLLM that ran: {r.ran}")
         if r.adapted:
@@ -207,5 +225,9 @@ def load(paths) -> list[ReleaseResult]:
 
 def exit_code(results: list[ReleaseResult]) -> int:
     """0: every release passed (known upstream is not a pass, but not a new failure either: the
-    gate says PASS with them); 1: a release failed, crashed or hung, or could not run."""
-    return 0 if results and all(r.verdict == "PASS" for r in results) else 1
+    gate says PASS with them), its stress too where it ran; 1: a release failed, crashed or hung,
+    or could not run, or its stress found something new or could not run."""
+    def stress_ok(r):
+        s = StressResult.from_dict(r.stress)
+        return s is None or s.status == "pass"
+    return 0 if results and all(r.verdict == "PASS" and stress_ok(r) for r in results) else 1

@@ -447,3 +447,17 @@ def overlap_lines(r) -> list[str]:
                 out.append(line)
                 break
     return out
+
+
+def summary_record(res: ServedStressResult, lines: list[str]) -> dict:
+    """What `stress` writes to its --out folder's summary.json (the sweep's stress reads it back:
+    harness/releases/stress.py)."""
+    return {"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
+            "features": res.features, "rows": res.rows, "known": res.known,
+            "configs": res.configs, "config_errors": res.config_errors, "start_s": res.start_s,
+            "turns": res.turns, "request_ids": res.ids, "effects": res.effects,
+            "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
+                          "requests_found": len(x.first.requests), "requests_shrunk": len(x.best.requests),
+                          "repro": x.repro, "replay_same": x.replay_same, "replays": x.replays,
+                          "missed_once": x.flaky} for x in res.found],
+            "interrupted": res.interrupted, "error": res.error}
