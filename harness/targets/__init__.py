@@ -19,12 +19,13 @@ class VllmChoice:
     # the user's vLLM as probed once from `python` (harness.targets.vllm.build.Build): carried to the
     # target, which reads its release and commit from it instead of probing that Python again
     build: object = None
+    isa: str = ""  # --vllm-isa's library forced on the servers ("": this CPU's own)
 
     def kw(self) -> dict:
         """VllmTarget's switches (only those given)."""
         return {k: v for k, v in (("version", self.version), ("vllm_python", self.python),
                                   ("runner", None if self.runner == "auto" else self.runner),
-                                  ("user_build", self.build)) if v}
+                                  ("user_build", self.build), ("isa", self.isa)) if v}
 
 
 @dataclass(frozen=True)

