@@ -245,7 +245,11 @@ def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypat
         assert len(t.run(_reqs(), overlap=True).outputs) == 3
         pids = {o: s.proc.pid for o, s in t.servers.items()}
         with pytest.raises(TargetHang if death == "hang" else TargetCrash) as e:
-            t.run(_poison(), overlap=True)
+            t.run(_poison(), overlap=True, faults=["a_per_run_fault"], delays={"engine_step": 0.001})
+        # the run's own plan ends with it, death or not: the restarted server must not inherit it
+        import json
+        assert t.plans[True]["faults"] == [] and t.plans[True]["delays"] == {}
+        assert json.loads(t.plan_path(True).read_text())["faults"] == []
         if death == "crash":
             [c] = t.crashes
             assert "exited with code 7" in c["line"] and c["exit_code"] == 7, c

@@ -624,8 +624,11 @@ class ServedTarget(Target):
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
         finally:
-            if (delays is not None or faults is not None) and overlap not in self.hung:
-                self.set_plan(overlap)  # back to the plain plan for whatever runs next
+            if delays is not None or faults is not None:
+                # back to the plain plan for whatever runs next; after a HANG too: the server
+                # started again for the next case reads this plan, and a per-run fault left in it
+                # (spin_no_progress) would hang that case as well
+                self.set_plan(overlap)
         # an engine that died answers 500 until its API server exits: that is a CRASH of this run
         self._check_alive(overlap, wait_s=5.0 if any(str(fin).startswith("server error")
                                                      for _, _, fin, _ in results) else 0.0)
