@@ -22,9 +22,11 @@ class SglangConfig:
     args: tuple[str, ...]
     # the path rows this configuration cannot exercise here, and why (measured)
     absent: tuple[tuple[str, str], ...] = ()
+    env: tuple[str, ...] = ()  # "VAR=value" for both servers
+    model: str = ""  # "split": the model two ranks divide (harness.targets.split_model)
 
     def flags(self) -> str:
-        return " ".join(self.args)
+        return " ".join([*self.env, *self.args] + ([f"(model {self.model})"] if self.model else []))
 
 
 DRAFT_TOKENS = 4  # the window: the bonus token and 3 drafts
@@ -43,6 +45,12 @@ CONFIGS = {c.name: c for c in [
                  ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(DRAFT_TOKENS),
                   "--speculative-ngram-max-bfs-breadth", str(BFS_BREADTH)),
                  absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES),)),
+    # beyond one worker (issue 45): a scheduler process per rank, each with its own pool and rows;
+    # no drafter ("" drafter). One core per rank: SGLang's CPU backend binds each rank's OpenMP
+    # threads to the cores SGLANG_CPU_OMP_THREADS_BIND names, "|" between ranks
+    SglangConfig("tp2", "", ("--tp", "2"), absent=(("relay_entry_0", "the tp2 pair runs without the CPU graph "
+                                                    "runner (a torch.compile per rank): no batch is padded"),),
+                 env=("SGLANG_CPU_OMP_THREADS_BIND=0|1",), model="split"),
 ]}
 
 CPU_ADAPTATIONS = (
