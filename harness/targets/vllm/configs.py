@@ -53,6 +53,7 @@ class ServerConfig:
     model: str = ""  # a model of setup's other than SmolLM2 (harness.targets.vllm.setup.MODEL_DIRS; "split": TP/PP)
     runner: str = ""  # the model runner it needs ("v2"), where --vllm-runner says auto
     heavy: bool = False  # several workers a server: run only when named (--configs NAME), never drawn by default
+    lifted_by: str = ""  # a source patch that lifts `refused` (the refusal was vLLM's fix: the patch re-creates the bug)
 
     def flags(self) -> str:
         spec = [f"--speculative-config draft_model:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
@@ -140,7 +141,9 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "two frames in flight", {}, since="0.32.0", model="split", runner="v2", heavy=True),
     ServerConfig(
         "pp2-v1", ("--pipeline-parallel-size", "2"),
-        "pipeline parallelism on V1's runner with async scheduling", {}, model="split", runner="v1", heavy=True,
+        "pipeline parallelism on V1's runner with async scheduling (only with the source patch that lifts vLLM's "
+        "refusal: --fault v1_pp_async_allowed)", {}, model="split", runner="v1", heavy=True,
+        lifted_by="v1_pp_async_allowed",
         refused="vLLM 0.32.0 refuses pipeline parallelism with async scheduling on the V1 model runner "
                 "(vllm/config/vllm.py, _get_v1_model_runner_unsupported_features: vllm#45014); pp2 runs it on V2"),
     ServerConfig(
@@ -173,7 +176,7 @@ def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str
     for n in names:
         if n not in CONFIGS:
             raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}")
-        if CONFIGS[n].refused and not drop:
+        if CONFIGS[n].refused and not CONFIGS[n].lifted_by and not drop:
             raise exc(f"{flag}: configuration {n} cannot run on vLLM's CPU build: {CONFIGS[n].refused}")
     if drop:
         names = [n for n in MATRIX if n not in names]
@@ -186,13 +189,14 @@ def get(name: str | None) -> ServerConfig:
     return CONFIGS[name or DEFAULT]
 
 
-def resolve(name: str | None, unavailable=RuntimeError) -> ServerConfig:
+def resolve(name: str | None, unavailable=RuntimeError, faults=()) -> ServerConfig:
     """The configuration a target is made in: an unknown name is a ValueError, one that vLLM's
-    CPU build refuses is `unavailable` (each one line)."""
+    CPU build refuses is `unavailable` (each one line), unless `faults` has the source patch that
+    lifts the refusal."""
     if (name or DEFAULT) not in CONFIGS:
         raise ValueError(f"unknown server configuration {name!r}; known: {', '.join(CONFIGS)}")
     c = CONFIGS[name or DEFAULT]
-    if c.refused:
+    if c.refused and not (c.lifted_by and c.lifted_by in set(faults)):
         raise unavailable(f"configuration {c.name}: {c.refused}")
     return c
 

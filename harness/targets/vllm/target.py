@@ -91,7 +91,7 @@ class VllmTarget(EnginePair):
                  runner: str = "auto", config: str | None = None, user_build=None, **kw):
         super().__init__(**kw)
         # the server configuration (harness.targets.vllm.configs): its flags replace the path setting's
-        self.config = vllm_configs.resolve(config, TargetUnavailable)
+        self.config = vllm_configs.resolve(config, TargetUnavailable, faults)
         # a multi-worker configuration names the model and runner it needs (issue 45)
         model = model or self.config.model or None
         if runner == "auto" and self.config.runner:
