@@ -65,7 +65,9 @@ CPU_ADAPTATIONS = (
 
 def parse(spec: str, error) -> list[str]:
     """NAME,...|all: the configurations asked for, in order."""
-    names = list(CONFIGS) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    # all: the drafters; a configuration of several ranks (tp2) runs only when named, as vLLM's do
+    names = [n for n, c in CONFIGS.items() if c.drafter] if spec.strip() == "all" else \
+        [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         raise error(f"unknown SGLang server configuration {', '.join(unknown) or spec!r}; known: {', '.join(CONFIGS)}")

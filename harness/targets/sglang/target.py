@@ -433,21 +433,24 @@ def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[
     if not scheds or not all(f.get("installed") for f in scheds):
         return "error", (f"sglang (overlap {mode}): the agent reported no scheduler; is it installed in the "
                          f"server's python? ({INSTALL_HINT})")
+    from harness.targets.served import ranks
+    many = ranks.several(facts, "sglang-scheduler")
     for f in scheds:
+        who = f"{ranks.label(f)}'s scheduler (pid {f.get('pid')})" if many else f"scheduler pid {f.get('pid')}"
         if "enable_overlap" in f and f["enable_overlap"] != overlap:
-            return "error", (f"sglang: overlap requested {mode} but scheduler pid {f.get('pid')} runs with "
+            return "error", (f"sglang: overlap requested {mode} but {who} runs with "
                              f"enable_overlap={f['enable_overlap']}: overlap is not what was asked")
         steps, barriers = f.get("run_batch", 0), f.get("war_barrier_calls", 0)
         if not after_run or steps <= 4:
             continue
         if overlap and barriers == 0:
-            return "error", (f"sglang: overlap on, but in {steps} steps scheduler pid {f.get('pid')} never went "
+            return "error", (f"sglang: overlap on, but in {steps} steps {who} never went "
                              "through the overlap loop's WAR barrier: overlap LOST")
         if not overlap and barriers:
-            return "error", f"sglang: overlap off, but scheduler pid {f.get('pid')} ran the overlap loop"
+            return "error", f"sglang: overlap off, but {who} ran the overlap loop"
         blocked = f.get("barrier_blocked", 0)
         if overlap and barriers and blocked * 2 > barriers:
-            return "error", (f"sglang: the scheduler thread blocked in the WAR barrier on {blocked} of {barriers} "
+            return "error", (f"sglang: {who}'s thread blocked in the WAR barrier on {blocked} of {barriers} "
                              f"steps (>{BARRIER_BLOCK_MS} ms): the CPU waits for the GPU, overlap LOST")
     return None
 
