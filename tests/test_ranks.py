@@ -187,3 +187,19 @@ def test_sglang_books_are_judged_per_rank():
     line = SglangTarget.books_line(None, books, "on")
     assert "NOT BACK (rank 1 (tp 1 of 2)): rank 1 (tp 1 of 2): x" in line, line
     assert "rank 0 (tp 0 of 2): req_to_token rows 8 free of 8" in line
+
+
+def test_a_decode_the_pipeline_holds_back_is_no_wait():
+    from types import SimpleNamespace as NS
+
+    from harness.agents.vllm.steps import could_continue
+
+    def req(**kw):
+        base = dict(num_tokens_with_spec=5, num_output_placeholders=0, num_computed_tokens=4, next_decode_eligible_step=0)
+        return NS(**{**base, **kw})
+    sched = NS(current_step=7)
+    assert could_continue(sched, req())  # one token to compute, eligible: left out with budget free is a wait
+    assert not could_continue(sched, req(next_decode_eligible_step=8))  # V2+PP+async: the decode stagger
+    assert not could_continue(sched, req(num_computed_tokens=5))  # sync PP: its token is still in flight
+    assert could_continue(sched, req(num_computed_tokens=5, num_output_placeholders=1))  # async: a placeholder
+    assert could_continue(NS(), NS())  # a release without these counts: judged as before
