@@ -208,7 +208,7 @@ def ensure_models(home: Path, rel) -> str | None:
     """A user's vLLM (--vllm-python): the model directories in OUR folder for it (nothing goes into
     that environment); None when ready, else why not (one line)."""
     try:
-        if all(model_ok(model_dir(home, m)) for m in MODEL_DIRS):
+        if all(model_ok(model_dir(home, m)) for m in MODEL_DIRS) and model_ok(split_dir(home)):
             return None
         import contextlib
         import io
