@@ -203,3 +203,25 @@ def test_a_decode_the_pipeline_holds_back_is_no_wait():
     assert not could_continue(sched, req(num_computed_tokens=5))  # sync PP: its token is still in flight
     assert could_continue(sched, req(num_computed_tokens=5, num_output_placeholders=1))  # async: a placeholder
     assert could_continue(NS(), NS())  # a release without these counts: judged as before
+
+
+def test_the_multi_worker_configurations_are_named_only():
+    from harness.targets.vllm import configs as vc
+    assert not {"tp2", "pp2", "pp2-v1"} & set(vc.parse("all"))  # heavy: never drawn by default
+    assert vc.parse("tp2,pp2") == ["tp2", "pp2"]
+    assert (vc.CONFIGS["tp2"].model, vc.CONFIGS["pp2"].runner) == ("split", "v2")
+    import pytest
+    with pytest.raises(RuntimeError, match="refuses pipeline parallelism with async scheduling on the V1"):
+        vc.resolve("pp2-v1")  # vLLM's own refusal, one line
+    assert vc.resolve("pp2-v1", faults={"v1_pp_async_allowed"}).name == "pp2-v1"  # lifted by its patch only
+    from harness.targets.sglang import spec as sglang_spec
+    assert sglang_spec.parse("all", ValueError) == ["ngram"] and sglang_spec.parse("tp2", ValueError) == ["tp2"]
+
+
+def test_each_multi_worker_patch_names_its_configuration():
+    from harness.agents.vllm.multi_patches import CONFIG
+    from harness.agents.vllm.patches import PATCHES
+    from harness.targets.vllm import configs as vc
+    for name, cfg in CONFIG.items():
+        assert PATCHES[name].config == cfg and cfg in vc.CONFIGS, name
+        assert PATCHES[name].upstream, name
