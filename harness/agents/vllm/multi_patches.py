@@ -54,17 +54,17 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         ("vllm-project/vllm#45014",)),
     (
         "preempt_stales_one_frame",
-        "a preemption marks one token of what is in flight stale (right with one decode step in "
-        "flight, as #47900 assumed); with two steps in flight (pipeline parallelism's batch queue of "
-        "3) the older frame's token drains against the reset request: its output placeholders "
-        "underflow (the engine core's assertion) or a token lands on the recomputed request",
+        "a preemption marks one decode frame of what is in flight stale (right with one step in "
+        "flight, as #47900 assumed: every token in flight is then that frame's); with two decode "
+        "frames in flight (pipeline parallelism's batch queue of 3) the older frame's token drains "
+        "against the reset request: its output placeholders underflow (the engine core's assertion)",
         "preemption_in_flight", PATHS_SUITE, SCHED,
         "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"
         "        request.num_output_placeholders = 0\n"
         "        request.num_preemptions += 1\n"
         "        if self.log_stats:\n"
         "            request.record_event(EngineCoreEventType.PREEMPTED, timestamp)\n",
-        "        request.num_stale_output_tokens = min(request.num_in_flight_tokens, 1)\n"
+        "        request.num_stale_output_tokens = request.num_in_flight_tokens - max(0, request.num_output_placeholders - 1)\n"
         "        request.num_output_placeholders = 0\n"
         "        request.num_preemptions += 1\n"
         "        if self.log_stats:\n"
