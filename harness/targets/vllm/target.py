@@ -94,7 +94,8 @@ class VllmTarget(EnginePair):
         self.config = vllm_configs.resolve(config, TargetUnavailable, faults)
         # a multi-worker configuration names the model and runner it needs (issue 45)
         model = model or self.config.model or None
-        if runner == "auto" and self.config.runner:
+        from_config = runner == "auto" and bool(self.config.runner)
+        if from_config:
             runner = self.config.runner
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
@@ -158,6 +159,8 @@ class VllmTarget(EnginePair):
                 self.release, self.build, runner, v2_agent=True if self.agent_env is None else None)
         except ValueError as e:
             raise TargetUnavailable(str(e)) from None
+        if from_config:  # not the user's --vllm-runner: the configuration's need (issue 45)
+            self.runner_why = f"the configuration {self.config.name} runs it"
         # a source patch or agent fault of one runner's code means nothing on the other's
         from harness.agents.vllm.v2 import runner as v2runner
         wrong = sorted(f for f in self.faults if v2runner.needs(f) not in (None, self.runner))
