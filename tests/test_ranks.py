@@ -225,3 +225,28 @@ def test_each_multi_worker_patch_names_its_configuration():
     for name, cfg in CONFIG.items():
         assert PATCHES[name].config == cfg and cfg in vc.CONFIGS, name
         assert PATCHES[name].upstream, name
+
+
+def test_sglang_idle_books_read_every_ranks_scheduler(tmp_path):
+    """SglangTarget.idle_books waits for every rank's own idle check and keeps each rank's counts."""
+    import json
+    import threading
+    from types import SimpleNamespace as NS
+
+    from harness.targets.sglang.target import SglangTarget
+
+    def write(checks, held1):
+        for r in (0, 1):
+            f = {"role": "sglang-scheduler", "pid": 100 + r, "tp_rank": r, "tp_size": 2, "pp_rank": 0, "pp_size": 1,
+                 "steps": 9, "books_idle_checks": checks, "pool_leaks": int(r == 1 and held1 > 0),
+                 "first_leak": "req_to_token row 3" if r == 1 and held1 else "",
+                 "books": {"req_rows_total": 8, "req_rows_free": 8 - (held1 if r == 1 else 0)}}
+            (tmp_path / f"sglang-scheduler-{100 + r}.json").write_text(json.dumps(f))
+    write(1, 0)
+    me = NS(facts_dir=lambda overlap: tmp_path)
+    threading.Timer(0.3, write, (2, 2)).start()  # both ranks idle again, rank 1 holding two rows
+    got = SglangTarget.idle_books(me, True, wait_s=5.0)
+    assert got["engine"] == {"req_rows_held": 2, "req_rows_total": 16, "pool_leaks": 1}
+    assert got["ranks"]["rank 1 (tp 1 of 2)"]["req_rows_held"] == 2 and got["first_leak"].startswith("rank 1")
+    assert got["ranks"]["rank 0 (tp 0 of 2)"]["req_rows_held"] == 0
+    assert "NOT BACK (rank 1 (tp 1 of 2))" in SglangTarget.books_line(None, got, "on")
