@@ -21,6 +21,10 @@
 #      imports vllm). On a CUDA build V2 is vLLM's default runner: no Triton interpreter, no
 #      overlay, none of our CPU adaptations (docs/vllm-v2.md); the step fails unless the gate
 #      passes, its JSON names the V2 runner from the servers' logs, and no interpreter ran.
+#  10. beyond one worker (issue 45, docs/multi-worker.md): on a machine with two or more GPUs, the
+#      same vLLM's gate in the multi-worker configurations, `check --target vllm --vllm-python PY
+#      --configs tp2,pp2` (tensor parallelism, pipeline parallelism on V2: every rank's books and
+#      overlap judged and named); skipped with one line on a single GPU.
 # It ends with one line per step (PASS / FAIL / SKIP and why) and a verdict; exits non-zero if
 # any step fails. Everything is also logged to ${OUT:-/tmp/gpu-check}/gpu-check.log.
 # Steps 1-5 take 1-3 minutes on an H200 with a system CUDA torch (no downloads); 6 several more.
@@ -228,6 +232,20 @@ EOF
   fi
 else
   skip "$VLLM_PY's torch sees no CUDA device: not a GPU build of vLLM"
+fi
+
+# -- 10. beyond one worker: TP and PP with the overlap on ------------------------------------------
+step "vLLM gate beyond one worker (tp2, pp2)"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ -z "$VLLM_PY" ]; then
+  skip "no vLLM here (step 9)"
+elif [ "${NGPU:-0}" -lt 2 ]; then
+  skip "$NGPU GPU(s): tp2 and pp2 need two"
+elif timeout 2400 "${OH[@]}" check --target vllm --vllm-python "$VLLM_PY" --configs tp2,pp2 \
+       --json "$OUTDIR/vllm-multi.json" --out "$OUTDIR/vllm-multi-out"; then
+  pass "$OUTDIR/vllm-multi-tp2.json, $OUTDIR/vllm-multi-pp2.json"
+else
+  fail "check --target vllm --configs tp2,pp2 (exit $?; $OUTDIR/vllm-multi-*.json)"
 fi
 
 finish

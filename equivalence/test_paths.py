@@ -66,7 +66,8 @@ def path_run(target, tok, oh_options):
                       runner=target.runner, steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
-                      left_out=dict(target.left_out), spec=spec)
+                      left_out=dict(target.left_out), spec=spec,
+                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
 
 
 def _both_arms(target, reqs):
@@ -287,7 +288,7 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
                               f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} "
                               "requests)", "steps.no_books")
     v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]),
-                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})))
+                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})), in_flight=pr.in_flight)
     line = steps.summary_line(v)
     if record_property is not None:
         record_property("path_count", f"steps={v.compared}/{v.compared}")
@@ -390,9 +391,11 @@ def test_sglang_path(target, row, record_property, request):
     if row.name in SPEC_ROW_NAMES and spec is None:
         outcome.not_exercised(f"not exercised: {row.name}: this pair runs no drafter (check --target sglang --configs ngram)",
                               "no_drafter", skip=True)
-    why = dict(spec.absent).get(row.name) if spec is not None else None
+    cfg = spec or getattr(target, "multi", None)  # a drafter's or several ranks' configuration
+    why = dict(cfg.absent).get(row.name) if cfg is not None else None
     if why:
-        outcome.not_exercised(f"not exercised: {row.name} with {spec.name}: {why}", "drafter_absent", skip=True)
+        outcome.not_exercised(f"not exercised: {row.name} with {cfg.name}: {why}",
+                              "drafter_absent" if spec is not None else "config_absent", skip=True)
     pr = request.getfixturevalue("sglang_path_run")
     if row.name in SPEC_ROW_NAMES and row.violations:  # the agent's first violation, said in full (the
         # counters name it only; the pair's work folder, with the facts, goes when the gate ends)
@@ -425,14 +428,18 @@ def test_sglang_books_at_idle(sglang_path_run, record_property):
     for overlap, arm in ((True, "on"), (False, "off")):
         bk = sglang_path_run.books.get(overlap) or {}
         e = bk.get("engine")
-        lines.append(f"overlap {arm}: " + ("not read: " + str(bk.get("engine_error")) if e is None else
-                                           f"{e['req_rows_total'] - e['req_rows_held']} of {e['req_rows_total']} "
-                                           f"rows free, {e['pool_leaks']} leak(s)"))
         if e is None:
+            lines.append(f"overlap {arm}: not read: {bk.get('engine_error')}")
             bad.append(f"overlap {arm}: SGLang's books were not read ({bk.get('engine_error')})")
-        elif e["req_rows_held"] or e["pool_leaks"]:
-            bad.append(f"overlap {arm}: {e['req_rows_held']} req_to_token row(s) held at idle, {e['pool_leaks']} "
-                       f"pool leak(s): {bk.get('first_leak', '')}")
+            continue
+        # each rank's scheduler apart (TP/PP: its own pool and rows), named (issue 45)
+        for lab, p in (bk.get("ranks") or {"": {**e, "first_leak": bk.get("first_leak", "")}}).items():
+            who = f"{lab}: " if lab else ""
+            lines.append(f"overlap {arm}: {who}{p['req_rows_total'] - p['req_rows_held']} of {p['req_rows_total']} "
+                         f"rows free, {p['pool_leaks']} leak(s)")
+            if p["req_rows_held"] or p["pool_leaks"]:
+                bad.append(f"overlap {arm}: {who}{p['req_rows_held']} req_to_token row(s) held at idle, "
+                           f"{p['pool_leaks']} pool leak(s): {p.get('first_leak', '')}")
     record_property("books", "; ".join(lines))
     for what in ("path_abort_in_flight", "path_retraction"):
         if sglang_path_run.counts_on.get(what, 0) <= 0:

@@ -37,3 +37,32 @@ def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, 
     assert read(out) == [7, 9]
     assert held() == 0 and f.data["books"]["host_buffers_held"] == 0
     assert f.data["books"]["step"] == 1  # the rest of the books as the step wrote them
+
+
+def test_a_rank_whose_outputs_nobody_reads_does_not_block_its_third_step(tmp_path, monkeypatch):
+    """TP (issue 45): only the output rank's step results go back to the engine core; vLLM drops the
+    other ranks' unread (multiproc_executor._execute_worker_rpc). Without the buffer going back when
+    its output dies, rank 1 blocked on its third step (two buffers) and rank 0 in the all-reduce."""
+    import threading
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
+    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(copy_engine, "COPY", None)
+    init = copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
+
+    def steps():
+        for i in range(5):  # each step's output made and dropped unread
+            out = _Output.__new__(_Output)
+            init(out, torch.tensor([[i]]))
+            del out
+    t = threading.Thread(target=steps, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a step blocked on a host buffer nobody will hand back"
+    # a buffer a later copy took is not freed by the dead output that held it before
+    keep = _Output.__new__(_Output)
+    init(keep, torch.tensor([[5]]))
+    buf = keep._oh_buffer
+    copy_engine._release_unread(buf, buf.writer - 1)
+    assert not buf.free.is_set()

@@ -65,6 +65,7 @@ class HostOrder:
         self.pending: dict = {}  # request id -> (the later batches before its wait all had room, phase)
         self.preempted: set = set()  # preempted while a step of theirs was in flight
         self.paused = False  # the last schedule found the engine paused
+        self.max_in_flight = 0  # the most non-empty batches scheduled and not yet waited on, at once
 
     def _verdict(self, rid, kind: str, phase: str) -> None:
         if self.on_request is not None:
@@ -104,6 +105,8 @@ class HostOrder:
             self.counts["early" if self.candidate & ids else "single"] += 1
             self.candidate = None
         self.inflight[n] = ids
+        # k steps in flight (issue 45): a PP engine keeps up to its batch queue's size, not two
+        self.max_in_flight = max(self.max_in_flight, len(self.inflight))
         self.counts["scheduled"] += 1
         self.events.append(("schedule", n, t, int(tokens)))
         return n
@@ -146,7 +149,8 @@ class HostOrder:
             self.events.append(("waited", n, t, t - t0))
 
     def facts(self, last: int = 24) -> dict:
-        return {**self.counts, "last_events": [list(e) for e in list(self.events)[-last:]]}
+        return {**self.counts, "max_in_flight": self.max_in_flight,
+                "last_events": [list(e) for e in list(self.events)[-last:]]}
 
 
 def delta(after: dict | None, before: dict | None) -> dict:

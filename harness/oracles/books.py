@@ -39,6 +39,18 @@ HELD = {
 TIMING = ("blocks_cached_evictable", "blocks_free")  # reported, not judged
 
 
+def views(books: dict) -> list[tuple[str, dict]]:
+    """One arm's books as the parts judged apart, each with the prefix its findings carry: the
+    whole when one worker ran; with several ranks (issue 45) the engine core's, then each rank's
+    worker ("rank 1 (tp 1 of 2): "), so one rank's leak is named and never hidden by another's."""
+    ranks = books.get("ranks")
+    if not ranks or len(ranks) < 2:
+        return [("", books)]
+    engine = {k: v for k, v in books.items() if k.startswith("engine") or k == "first_leak"}
+    parts = [("", engine)] if "engine" in books else []
+    return parts + [(f"{lab}: ", {"worker": wb}) for lab, wb in ranks.items()]
+
+
 def flat(books: dict) -> dict:
     """One arm's books, the engine core's and the worker's counts in one dict."""
     out = {}
@@ -67,31 +79,40 @@ def _named(books: dict, key: str) -> str:
 
 
 def missing(books: dict) -> list[str]:
-    """What the books lack (an agent that reported no idle engine, a read that failed)."""
+    """What the books lack (an agent that reported no idle engine, a read that failed), per rank."""
     out = []
-    for part in ("engine", "worker"):
-        if part not in books:  # not asked for (a HANG report: the engine's books only)
-            continue
-        b = books[part]
-        if not b:
-            out.append(f"no {part} books at idle" + (f": {books.get(part + '_error')}" if books.get(part + "_error") else ""))
+    for who, view in views(books):
+        for part in ("engine", "worker"):
+            if part not in view:  # not asked for (a HANG report: the engine's books only)
+                continue
+            if not view[part]:
+                err = books.get(part + "_error")
+                out.append(f"{who}no {part} books at idle" + (f": {err}" if err else ""))
     return out
 
 
 def leaks(books: dict, arm: str, other: dict | None = None) -> list[str]:
-    """Everything an idle engine still holds, one finding per count, naming who holds it (and,
-    given the other arm's books, what that arm holds of the same)."""
-    c, o = flat(books), flat(other or {})
-    return [f"async {arm}: {c[k]} {what} at idle" + (f" (the other arm: {o.get(k, 0)})" if other else "")
-            + _named(books, k) for k, what in HELD.items() if c.get(k, 0) > 0]
+    """Everything an idle engine still holds, one finding per count and rank, naming who holds it
+    (and, given the other arm's books, what that arm's same part holds of the same)."""
+    others = dict(views(other or {}))
+    out = []
+    for who, view in views(books):
+        c, o = flat(view), flat(others.get(who, {}))
+        out += [f"async {arm}: {who}{c[k]} {what} at idle" + (f" (the other arm: {o.get(k, 0)})" if other else "")
+                + _named(view, k) for k, what in HELD.items() if c.get(k, 0) > 0]
+    return out
 
 
 def compare(on: dict, off: dict) -> list[str]:
-    """What the async-on arm holds at idle beyond the async-off arm, count by count: a finding even
-    where vLLM's own counts add up (free + cached + in use = total with a block still in use)."""
-    a, b = flat(on), flat(off)
-    return [f"async on holds {a[k]} {what} at idle where async off holds {b.get(k, 0)}{_named(on, k)}"
-            for k, what in HELD.items() if a.get(k, 0) > b.get(k, 0)]
+    """What the async-on arm holds at idle beyond the async-off arm, count by count and rank: a
+    finding even where vLLM's own counts add up (free + cached + in use = total with a block still in use)."""
+    offs = dict(views(off))
+    out = []
+    for who, view in views(on):
+        a, b = flat(view), flat(offs.get(who, {}))
+        out += [f"async on holds {who}{a[k]} {what} at idle where async off holds {b.get(k, 0)}{_named(view, k)}"
+                for k, what in HELD.items() if a.get(k, 0) > b.get(k, 0)]
+    return out
 
 
 def findings(on: dict, off: dict) -> list[str]:
@@ -106,11 +127,23 @@ def line(books: dict, arm: str) -> str:
     if missing(books):
         return f"books at idle (async {arm}): {'; '.join(missing(books))}"
     c = flat(books)
-    held = [f"{c[k]} {k}" for k in HELD if c.get(k, 0) > 0]
+    held = [f"{who}{flat(v)[k]} {k}" for who, v in views(books) for k in HELD if flat(v).get(k, 0) > 0]
     return (f"books at idle (async {arm}): KV blocks {c.get('blocks_free', 0)} free of {c.get('blocks_total', 0)} "
             f"({c.get('blocks_cached_evictable', 0)} cached, evictable), {c.get('blocks_in_use', 0)} in use, "
             f"{c.get('blocks_held_by_no_request', 0)} held by no request; scheduler {c.get('requests', 0)} requests "
             f"({c.get('running', 0)} running, {c.get('waiting', 0)} waiting, {c.get('finished_ids', 0)} finished ids); "
             f"placeholders {c.get('placeholders', 0)}, stale outputs {c.get('stale_outputs', 0)}; "
-            + (f"input batch {c.get('batch_rows', 0)} rows, {c.get('generators', 0)} generators; " if "worker" in books else "")
+            + _batch_line(books)
             + ("everything back" if not held else "NOT BACK: " + ", ".join(held)))
+
+
+def _batch_line(books: dict) -> str:
+    """The input batch's part of line(): one worker's, or each rank's (issue 45)."""
+    ranks = books.get("ranks")
+    if ranks and len(ranks) > 1:
+        return "".join(f"{lab}: input batch {(wb or {}).get('batch_rows', 0)} rows, "
+                       f"{(wb or {}).get('generators', 0)} generators; " for lab, wb in ranks.items())
+    if "worker" not in books:
+        return ""
+    c = flat(books)
+    return f"input batch {c.get('batch_rows', 0)} rows, {c.get('generators', 0)} generators; "

@@ -127,11 +127,24 @@ class StepsVerdict:
     evidence: dict = field(default_factory=dict)  # finding -> the async-on arm's evidence for its request
 
 
-def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVerdict:
+def in_flight_of(facts: list[dict]) -> int:
+    """The steps the engine may keep in flight at once, from the engine (issue 45): vLLM's batch
+    queue size as its engine core reported it (2 with async scheduling; pipeline size + 1 with PP
+    on V2's runner); 2, one step ahead of the one it waits on, where the engine reports none
+    (SGLang's overlap loop)."""
+    sizes = [int(f["batch_queue_size"]) for f in facts if f.get("role") == "engine" and f.get("batch_queue_size")]
+    return max(sizes) if sizes else 2
+
+
+def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), in_flight: int = 2) -> StepsVerdict:
     """The findings over the workload's requests (harness.engine.request.Request: prompt_ids,
     max_new_tokens, rid). `parted`: the keys of requests whose speculative windows got other draft
     counts in the two arms (harness.oracles.spec_steps.parted_keys): their sampling steps may
-    differ by design, so only their waits are compared."""
+    differ by design, so only their waits are compared. `in_flight`: the steps the async-on engine
+    may keep in flight (in_flight_of): each step it may schedule before the one it waits on is one
+    step of slack where the scheduler cannot know yet (a stop token in flight, a queued step a
+    newcomer cannot join); 2 is one step, as before."""
+    ahead = max(1, int(in_flight) - 1)  # steps scheduled ahead of the one waited on
     names: dict[str, list[str]] = {}
     for r in reqs:
         names.setdefault(request_key(r.prompt_ids, r.max_new_tokens), []).append(r.rid)
@@ -173,16 +186,18 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVer
                 add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (max_tokens "
                     f"{key.split(':')[1]}, capped in both): {b.sampled - a.sampled} step(s) past max_tokens",
                     "steps.past_cap")
-        elif b.sampled > a.sampled + a.copies:
+        elif b.sampled > a.sampled + a.copies * ahead:
             add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (stopped on a token: "
-                f"at most {a.copies} more allowed)", "steps.extra")
+                f"at most {a.copies * ahead} more allowed)", "steps.extra")
         if b.waited > a.waited:
             add(f"request {who}: waited {b.waited} step(s) with budget free async on, {a.waited} off "
                 f"(sat in the running set unscheduled, then ran)", "steps.waited")
-        if b.admit_waits > a.admit_waits + ADMISSION_SLACK * a.copies:
+        if b.admit_waits > a.admit_waits + ADMISSION_SLACK * a.copies * ahead:
             add(f"request {who}: left waiting {b.admit_waits} step(s) with a slot, token budget and KV blocks "
-                f"free async on, {a.admit_waits} off (the async-off arm admitted it sooner; one step more is "
-                f"allowed, the queued step it cannot join)", "admission.starved")
+                f"free async on, {a.admit_waits} off (the async-off arm admitted it sooner; "
+                + ("one step more is allowed, the queued step it cannot join)" if ahead == 1 else
+                   f"{ADMISSION_SLACK * ahead} steps more are allowed, the {ahead} queued steps it cannot join)"),
+                "admission.starved")
     return StepsVerdict(findings, compared, capped, left, w_on, w_off, evidence)
 
 

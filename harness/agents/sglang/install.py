@@ -140,12 +140,31 @@ class SglangAgent:
 def _in_scheduler_process() -> bool:
     """register() runs in every SGLang process that loads plugins; only the scheduler
     subprocesses (entered through run_scheduler_process) own the streams the agent patches."""
+    return _scheduler_frame() is not None
+
+
+def _scheduler_frame():
     f = sys._getframe(1)
     while f is not None:
         if f.f_code.co_name == "run_scheduler_process":
-            return True
+            return f
         f = f.f_back
-    return False
+    return None
+
+
+def scheduler_ranks() -> dict:
+    """This scheduler's rank (issue 45: one scheduler per TP / PP rank, judged apart): the
+    arguments SGLang started it with (run_scheduler_process's tp_rank, pp_rank) and the sizes from
+    its server args; {} outside a scheduler."""
+    f = _scheduler_frame()
+    if f is None:
+        return {}
+    loc, args = f.f_locals, f.f_locals.get("server_args")
+    try:
+        return {"tp_rank": int(loc.get("tp_rank") or 0), "pp_rank": int(loc.get("pp_rank") or 0),
+                "tp_size": int(getattr(args, "tp_size", 1) or 1), "pp_size": int(getattr(args, "pp_size", 1) or 1)}
+    except (TypeError, ValueError):
+        return {}
 
 
 _AGENT: SglangAgent | None = None
@@ -165,9 +184,11 @@ def register() -> None:
         if plan.data.get("device") == "cpu":
             from harness.agents.sglang.cpu_ops import CpuOps
             ops = CpuOps()
-        facts.set(device=plan.data.get("device", "cuda"))
+        rank = scheduler_ranks()
+        facts.set(device=plan.data.get("device", "cuda"), **rank)
         from harness.agents.sglang.steps import StepBooks
         steps_facts = plan_mod.Facts(plan.data.get("facts_dir"), "steps")
+        steps_facts.set(**rank)
         _AGENT = SglangAgent(plan, facts, ops, steps=StepBooks(steps_facts)).install()
         progress.register_stack_dump(plan.data.get("facts_dir"))  # for a HANG report
         progress.start_flusher(lambda: (facts, steps_facts))

@@ -32,6 +32,10 @@ def _note_release(sched, request, event: str) -> None:
         _RELEASED.popitem(last=False)
     if in_flight:
         state.facts("engine").add(f"{event}_in_flight")
+    if int(getattr(request, "num_output_placeholders", 0) or 0) >= 2:
+        # two decode frames (or a frame with drafts) in flight as it was let go: where vllm#48245
+        # lived (k steps in flight, issue 45); the count says whether a run reached it
+        state.facts("engine").add(f"{event}_two_frames")
 
 
 def _books_preempt(orig):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 
 from harness.agents.vllm import cuda_stubs, state
 from harness.agents.vllm.points import output_attrs
@@ -92,6 +93,9 @@ class CopyEngine:
         else:
             buf = self.buffers[self.next % len(self.buffers)]
             self.next += 1
+            if not buf.free.is_set():  # its output may be dead but not yet collected (a reference cycle)
+                import gc
+                gc.collect()
             buf.free.wait()  # handed out again only after the previous reader is done
             buf.free.clear()
         dst = buf.view(src)
@@ -103,6 +107,11 @@ class CopyEngine:
 
 
 COPY: CopyEngine | None = None  # the worker's, made on its first async output
+
+
+def _release_unread(buf: _HostBuffer, seq: int) -> None:
+    if buf.writer == seq:  # still this output's buffer: nobody will read it now
+        buf.free.set()
 
 
 def output_copy(orig):
@@ -119,6 +128,10 @@ def output_copy(orig):
         if COPY is None:
             COPY = CopyEngine()
         dst, done, self._oh_buffer = COPY.start(src)
+        # a rank whose outputs nobody reads (TP: only the output rank's go back to the engine core,
+        # multiproc_executor._execute_worker_rpc drops the others unread) gives the buffer back when
+        # the output dies, as pinned memory goes back to its allocator; only if no later copy took it
+        weakref.finalize(self, _release_unread, self._oh_buffer, done.seq)
         timing.LAST_COPY[0] = done  # what the next step's forward must not wait for
         setattr(self, ids_attr, dst)
         setattr(self, event_attr, done)

@@ -102,7 +102,7 @@ class Books:
             rec[4] = 0
         if total < budget:
             for r in sched.running:
-                if r.request_id not in scheduled:
+                if r.request_id not in scheduled and could_continue(sched, r):
                     self._rec(r)[4] += 1
             self._admission(sched, out, budget - total)
         self.publish()
@@ -176,6 +176,21 @@ class Books:
         # a copy: the facts flusher serializes it on another thread while this one schedules
         # each record by its field names (harness.oracles.steps.StepRecord reads them)
         self.facts(ROLE).set(requests={k: {**dict(zip(FIELDS, v)), "evidence": dict(v[7])} for k, v in self.reqs.items()})
+
+
+def could_continue(sched, r) -> bool:
+    """A running request this step could have continued (issue 45: k steps in flight). Not one the
+    pipeline holds back by design: under V2 + PP + async a decode is eligible again only pipeline
+    size steps after its last (the decode stagger, vllm#32359 / #42187: `next_decode_eligible_step`),
+    and the synchronous scheduler under PP (a batch queue of pipeline size) has nothing to compute
+    for a request whose token is still in flight. With one worker neither holds, and every running
+    request left out of a step with budget free is a wait, as before."""
+    if getattr(sched, "current_step", 0) < getattr(r, "next_decode_eligible_step", 0):
+        return False
+    try:
+        return r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens > 0
+    except AttributeError:  # a release whose request lacks these counts: judged as before
+        return True
 
 
 def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:

@@ -15,7 +15,7 @@ from collections import deque
 
 from harness.agents import progress
 from harness.agents.host_order import HostOrder
-from harness.agents.vllm import cuda_stubs, faults, state, steps
+from harness.agents.vllm import cuda_stubs, faults, ranks, state, steps
 
 
 # -- async scheduling on CPU ---------------------------------------------------------------
@@ -177,7 +177,7 @@ def runner_init(orig):
         with cuda_stubs.cuda_stubs(cuda_stubs.STUB_CUDA["runner"], (), cuda_stubs.CudaStubs.RUNNER):
             orig(self, *a, **kw)
         state.facts("worker").set(use_async_scheduling=bool(getattr(self, "use_async_scheduling", False)),
-                                  async_outputs=0)
+                                  async_outputs=0, **ranks.rank_facts())
         state.register_stack_dump()
         state.facts("worker").write(True)
     return __init__

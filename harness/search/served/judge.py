@@ -280,7 +280,8 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                                                                                                  run_logprobs(run))]
     if not agent:
         return out
-    sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]))
+    sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]),
+                       in_flight=steps.in_flight_of(getattr(on["run"], "summary", {}).get("facts") or []))
     for f in sv.findings:
         # the signature a replay must show again, by the oracle's code (the words of older reproducers)
         kind = {"steps.past_cap": "past max_tokens", "steps.after_abort": "after abort",

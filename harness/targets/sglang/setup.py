@@ -65,6 +65,9 @@ def sglang_home(root: Path | None = None) -> Path:
 def model_dir(home: Path, name: str | None = None) -> Path:
     """SmolLM2 (the default), or "arith": our fixture in Hugging Face form (harness.targets.hf_export),
     which answers GSM8K-format questions, so the GSM8K gate can see SGLang's accuracy move."""
+    if name == "split":  # SmolLM2 cut so that two ranks divide its heads (harness.targets.split_model)
+        from harness.targets.split_model import NAME
+        return home / "models" / NAME
     return home / "models" / ("arith" if name == "arith" else MODEL)
 
 
@@ -141,6 +144,8 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
     from harness.targets.hf_export import arith_dir_current, write_arith_dir
     if force or not arith_dir_current(model_dir(home, "arith")):  # the GSM8K gate's pair (a few MB)
         write_arith_dir(model_dir(home, "arith"))
+    from harness.targets import split_model  # the model TP=2 can split (issue 45: --configs tp2)
+    split_model.ensure(md, model_dir(home, "split"), force, log=lambda line: print(line, file=sys.stderr))
     stamp["model_dir"] = str(md)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
     return stamp

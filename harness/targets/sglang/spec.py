@@ -22,9 +22,11 @@ class SglangConfig:
     args: tuple[str, ...]
     # the path rows this configuration cannot exercise here, and why (measured)
     absent: tuple[tuple[str, str], ...] = ()
+    env: tuple[str, ...] = ()  # "VAR=value" for both servers
+    model: str = ""  # "split": the model two ranks divide (harness.targets.split_model)
 
     def flags(self) -> str:
-        return " ".join(self.args)
+        return " ".join([*self.env, *self.args] + ([f"(model {self.model})"] if self.model else []))
 
 
 DRAFT_TOKENS = 4  # the window: the bonus token and 3 drafts
@@ -43,6 +45,12 @@ CONFIGS = {c.name: c for c in [
                  ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(DRAFT_TOKENS),
                   "--speculative-ngram-max-bfs-breadth", str(BFS_BREADTH)),
                  absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES),)),
+    # beyond one worker (issue 45): a scheduler process per rank, each with its own pool and rows;
+    # no drafter ("" drafter). One core per rank: SGLang's CPU backend binds each rank's OpenMP
+    # threads to the cores SGLANG_CPU_OMP_THREADS_BIND names, "|" between ranks
+    SglangConfig("tp2", "", ("--tp", "2"), absent=(("relay_entry_0", "the tp2 pair runs without the CPU graph "
+                                                    "runner (a torch.compile per rank): no batch is padded"),),
+                 env=("SGLANG_CPU_OMP_THREADS_BIND=0|1",), model="split"),
 ]}
 
 CPU_ADAPTATIONS = (
@@ -57,7 +65,9 @@ CPU_ADAPTATIONS = (
 
 def parse(spec: str, error) -> list[str]:
     """NAME,...|all: the configurations asked for, in order."""
-    names = list(CONFIGS) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    # all: the drafters; a configuration of several ranks (tp2) runs only when named, as vLLM's do
+    names = [n for n, c in CONFIGS.items() if c.drafter] if spec.strip() == "all" else \
+        [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         raise error(f"unknown SGLang server configuration {', '.join(unknown) or spec!r}; known: {', '.join(CONFIGS)}")

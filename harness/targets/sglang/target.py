@@ -106,18 +106,25 @@ class SglangTarget(EnginePair):
         self.arith = model == "arith"
         # a drafter's configuration (harness/targets/sglang/spec.py): its flags, its rows, its verdict line
         self.spec = None
+        self.multi = None  # a configuration of several ranks (issue 45: tp2), no drafter
         if config not in (None, "default"):
             from harness.targets.sglang import spec as sglang_spec
             if config not in sglang_spec.CONFIGS:
                 raise ValueError(f"unknown SGLang server configuration {config!r}; known: {', '.join(sglang_spec.CONFIGS)}")
-            self.spec = sglang_spec.CONFIGS[config]
-            extra_args = [*self.spec.args, *extra_args]
+            c = sglang_spec.CONFIGS[config]
+            extra_args = [*c.args, *extra_args]
+            if c.drafter:
+                self.spec = c
+            else:
+                self.multi = c
+                if c.model and not model:
+                    model, self.paths = c.model, True  # SmolLM2's tokenizer: the path workload runs on it
             if cpu_graphs is None:
                 cpu_graphs = False  # see sglang_spec.CONFIGS: the CPU graph runner and a verify pass
         # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
         self.cpu_graphs = (self.paths and self.device == "cpu") if cpu_graphs is None else cpu_graphs
         if self.paths or self.arith:
-            model = str(sglang_setup.model_dir(self.home, "arith" if self.arith else None))
+            model = str(sglang_setup.model_dir(self.home, "arith" if self.arith else model if model == "split" else None))
             if check_env and not Path(model, "config.json").is_file():
                 raise TargetUnavailable(f"no model directory in {model}: run `overlap-harness setup sglang`")
         super().__init__(**kw)
@@ -235,6 +242,8 @@ class SglangTarget(EnginePair):
         env["PYTHONPATH"] = setup_cmd.agent_pythonpath(env)
         shim = setup_cmd.entry_point_shim(self.workdir / "entry-points")
         env["PYTHONPATH"] = str(shim) + os.pathsep + env["PYTHONPATH"]
+        if self.multi is not None:  # its ranks' core binding (issue 45)
+            env.update(dict(e.split("=", 1) for e in self.multi.env))
         if self.device == "cpu":
             env = sglang_setup.cpu_env(env)
             # two servers share the machine's cores: no binding; one OpenMP thread each
@@ -283,42 +292,61 @@ class SglangTarget(EnginePair):
         if not scheds:
             return None, ("overlap: not judged (no scheduler reported a host order of events: none ran a step "
                           "in SGLang's overlap loop)")
-        rank = {False: 0, None: 1, True: 2}
-        (effective, why), f = min(((host_order.judge_process(f, before), f) for f in scheds),
-                                  key=lambda v: rank[v[0][0]])
+        from harness.targets.served import ranks
+        by = ranks.by_rank(scheds, "sglang-scheduler")
+        # every rank's scheduler judged; the worst decides (one LOST is LOST), named (issue 45)
+        lab, (effective, why) = ranks.worst([(ranks.label(f), host_order.judge_process(f, before))
+                                             for f in by.values()])
+        f = next(x for x in by.values() if ranks.label(x) == lab)
+        if len(by) > 1:
+            why = f"{lab}: {why}"
         b = next((x for x in before or () if x.get("pid") == f.get("pid") and x.get("role") == f.get("role")), {})
         calls, blocked = (f.get(k, 0) - b.get(k, 0) for k in ("war_barrier_calls", "barrier_blocked"))
         evidence = ("evidence: the scheduler's launch/wait order (Scheduler.run_batch, process_batch_result)"
-                    + (f", scheduler pid {f.get('pid')} of {len(scheds)}" if len(scheds) > 1 else "")
+                    + (f", {len(by)} ranks' schedulers judged" if len(by) > 1 else "")
                     + f"; the host blocked in the WAR barrier on {blocked} of {calls} steps (>{BARRIER_BLOCK_MS} ms)"
                     + "; the device's own step times are not recorded, so its idle gap is not judged")
         return effective, host_order.line(effective, why, evidence)
 
     # -- books at idle: SGLang's own pool checks -------------------------------------------------
     def idle_books(self, overlap: bool, wait_s: float = 20.0) -> dict:
-        """One server's books once its scheduler is fully idle again: SGLang checks its KV pool and
+        """One server's books once every scheduler is fully idle again: SGLang checks its KV pool and
         its req_to_token rows itself whenever it is (on_idle); the agent keeps what that check saw
-        (rows free of total, every leak it reported). {"engine": counts} or {"engine": None,
-        "engine_error": why}; kept in self.books for the gate."""
+        (rows free of total, every leak it reported). With TP/PP each rank's scheduler has its own
+        pool and rows, checked apart (issue 45): "ranks" {rank label: counts} then, and "engine"
+        their sums. {"engine": counts} or {"engine": None, "engine_error": why}; kept in self.books."""
         import time
         from harness.agents import plan as planmod
+        from harness.targets.served import ranks
 
-        def sched():
-            fs = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if f.get("role") == "sglang-scheduler"]
-            return max(fs, key=lambda f: f.get("steps", 0)) if fs else {}
-        start = sched().get("books_idle_checks", 0)
+        def scheds():
+            return ranks.by_rank(planmod.read_facts(str(self.facts_dir(overlap))), "sglang-scheduler")
+        start = {r: f.get("books_idle_checks", 0) for r, f in scheds().items()}
         deadline = time.monotonic() + wait_s
-        f = sched()
-        while f.get("books_idle_checks", 0) <= start and time.monotonic() < deadline:
+        now_ = scheds()
+        while (not now_ or any(f.get("books_idle_checks", 0) <= start.get(r, 0) for r, f in now_.items())) \
+                and time.monotonic() < deadline:
             time.sleep(0.2)
-            f = sched()
-        b = f.get("books")
-        if f.get("books_idle_checks", 0) <= start or not b:
-            now = {"engine": None, "engine_error": f"the scheduler did not go fully idle within {wait_s:.0f} s"}
+            now_ = scheds()
+        per, late = {}, []
+        for r, f in now_.items():
+            b = f.get("books")
+            if f.get("books_idle_checks", 0) <= start.get(r, 0) or not b:
+                late.append(ranks.label(f))
+                continue
+            per[ranks.label(f)] = {"req_rows_held": b["req_rows_total"] - b["req_rows_free"],
+                                   "req_rows_total": b["req_rows_total"], "pool_leaks": f.get("pool_leaks", 0),
+                                   "first_leak": f.get("first_leak", "")}
+        if late or not per:
+            who = f" ({', '.join(late)})" if len(now_) > 1 and late else ""
+            now = {"engine": None, "engine_error": f"the scheduler{who} did not go fully idle within {wait_s:.0f} s"}
         else:
-            now = {"engine": {"req_rows_held": b["req_rows_total"] - b["req_rows_free"],
-                              "req_rows_total": b["req_rows_total"], "pool_leaks": f.get("pool_leaks", 0)},
-                   "first_leak": f.get("first_leak", "")}
+            keys = ("req_rows_held", "req_rows_total", "pool_leaks")
+            first = next((f"{lab}: {p['first_leak']}" if len(per) > 1 else p["first_leak"]
+                          for lab, p in per.items() if p["first_leak"]), "")
+            now = {"engine": {k: sum(p[k] for p in per.values()) for k in keys}, "first_leak": first}
+            if len(per) > 1:
+                now["ranks"] = per
         if not hasattr(self, "books"):
             self.books = {}
         self.books[overlap] = now
@@ -328,11 +356,14 @@ class SglangTarget(EnginePair):
         e = books.get("engine")
         if e is None:
             return f"books at idle (overlap {arm}): not read ({books.get('engine_error')})"
-        held = e["req_rows_held"] or e["pool_leaks"]
-        return (f"books at idle (overlap {arm}, SGLang's own idle check): req_to_token rows "
-                f"{e['req_rows_total'] - e['req_rows_held']} free of {e['req_rows_total']}, "
-                f"{e['pool_leaks']} pool leak(s) reported; "
-                + ("everything back" if not held else f"NOT BACK: {books.get('first_leak') or ''}".strip()))
+        parts = books.get("ranks") or {"": e}
+        held = [lab for lab, p in parts.items() if p["req_rows_held"] or p["pool_leaks"]]
+        each = "; ".join(f"{lab + ': ' if lab else ''}req_to_token rows {p['req_rows_total'] - p['req_rows_held']} free "
+                         f"of {p['req_rows_total']}, {p['pool_leaks']} pool leak(s) reported" for lab, p in parts.items())
+        leak = books.get("first_leak") or ""
+        tail = ("everything back" if not held else f"NOT BACK ({', '.join(held)}): {leak}" if len(parts) > 1
+                else f"NOT BACK: {leak}".strip())
+        return f"books at idle (overlap {arm}, SGLang's own idle check): {each}; {tail}"
 
     # -- requests through /generate ------------------------------------------------------------
     def payload(self, r, overlap: bool) -> dict:
@@ -402,21 +433,24 @@ def setting_verdict(overlap: bool, facts: list[dict], after_run: bool) -> tuple[
     if not scheds or not all(f.get("installed") for f in scheds):
         return "error", (f"sglang (overlap {mode}): the agent reported no scheduler; is it installed in the "
                          f"server's python? ({INSTALL_HINT})")
+    from harness.targets.served import ranks
+    many = ranks.several(facts, "sglang-scheduler")
     for f in scheds:
+        who = f"{ranks.label(f)}'s scheduler (pid {f.get('pid')})" if many else f"scheduler pid {f.get('pid')}"
         if "enable_overlap" in f and f["enable_overlap"] != overlap:
-            return "error", (f"sglang: overlap requested {mode} but scheduler pid {f.get('pid')} runs with "
+            return "error", (f"sglang: overlap requested {mode} but {who} runs with "
                              f"enable_overlap={f['enable_overlap']}: overlap is not what was asked")
         steps, barriers = f.get("run_batch", 0), f.get("war_barrier_calls", 0)
         if not after_run or steps <= 4:
             continue
         if overlap and barriers == 0:
-            return "error", (f"sglang: overlap on, but in {steps} steps scheduler pid {f.get('pid')} never went "
+            return "error", (f"sglang: overlap on, but in {steps} steps {who} never went "
                              "through the overlap loop's WAR barrier: overlap LOST")
         if not overlap and barriers:
-            return "error", f"sglang: overlap off, but scheduler pid {f.get('pid')} ran the overlap loop"
+            return "error", f"sglang: overlap off, but {who} ran the overlap loop"
         blocked = f.get("barrier_blocked", 0)
         if overlap and barriers and blocked * 2 > barriers:
-            return "error", (f"sglang: the scheduler thread blocked in the WAR barrier on {blocked} of {barriers} "
+            return "error", (f"sglang: {who}'s thread blocked in the WAR barrier on {blocked} of {barriers} "
                              f"steps (>{BARRIER_BLOCK_MS} ms): the CPU waits for the GPU, overlap LOST")
     return None
 

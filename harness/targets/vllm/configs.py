@@ -50,11 +50,16 @@ class ServerConfig:
     priority: bool = False  # requests carry a "priority" (the priority policy orders by it)
     drop: tuple[str, ...] = ()  # the path pair's flags (names without --) this configuration leaves out
     spec: tuple = ()  # (drafter, num_speculative_tokens): a --speculative-config (harness.targets.vllm.spec)
+    model: str = ""  # a model of setup's other than SmolLM2 (harness.targets.vllm.setup.MODEL_DIRS; "split": TP/PP)
+    runner: str = ""  # the model runner it needs ("v2"), where --vllm-runner says auto
+    heavy: bool = False  # several workers a server: run only when named (--configs NAME), never drawn by default
+    lifted_by: str = ""  # a source patch that lifts `refused` (the refusal was vLLM's fix: the patch re-creates the bug)
 
     def flags(self) -> str:
         spec = [f"--speculative-config draft_model:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
         drop = [f"(no --{d})" for d in self.drop]
-        return " ".join([*self.env, *self.args, *spec, *drop]) or "(the path setting)"
+        more = ([f"(model {self.model})"] if self.model else []) + ([f"(runner {self.runner.upper()})"] if self.runner else [])
+        return " ".join([*self.env, *self.args, *spec, *drop, *more]) or "(the path setting)"
 
 
 CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
@@ -120,6 +125,27 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "the target as its own drafter, 3 drafts a step: every greedy window accepted whole, so each "
         "step carries the bonus token and the max_tokens guard meets whole windows",
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("same", 3)),
+    # beyond one worker (issue 45; docs/multi-worker.md): the split model (SmolLM2 cut to 6 heads over
+    # 2 KV heads, 4 layers: harness.targets.split_model), one worker process per rank
+    ServerConfig(
+        "tp2", ("--tensor-parallel-size", "2"),
+        "tensor parallelism over two worker processes (the multiprocess executor, vLLM's CPU communicator): "
+        "every rank keeps its own input batch, request states and sampled-id copy for the same batch, and "
+        "the engine core's one schedule is broadcast to both; a rank whose books or placeholders drift "
+        "from its peer's answers other tokens or leaks alone", {}, since="0.12.0", model="split", heavy=True),
+    ServerConfig(
+        "pp2", ("--pipeline-parallel-size", "2"),
+        "pipeline parallelism over two stages on V2's runner: with async scheduling the batch queue holds "
+        "pipeline size + 1 = 3 batches, so two steps are in flight ahead of the one waited on; decodes "
+        "are staggered across stages, only the last stage samples, and a preemption or a finish meets "
+        "two frames in flight", {}, since="0.32.0", model="split", runner="v2", heavy=True),
+    ServerConfig(
+        "pp2-v1", ("--pipeline-parallel-size", "2"),
+        "pipeline parallelism on V1's runner with async scheduling (only with the source patch that lifts vLLM's "
+        "refusal: --fault v1_pp_async_allowed)", {}, model="split", runner="v1", heavy=True,
+        lifted_by="v1_pp_async_allowed",
+        refused="vLLM 0.32.0 refuses pipeline parallelism with async scheduling on the V1 model runner "
+                "(vllm/config/vllm.py, _get_v1_model_runner_unsupported_features: vllm#45014); pp2 runs it on V2"),
     ServerConfig(
         "priority", ("--scheduling-policy", "priority"),
         "the priority policy: the waiting queue is a heap by (priority, arrival), and a KV-pressure "
@@ -130,7 +156,7 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
 # what `check --configs all` and stress's default draw run. The drafters' configurations run only
 # when named (`--configs spec-draft`): their stock gate is not quiet yet on vLLM's CPU build (runs of
 # token 0 in both arms, docs/vllm-spec.md), and a draw that fails on stock would bury real findings
-MATRIX = [c.name for c in CONFIGS.values() if not c.refused and not c.spec]
+MATRIX = [c.name for c in CONFIGS.values() if not c.refused and not c.spec and not c.heavy]
 
 
 def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str]:
@@ -150,7 +176,7 @@ def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str
     for n in names:
         if n not in CONFIGS:
             raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}")
-        if CONFIGS[n].refused and not drop:
+        if CONFIGS[n].refused and not CONFIGS[n].lifted_by and not drop:
             raise exc(f"{flag}: configuration {n} cannot run on vLLM's CPU build: {CONFIGS[n].refused}")
     if drop:
         names = [n for n in MATRIX if n not in names]
@@ -163,13 +189,14 @@ def get(name: str | None) -> ServerConfig:
     return CONFIGS[name or DEFAULT]
 
 
-def resolve(name: str | None, unavailable=RuntimeError) -> ServerConfig:
+def resolve(name: str | None, unavailable=RuntimeError, faults=()) -> ServerConfig:
     """The configuration a target is made in: an unknown name is a ValueError, one that vLLM's
-    CPU build refuses is `unavailable` (each one line)."""
+    CPU build refuses is `unavailable` (each one line), unless `faults` has the source patch that
+    lifts the refusal."""
     if (name or DEFAULT) not in CONFIGS:
         raise ValueError(f"unknown server configuration {name!r}; known: {', '.join(CONFIGS)}")
     c = CONFIGS[name or DEFAULT]
-    if c.refused:
+    if c.refused and not (c.lifted_by and c.lifted_by in set(faults)):
         raise unavailable(f"configuration {c.name}: {c.refused}")
     return c
 

@@ -230,13 +230,12 @@ PATHS_BY_NAME = {p.name: p for p in PATHS}
 
 
 def counts(facts: list[dict]) -> dict[str, int]:
-    """Every numeric fact summed over vLLM's processes (a counter lives in one role)."""
-    out: dict[str, int] = {}
-    for f in facts:
-        for k, v in f.items():
-            if isinstance(v, int) and not isinstance(v, bool) and k != "pid":
-                out[k] = out.get(k, 0) + v
-    return out
+    """Every numeric fact over the engine's processes (a counter lives in one role): summed over the
+    API server and the engine core, taken once (the largest rank's) over the workers, one per
+    rank, and SGLang's schedulers, one per rank (harness.targets.served.ranks: TP=2 runs each
+    path on both ranks; it ran once)."""
+    from harness.targets.served import ranks
+    return ranks.counts(facts, ranked=("worker", "sglang-scheduler"))
 
 
 def delta(before: dict, after: dict) -> dict[str, int]:
@@ -266,6 +265,7 @@ class PathRun:
     spec: dict = field(default_factory=dict)  # overlap -> each request's speculative windows (harness.oracles.spec_steps)
     absent: dict = field(default_factory=dict)  # row -> "n/a in ...: why" (a release or server configuration without it)
     left_out: dict = field(default_factory=dict)  # rid -> (known id, fields, case): a known crash's trigger not sent
+    in_flight: int = 2  # the steps the async-on engine may keep in flight (its batch queue: harness.oracles.steps)
 
 
 def bare_rows() -> list[PathRow]:

@@ -54,6 +54,12 @@ def model_dir(home: Path, name: str = "smollm2") -> Path:
     return home / "models" / MODEL_DIRS[name]
 
 
+def split_dir(home: Path) -> Path:
+    """The split model's directory (harness.targets.split_model: the multi-worker configurations')."""
+    from harness.targets.split_model import NAME
+    return home / "models" / NAME
+
+
 def has_cuda() -> bool:
     """Where a CUDA device is visible, the GPU build of vLLM is the one to test."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
@@ -191,6 +197,8 @@ def _models(home: Path, rel, force: bool, n: int, stamp: dict) -> dict:
         set_tokenizer_class(ad, tok_class)
     from harness.targets.vllm.spec import ensure_drafts  # the drafters' cut models (issue 43)
     ensure_drafts(home, md, force, log=lambda line: print(line, file=sys.stderr))
+    from harness.targets import split_model  # the model TP/PP=2 can split (issue 45)
+    split_model.ensure(md, split_dir(home), force, log=lambda line: print(line, file=sys.stderr))
     stamp["model_dir"] = str(md)
     home.mkdir(parents=True, exist_ok=True)
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
@@ -201,7 +209,7 @@ def ensure_models(home: Path, rel) -> str | None:
     """A user's vLLM (--vllm-python): the model directories in OUR folder for it (nothing goes into
     that environment); None when ready, else why not (one line)."""
     try:
-        if all(model_ok(model_dir(home, m)) for m in MODEL_DIRS):
+        if all(model_ok(model_dir(home, m)) for m in MODEL_DIRS) and model_ok(split_dir(home)):
             return None
         import contextlib
         import io

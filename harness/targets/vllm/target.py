@@ -20,6 +20,7 @@ from pathlib import Path
 from harness.targets.vllm import configs as vllm_configs
 from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm import upstream as vllm_upstream
+from harness.targets.vllm import workers as vllm_workers
 from harness.targets.vllm import setup as setup_cmd
 from harness.targets.vllm import spec as vllm_spec
 from harness.targets.base import TargetError, TargetUnavailable
@@ -91,7 +92,12 @@ class VllmTarget(EnginePair):
         super().__init__(**kw)
         self.forced_isa = isa  # --vllm-isa's, checked (harness.flags.vllm_choice): "" for this CPU's
         # the server configuration (harness.targets.vllm.configs): its flags replace the path setting's
-        self.config = vllm_configs.resolve(config, TargetUnavailable)
+        self.config = vllm_configs.resolve(config, TargetUnavailable, faults)
+        # a multi-worker configuration names the model and runner it needs (issue 45)
+        model = model or self.config.model or None
+        from_config = runner == "auto" and bool(self.config.runner)
+        if from_config:
+            runner = self.config.runner
         if pair not in ("main", "bare"):
             raise ValueError(f"unknown server pair {pair!r}: expected main or bare")
         # main: the path workload's setting; bare: the same without a CLI logits processor, for
@@ -154,6 +160,8 @@ class VllmTarget(EnginePair):
                 self.release, self.build, runner, v2_agent=True if self.agent_env is None else None)
         except ValueError as e:
             raise TargetUnavailable(str(e)) from None
+        if from_config:  # not the user's --vllm-runner: the configuration's need (issue 45)
+            self.runner_why = f"the configuration {self.config.name} runs it"
         # a source patch or agent fault of one runner's code means nothing on the other's
         from harness.agents.vllm.v2 import runner as v2runner
         wrong = sorted(f for f in self.faults if v2runner.needs(f) not in (None, self.runner))
@@ -164,7 +172,11 @@ class VllmTarget(EnginePair):
         self.isa, self.stubs = self._library_in_force(stamp)
         self.triton_shim = vllm_build.needs_triton_shim(self.release, self.build, self.runner)
         self.ran: dict[bool, tuple[str, str]] = {}  # per server: (runner, evidence) from its own log
-        if model in setup_cmd.MODEL_DIRS or model is None:
+        if model == "split":  # the model two ranks divide (harness.targets.split_model), setup writes it
+            self.model_path = str(setup_cmd.split_dir(self.home))
+            if not Path(self.model_path, "config.json").is_file():
+                raise TargetUnavailable(f"no split model in {self.model_path}: run `overlap-harness setup vllm`")
+        elif model in setup_cmd.MODEL_DIRS or model is None:
             self.model_path = str(setup_cmd.model_dir(self.home, model or "smollm2"))
             if model == "arith":  # its byte prompts and answers fit in 512 positions
                 max_model_len = min(max_model_len, 512)
@@ -176,7 +188,7 @@ class VllmTarget(EnginePair):
             raise TargetUnavailable(vllm_spec.missing(self))
         # the default model's pair runs the path attack's setting (harness.targets.vllm.paths): a KV
         # pool far smaller than the workload, chunked prefill, prefix caching, our logits processors
-        self.paths = model in (None, "smollm2")
+        self.paths = model in (None, "smollm2", "split")  # the split model keeps SmolLM2's tokenizer
         if self.paths:
             from harness.targets.vllm import paths as vllm_paths
             max_model_len = min(max_model_len, vllm_paths.MAX_MODEL_LEN)
@@ -370,16 +382,18 @@ class VllmTarget(EnginePair):
         if not engines or not workers:
             raise TargetError(f"vllm (async {mode}): the agent reported no engine core or worker facts; is "
                               f"the agent installed in the vLLM venv? (run `overlap-harness setup vllm`)")
-        e, w = engines[-1], workers[-1]
-        if w.get("runner", "v1") != self.runner:  # V1's agent does not name it: only V2's does
-            raise TargetError(f"vllm: the {self.runner.upper()} model runner was chosen ({self.runner_why}) but the "
-                              f"agent found the worker running {w.get('runner', 'v1').upper()}")
+        e = engines[-1]
+        # every rank's worker (harness.targets.vllm.workers), named: not the last file read
+        wrong = [x for x in vllm_workers.setting_errors(facts, self.runner, overlap) if "model runner" in x]
+        if wrong:
+            raise TargetError(f"vllm: the {self.runner.upper()} model runner was chosen ({self.runner_why}) but "
+                              f"{'; '.join(wrong)}")
         want_sched = "AsyncScheduler" if overlap else "Scheduler"
-        if e.get("async_scheduling") != overlap or e.get("scheduler") != want_sched \
-                or w.get("use_async_scheduling") != overlap:
+        wrong = vllm_workers.setting_errors(facts, self.runner, overlap)
+        if e.get("async_scheduling") != overlap or e.get("scheduler") != want_sched or wrong:
             raise TargetError(f"vllm: async scheduling requested {mode} but the engine runs "
-                              f"async_scheduling={e.get('async_scheduling')} with {e.get('scheduler')}, worker "
-                              f"use_async_scheduling={w.get('use_async_scheduling')}: overlap is not what was asked")
+                              f"async_scheduling={e.get('async_scheduling')} with {e.get('scheduler')}"
+                              f"{'; ' + '; '.join(wrong) if wrong else ''}: overlap is not what was asked")
         if overlap and e.get("batch_queue_size", 1) < 2:
             raise TargetError(f"vllm: async scheduling on but the batch queue holds {e.get('batch_queue_size')} "
                               "batch: no step can overlap another")
@@ -401,16 +415,19 @@ class VllmTarget(EnginePair):
                           "order of events)")
         effective, why = host_order.judge_process(e, before)
         workers = [w for w in facts if w.get("role") == "worker"]
-        # the worker's own clock (issue 36): its forwards against the previous step's copy
-        w_now = max(workers, key=lambda w: (w.get("forward_copy") or {}).get("judged", 0), default={})
-        w_before = next((b for b in before or () if b.get("role") == "worker" and b.get("pid") == w_now.get("pid")), {})
-        w_ok, w_why = host_order.judge_worker(w_now.get("forward_copy"), w_before.get("forward_copy"))
+        # each worker's own clock (issue 36), every rank (issue 45): its forwards against the
+        # previous step's copy; one rank LOST is LOST, named
+        w_ok, w_why = vllm_workers.overlap_line(vllm_workers.overlap_verdicts(facts, before, host_order.judge_worker))
         if w_ok is False:
             effective, why = False, w_why
         elif effective is not None:
             why += f"; {w_why}"
         inline = any(w.get("forward_inline") for w in workers)
         evidence = f"evidence: the engine core's schedule/wait order, vLLM {e.get('scheduler')}"
+        ho = e["host_order"]
+        if ho.get("max_in_flight"):  # k steps in flight (issue 45): what the batch queue allows, what ran
+            evidence += (f"; up to {ho['max_in_flight']} step(s) in flight of the {e.get('batch_queue_size', 1)} "
+                         "the batch queue holds")
         if inline:
             evidence += ("; the forward runs inline on the engine core's thread (UniProcExecutor), so only the "
                          "order is judged, not time")
@@ -431,8 +448,8 @@ class VllmTarget(EnginePair):
         deadline = time.monotonic() + wait_s
         last = None
         while True:
-            facts = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if _alive(f.get("pid"))]
-            now = _books_of(facts)
+            facts = [f for f in planmod.read_facts(str(self.facts_dir(overlap))) if vllm_workers.alive(f.get("pid"))]
+            now = vllm_workers.books_of(facts)
             if (now["engine"] is not None and now == last) or time.monotonic() > deadline:
                 break
             last = now
@@ -465,26 +482,3 @@ class VllmTarget(EnginePair):
         return out + [f"  {x.replace(' at idle', '')}" for x in bookmod.leaks(b, arm)
                       if not x.split(": ", 1)[1].split(" ", 1)[1].startswith("requests still waiting")][:4]
 
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (TypeError, ValueError, ProcessLookupError, PermissionError):
-        return False
-
-
-def _books_of(facts: list[dict]) -> dict:
-    """The books in the agent's facts: the engine core's only if taken at its latest step."""
-    out = {"engine": None, "worker": None}
-    for role in ("engine", "worker"):
-        for f in facts:
-            if f.get("role") != role:
-                continue
-            b = f.get("books")
-            if f.get("books_error"):
-                out[f"{role}_error"] = f["books_error"]
-            if role == "engine" and b is not None and b.get("step") != f.get("steps"):
-                b = None  # a step ran since: not idle (yet)
-            out[role] = b
-    return out

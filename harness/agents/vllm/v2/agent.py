@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 
+from harness.agents.vllm import ranks
 from harness.agents.vllm.v2 import kernels, shared
 from harness.agents.vllm.points import patch_at
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
@@ -45,7 +46,8 @@ def _runner_init(orig):
         orig(self, vllm_config, *a, **kw)
         f = _facts("worker")
         f.set(runner="v2", runner_class=type(self).__name__,
-              use_async_scheduling=bool(vllm_config.scheduler_config.async_scheduling), async_outputs=0)
+              use_async_scheduling=bool(vllm_config.scheduler_config.async_scheduling), async_outputs=0,
+              **ranks.rank_facts())
         shared.register_stack_dump()
         f.write(True)
     return __init__

@@ -1,0 +1,94 @@
+"""vLLM's workers, rank by rank (issue 45): the runner and async check, the worker's own overlap
+and the books at idle, each read from every worker process and named by its rank.
+
+vLLM's multiprocess executor runs one worker per rank (tensor x pipeline parallel size); the
+agent in each writes worker-<pid>.json with its rank (harness.agents.vllm.ranks). One worker is
+rank 0 of one, and its verdict reads as it did before (no rank named). With several, every
+line that is about one worker says which ("rank 1 (tp 1 of 2): ...").
+"""
+from __future__ import annotations
+
+import os
+
+from harness.targets.served import ranks
+
+
+def workers(facts: list[dict]) -> dict[int, dict]:
+    return ranks.by_rank(facts, "worker")
+
+
+def who(f: dict, facts: list[dict]) -> str:
+    """"" for the only worker, "rank N (...)" when there are several: a verdict's prefix."""
+    return f"{ranks.label(f)}: " if ranks.several(facts, "worker") else ""
+
+
+def setting_errors(facts: list[dict], runner: str, overlap: bool) -> list[str]:
+    """Every worker whose runner or async setting is not what the target asked: one line each, its
+    rank named (a TP rank that ran the other setting would answer other tokens than its peers)."""
+    out = []
+    for f in workers(facts).values():
+        got = f.get("runner", "v1")  # V1's agent does not name it: only V2's does
+        if got != runner:
+            out.append(f"{who(f, facts)}the worker runs the {got.upper()} model runner")
+        if f.get("use_async_scheduling") != overlap:
+            out.append(f"{who(f, facts)}the worker runs use_async_scheduling={f.get('use_async_scheduling')}")
+    return out
+
+
+def overlap_verdicts(facts: list[dict], before, judge_worker) -> list[tuple[str, tuple]]:
+    """(rank label, judge_worker's (effective, why)) per worker over one run: each rank's forwards
+    against the previous step's sampled-id copy. A pipeline stage that samples nothing (all but
+    the last) has no copy to judge: not judged, said so."""
+    out = []
+    for r, f in workers(facts).items():
+        b = next((x for x in before or () if x.get("role") == "worker" and x.get("pid") == f.get("pid")), {})
+        eff, why = judge_worker(f.get("forward_copy"), b.get("forward_copy"))
+        if eff is None and int(f.get("pp_size", 1) or 1) > 1 and int(f.get("pp_rank", 0)) < int(f["pp_size"]) - 1:
+            why = "worker: a pipeline stage before the last samples no ids: nothing to judge its forwards by"
+        out.append((ranks.label(f), (eff, why)))
+    return out
+
+
+def overlap_line(verdicts: list[tuple[str, tuple]]) -> tuple[bool | None, str]:
+    """The workers' part of the overlap verdict: the deciding rank's, every rank named when several."""
+    if not verdicts:
+        return None, "worker: no worker facts"
+    lab, (eff, why) = ranks.worst(verdicts)
+    if len(verdicts) == 1:
+        return eff, why
+    if eff is False:
+        return False, f"{lab}: {why}"
+    return eff, "; ".join(f"{lab}: {w}" for lab, (_, w) in verdicts)
+
+
+def alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (TypeError, ValueError, ProcessLookupError, PermissionError):
+        return False
+
+
+def books_of(facts: list[dict]) -> dict:
+    """The books in the agent's facts: the engine core's only if taken at its latest step; the
+    worker's of each rank ("ranks": {rank label: books}, when there are several; "worker" is then
+    the first rank's, so an old reader still finds one)."""
+    out = {"engine": None, "worker": None}
+    for f in facts:
+        if f.get("role") != "engine":
+            continue
+        b = f.get("books")
+        if f.get("books_error"):
+            out["engine_error"] = f["books_error"]
+        if b is not None and b.get("step") != f.get("steps"):
+            b = None  # a step ran since: not idle (yet)
+        out["engine"] = b
+    ws = workers(facts)
+    for r, f in ws.items():
+        if f.get("books_error"):
+            out["worker_error"] = f"{who(f, facts)}{f['books_error']}"
+    if ws:
+        out["worker"] = next(iter(ws.values())).get("books")
+    if len(ws) > 1:
+        out["ranks"] = {ranks.label(f): f.get("books") for f in ws.values()}
+    return out

