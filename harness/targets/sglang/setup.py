@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.cache import cache_root
 from harness.targets.vllm.setup import (CPU_TORCH, SetupError, has_cuda, model_ok, read_stamp, run_checked, announce_step,
-                                        ensure_agent, venv_python, write_model_dir)
+                                        ensure_agent, pip_install, venv_python, write_model_dir)
 
 ROOT = Path(__file__).resolve().parents[3]
 SGLANG = "sglang==0.5.23"  # the agent's points were written against this source (agents.sglang.points)
@@ -82,8 +82,9 @@ IMPORT_CHECK = ("import torch, sglang.srt.managers.scheduler, sglang.srt.entrypo
                 "sglang.srt.layers.attention.torch_native_backend; print(torch.__version__)")
 
 
-def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | None = None) -> dict:
-    """Make (or confirm) SGLang's venv and the model directory; returns the stamp."""
+def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | None = None, models: bool = True) -> dict:
+    """Make (or confirm) SGLang's venv and the model directory; returns the stamp. `models=False`:
+    the venv and the agent only (the standard library: any Python 3 runs them), as setup_vllm."""
     import os
     home = home or sglang_home()
     cuda = has_cuda() if cuda is None else cuda
@@ -100,7 +101,7 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         home.mkdir(parents=True, exist_ok=True)
         if not py.exists():
             run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        pip = pip_install(py)  # without byte-compiling (vllm setup.pip_install)
         if cuda:
             announce_step(2, n, f"installing {SGLANG} (its CUDA build and pins: several GB)")
             run_checked(pip + [SGLANG], f"installing {SGLANG}")
@@ -132,6 +133,8 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[3/{n}]", engine="SGLang")
     stamp = read_stamp(home)
+    if not models:
+        return stamp
     md = model_dir(home)
     if force or not model_ok(md):
         announce_step(4, n, f"writing the SmolLM2 model directory {md}")
