@@ -5,16 +5,18 @@
 #   the other chain: every test that needs no real engine on TEST_WORKERS xdist workers (a module to
 #     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
 #     there, the tests that read vLLM's source without a server (-m vllm_source);
-#   the SGLang chain, from the first second, niced: `setup sglang`, then the SGLang pair's tests in
+#   the SGLang chain, from the first second: `setup sglang`, then the SGLang pair's tests in
 #     one pytest process on its one pair (-m sglang: in .ci/run the stock pair's, in the scheduled
 #     tier every one, the source patches' included).
 # *Why the setups run beside the tests*: cold, they are minutes of pip work that the first tests do
 # not need; started first, beside them, they cost CI no wall time of their own. One real-engine
 # pair of each kind at a time: vLLM's in its chain, SGLang's in its own.
-# *Why the SGLang chain is niced and not queued behind the other chain*: queued, its pair start and
-# tests (about 5 minutes on two loaded cores) came after the other chain's 14 minutes and ran the
-# cold run past 20 minutes; beside it at nice 5 it takes the cores the two main chains leave idle
-# (pip and server starts wait on disk and sockets), and the critical path pays only what is left.
+# *Why the SGLang chain runs beside the others at their priority*: queued behind the other chain,
+# its pair start and tests came after that chain's 14 minutes and ran the cold run past 20 minutes;
+# at nice 5 beside it, with the cores full, its cold setup was starved until 606 s and its pair ran
+# last and alone (the chain ended at 711 s, the others at 609 and 679 s); at equal priority it is
+# done while the others run, and the two-worker chain, which uses both cores, ends the run.
+# (SGLANG_NICE sets a nice level for it.)
 # `SELECT` picks the tier: "not scheduled" (default, .ci/run) or "scheduled" (make test-scheduled:
 # the broad and slow runs whose fast representatives .ci/run keeps).
 # Processes rather than xdist groups: under pytest 9.2 xdist's group suffix no longer reaches the
