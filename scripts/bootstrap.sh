@@ -18,10 +18,7 @@ fi
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/bootstrap.sh ]; then
   exit 0
 fi
-# --no-compile: pip byte-compiles every module it installs (about 19,000 here: torch, transformers,
-# lm-eval, pandas, ...), most never imported by the tests; Python compiles what they import on first
-# use and keeps it, and cold, this serial step is the one nothing else runs beside
-pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "bootstrap: installing torch==2.13.0 (CPU wheel)" >&2
   "${pip[@]}" "torch==2.13.0"

