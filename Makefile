@@ -30,11 +30,12 @@ run: venv
 # xdist workers, then the tests that read vLLM's source once the setup is done. `make test` is
 # .ci/run's tier; `make test-scheduled` the broad and slow tests whose fast representatives it keeps
 # (the whole kill matrix, every vLLM source patch, the GSM8K pairs on vLLM), for the scheduled workflow
+# (scripts/test.sh makes .venv itself, beside the engines' venvs: no `venv` prerequisite here)
 TEST_WORKERS ?= 2
-test: venv
+test:
 	@TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
 
-test-scheduled: venv
+test-scheduled:
 	@SELECT=scheduled TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh
 
 # `make bench`: the quick benchmarks, then every ratio against its anchor side by side

@@ -5,44 +5,70 @@
 #   the other chain: every test that needs no real engine on TEST_WORKERS xdist workers (a module to
 #     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
 #     there, the tests that read vLLM's source without a server (-m vllm_source);
-#   the SGLang chain, from the first second, niced: `setup sglang`, then the SGLang pair's tests in
+#   the SGLang chain, from the first second: `setup sglang`, then the SGLang pair's tests in
 #     one pytest process on its one pair (-m sglang: in .ci/run the stock pair's, in the scheduled
 #     tier every one, the source patches' included).
 # *Why the setups run beside the tests*: cold, they are minutes of pip work that the first tests do
 # not need; started first, beside them, they cost CI no wall time of their own. One real-engine
 # pair of each kind at a time: vLLM's in its chain, SGLang's in its own.
-# *Why the SGLang chain is niced and not queued behind the other chain*: queued, its pair start and
-# tests (about 5 minutes on two loaded cores) came after the other chain's 14 minutes and ran the
-# cold run past 20 minutes; beside it at nice 5 it takes the cores the two main chains leave idle
-# (pip and server starts wait on disk and sockets), and the critical path pays only what is left.
+# *Why the SGLang chain runs beside the others at their priority*: queued behind the other chain,
+# its pair start and tests came after that chain's 14 minutes and ran the cold run past 20 minutes;
+# at nice 5 beside it, with the cores full, its cold setup was starved until 606 s and its pair ran
+# last and alone (the chain ended at 711 s, the others at 609 and 679 s); at equal priority it is
+# done while the others run, and the two-worker chain, which uses both cores, ends the run.
+# (SGLANG_NICE sets a nice level for it.)
 # `SELECT` picks the tier: "not scheduled" (default, .ci/run) or "scheduled" (make test-scheduled:
 # the broad and slow runs whose fast representatives .ci/run keeps).
 # Processes rather than xdist groups: under pytest 9.2 xdist's group suffix no longer reaches the
 # node ids, so `--dist loadgroup` silently groups nothing.
+# *Why .venv is made here (scripts/bootstrap.sh), after the engine chains start*: cold, bootstrap is
+# a minute of pip on one core that everything waited for; the engines' venvs need only the standard
+# library (setup_vllm / setup_sglang with models=False, run by any Python 3), so their pip work
+# starts at the first second beside it, and each chain goes on to `setup` (the model directories,
+# which need torch) once .venv is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# *Why bytecode is written during the run*: where PYTHONDONTWRITEBYTECODE is set (this machine's
+# container sets it for every process), nothing compiled is kept, and every pytest process (the
+# chains' sessions, each xdist worker, each `check` a test starts) rewrote and compiled every test
+# module it collected again: a whole collection took 4.9 s of CPU, 1.8 s once pytest's cache is
+# written (measured). The caches go in __pycache__ folders, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 PY=.venv/bin/python
 OH=.venv/bin/overlap-harness
 SELECT=${SELECT:-not scheduled}
 log=${TEST_VLLM_LOG:-}
 if [ -z "$log" ]; then  # a temporary log, printed whole at the end and then removed
   log=$(mktemp -t oh-test-vllm.XXXXXX)
-  trap 'rm -f "$log" "$log.wheels" "$log.sglang"' EXIT
+  trap 'rm -f "$log" "$log.wheels" "$log.sglang" "$log.boot"' EXIT
 fi
+rm -f "$log.boot"
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }
+# an engine's venv and agent before .venv exists (a failure here is only logged: `setup` redoes it)
+early_venv() {
+  "${PYTHON:-python3}" -c "from harness.targets.$1.setup import setup_$1; setup_$1(models=False)" \
+    || echo "(the early $1 venv failed; setup $1 below makes it)"
+}
+# a chain waits here for scripts/bootstrap.sh (run below) and stops if it failed
+after_bootstrap() {
+  while [ ! -s "$log.boot" ]; do sleep 1; done
+  [ "$(cat "$log.boot")" = 0 ]
+}
 echo "test: tier '$SELECT'; the vLLM chain (setup, then its tests) runs beside the others; its output is in $log (printed at the end)"
 # the release wheels (the vllm_source tests' sources): a download of its own, beside everything
-{ "$OH" setup vllm --wheels; echo "wheels=$?"; } >"$log.wheels" 2>&1 &
+{ after_bootstrap || exit 1; "$OH" setup vllm --wheels; echo "wheels=$?"; } >"$log.wheels" 2>&1 &
 wheels_pid=$!
 # the SGLang chain: its setup, then its pair's tests (the tier's selection), beside everything;
 # SGLANG_SELECT overrides the selection ("" skips the chain: e.g. a machine without the registry)
 SGLANG_SELECT=${SGLANG_SELECT-sglang and ($SELECT)}
 if [ -n "$SGLANG_SELECT" ]; then
   {
-    nice -n "${SGLANG_NICE:-5}" "$OH" setup sglang; echo "sglang_setup=$?"
+    nice -n "${SGLANG_NICE:-0}" bash -c "$(declare -f early_venv); early_venv sglang"
+    after_bootstrap || exit 1
+    nice -n "${SGLANG_NICE:-0}" "$OH" setup sglang; echo "sglang_setup=$?"
     echo "== the SGLang pair's tests (-m '$SGLANG_SELECT'), from $(since)"
-    OVERLAP_HARNESS_REQUIRE_SGLANG=1 nice -n "${SGLANG_NICE:-5}" "$PY" -m pytest -q -p no:cacheprovider \
+    OVERLAP_HARNESS_REQUIRE_SGLANG=1 nice -n "${SGLANG_NICE:-0}" "$PY" -m pytest -q -p no:cacheprovider \
       -m "$SGLANG_SELECT" --durations=8 "$@"
     echo "sglang_pair=$?"
     echo "== the SGLang chain ended at $(since)"
@@ -52,6 +78,8 @@ else
 fi
 sglang_pid=$!
 {
+  early_venv vllm
+  after_bootstrap || exit 1
   "$OH" setup vllm
   echo "setup=$?"
   echo "== the vLLM tests on the shared pair (-m 'vllm and not own_servers and $SELECT'), from $(since)"
@@ -63,14 +91,23 @@ sglang_pid=$!
   echo "== the vLLM chain ended at $(since)"
 } >"$log" 2>&1 &
 vllm_pid=$!
-stop() {  # the chains first (so they start nothing more), then what they are running
+halt() {  # the chains first (so they start nothing more), then what they are running
   local kids; kids="$(pgrep -P "$vllm_pid") $(pgrep -P "$wheels_pid") $(pgrep -P "$sglang_pid")"
   kill -TERM "$vllm_pid" "$wheels_pid" "$sglang_pid" $kids 2>/dev/null
   wait "$vllm_pid" "$wheels_pid" "$sglang_pid" 2>/dev/null
   for k in $kids; do while kill -0 "$k" 2>/dev/null; do sleep 0.5; done; done
-  cat "$log"; exit 130
 }
+stop() { halt; cat "$log"; exit 130; }
 trap stop INT TERM
+bash scripts/bootstrap.sh
+boot=$?
+echo "$boot" >"$log.boot"
+if [ "$boot" -ne 0 ]; then  # the chains waiting for it end by themselves; the early venvs are stopped
+  echo "test: scripts/bootstrap.sh failed (exit $boot)"
+  halt
+  exit "$boot"
+fi
+echo "test: .venv ready at $(since)"
 "$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not vllm_source and not sglang and ($SELECT)" -n "${TEST_WORKERS:-2}" \
   --dist loadscope --durations=15 "$@"
 rest=$?

@@ -189,25 +189,42 @@ def _base_python_and_package():
     return str(py), pkgs[0]
 
 
+@pytest.fixture(scope="module")
+def release_routes(tmp_path_factory):
+    """{version: {runner: Route}}, each release's wheel unpacked and its routes traced once per test
+    process: a route depends on the release and the runner, not on the ISA judged against it (the
+    unpacking and the tracing were two thirds of each ISA's test, done again for the second ISA)."""
+    found = {}
+
+    def get(version):
+        if version not in found:
+            wheel = vr.cached_wheel(version)
+            if wheel is None:
+                pytest.skip(f"no cached vllm {version} wheel: run `overlap-harness setup vllm --wheels`")
+            site = tmp_path_factory.mktemp(f"vllm-{version}")
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(site, [n for n in z.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+            found[version] = {runner: vllm_route.route(site, runner, True, "LlamaForCausalLM")
+                              for runner in vr.release(version).runners()}
+        return found[version]
+    return get
+
+
 @pytest.mark.vllm_source
 @pytest.mark.parametrize("version,isa", sorted({(v, i) for v, isas in vr.PROVEN_ISA.items() for i in isas}
                                                | {(v, "avx2") for v in vr.MAINLINE}))
-def test_each_proven_isa_judges_the_route_clean(version, isa, tmp_path):
+def test_each_proven_isa_judges_the_route_clean(version, isa, release_routes):
     """What PROVEN_ISA claims, judged again from the wheel, and AVX2 for every overlay (the issue's
     refusal): the library of that ISA lacks no op on SmolLM2's route; what it lacks off the route
     (on AVX2: DeepSeek's sparse-attention indexer) is stubbed."""
     if isa not in vllm_isa.runnable():
         pytest.skip(f"this CPU ({vllm_isa.host()}) cannot load {vllm_isa.library(isa)}")
-    wheel = vr.cached_wheel(version)
-    if wheel is None:
-        pytest.skip(f"no cached vllm {version} wheel: run `overlap-harness setup vllm --wheels`")
+    routes = release_routes(version)
     python, pkg = _base_python_and_package()
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(tmp_path, [n for n in z.namelist() if n.startswith("vllm/") and n.endswith(".py")])
     lib, schemas = vllm_ops.registered_schemas(python, pkg, library=vllm_isa.library(isa))
     assert lib.startswith(vllm_isa.library(isa) + ".")
-    for runner in vr.release(version).runners():
-        j = vllm_route.route(tmp_path, runner, True, "LlamaForCausalLM").judge(lib, schemas)
+    for runner, route in routes.items():
+        j = route.judge(lib, schemas)
         assert j.refused == [], (runner, j.refused)
         assert all("forward_cpu" in where for where in j.stubbed.values()), json.dumps(j.stubbed)
         if isa == "avx2":

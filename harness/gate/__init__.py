@@ -281,8 +281,9 @@ def xdist_args(workers) -> list[str]:
 
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
                suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1,
-               keyword: str | None = None, pairs=None) -> GateResult:
+               keyword: str | None = None, pairs=None, maxfail: int | None = None) -> GateResult:
     """`keyword`: only the cases pytest's -k selects (a suite's module fixtures run only for them).
+    `maxfail`: stop after that many failed cases (pytest's --maxfail; the cases after it are not run).
     `pairs`: the run's served pairs (harness.targets.Pairs), which the suites get through the
     plugin (harness.plugin); None: the session makes and closes its own."""
     xd = xdist_args(workers)
@@ -290,6 +291,8 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
                                   "--oh-target", target, "--oh-device", device] + xd
     if keyword:
         args += ["-k", keyword]
+    if maxfail:
+        args += ["--maxfail", str(maxfail)]
     for f in faults:
         args += ["--oh-fault", f]
     if seeds:

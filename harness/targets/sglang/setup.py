@@ -85,8 +85,9 @@ IMPORT_CHECK = ("import torch, sglang.srt.managers.scheduler, sglang.srt.entrypo
                 "sglang.srt.layers.attention.torch_native_backend; print(torch.__version__)")
 
 
-def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | None = None) -> dict:
-    """Make (or confirm) SGLang's venv and the model directory; returns the stamp."""
+def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | None = None, models: bool = True) -> dict:
+    """Make (or confirm) SGLang's venv and the model directory; returns the stamp. `models=False`:
+    the venv and the agent only (the standard library: any Python 3 runs them), as setup_vllm."""
     import os
     home = home or sglang_home()
     cuda = has_cuda() if cuda is None else cuda
@@ -135,6 +136,8 @@ def setup_sglang(home: Path | None = None, force: bool = False, cuda: bool | Non
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[3/{n}]", engine="SGLang")
     stamp = read_stamp(home)
+    if not models:
+        return stamp
     md = model_dir(home)
     if force or not model_ok(md):
         announce_step(4, n, f"writing the SmolLM2 model directory {md}")

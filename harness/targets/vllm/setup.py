@@ -130,11 +130,14 @@ def model_ok(d: Path) -> bool:
 
 
 def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None = None,
-               version: str | None = None, isa: str = "") -> dict:
+               version: str | None = None, models: bool = True, isa: str = "") -> dict:
     """Make (or confirm) the vLLM venv and the model directory; returns the stamp. `version`: a
     release of the table (harness.targets.vllm.releases) other than the pinned one, in its own
-    folder beside it. `isa`: --vllm-isa's (harness.targets.vllm.library.isa.forced), the library an
-    overlay must run on."""
+    folder beside it. `models=False`: the venv and the agent only, which need nothing but the
+    standard library here, so any Python 3 can run them (scripts/test.sh starts them while
+    .venv is still being made); the model directories need torch, and a later call writes them.
+    `isa`: --vllm-isa's (harness.targets.vllm.library.isa.forced), the library an overlay must
+    run on."""
     from harness.targets.vllm import releases as vllm_releases
     rel = vllm_releases.release(version or vllm_releases.PINNED)
     if rel.unsupported:
@@ -176,6 +179,8 @@ def setup_vllm(home: Path | None = None, force: bool = False, cuda: bool | None 
         (home / STAMP).write_text(json.dumps(stamp, indent=1))
     ensure_agent(home, force, label=f"[4/{n}]")
     stamp = read_stamp(home)  # ensure_agent wrote its part of the stamp
+    if not models:
+        return stamp
     return _models(home, rel, force, n, stamp)
 
 
