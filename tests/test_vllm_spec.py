@@ -87,3 +87,73 @@ def test_a_drafter_s_configuration_sends_no_logit_bias_or_min_p():
     body = {"prompt": [1], "logit_bias": {"5": 4.0}, "min_p": 0.1, "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["spec-draft"], dict(body)) == {"prompt": [1], "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["default"], dict(body)) == body
+
+
+def test_the_expand_workaround_writes_the_caller_s_buffer_at_its_dtype(monkeypatch):
+    """FACT cpu_expand_drops_output (vllm#55005): vLLM's CPU shim fills a copy and leaves the
+    caller's buffer unwritten (the stand-in below does the same); the agent's patch writes the
+    expansion itself, counted, and leaves vLLM's shim alone under its stock switch."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import cpu_expand
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    calls = []
+
+    def shim(output, input_val, cu, rf, rt, MAX_NUM_TOKENS=None):  # vLLM's: writes output.to(int64), a copy
+        calls.append(output.dtype)
+        output.to(torch.int64).fill_(7)
+
+    temp, cu = torch.tensor([0.0, 0.7, 1.3]), torch.tensor([2, 3, 6], dtype=torch.int32)
+    out = torch.full((6,), -5.0)
+    cpu_expand.patch(shim)(out, temp, cu, 0, 1)
+    assert torch.allclose(out, torch.tensor([1.0, 1.0, 0.7, 1.3, 1.3, 1.3])) and calls == []
+    top_k = torch.full((6,), -5, dtype=torch.int32)
+    cpu_expand.patch(shim)(top_k, torch.tensor([0, 5, 7], dtype=torch.int32), cu, 0, 0)
+    assert top_k.tolist() == [0, 0, 5, 7, 7, 7]
+    assert state.facts("worker").data["cpu_expand_fixes"] == 2
+    i64 = torch.zeros(6, dtype=torch.int64)  # int64 both: vLLM's op writes the buffer itself
+    cpu_expand.patch(shim)(i64, torch.tensor([1, 2, 3]), cu, 0, 0)
+    assert calls == [torch.int64]
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["cpu_expand_dtype"]}))
+    out = torch.full((6,), -5.0)
+    cpu_expand.patch(shim)(out, temp, cu, 0, 1)
+    assert out.tolist() == [-5.0] * 6  # vLLM's own shim: the buffer as it was
+
+
+def test_placeholders_are_reads_only_in_rows_a_penalty_or_bad_words_read(monkeypatch):
+    """vLLM lets the rows of requests without a penalty hold -1 (apply_all_penalties masks them);
+    a -1 in a penalized row's output ids or appended drafts is a read (vllm#30122's class)."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    sm = SimpleNamespace(no_penalties=False, bad_words_token_ids={2: [[9]]},
+                         presence_penalties=torch.tensor([0.0, 0.5, 0.0, 0.0]),
+                         frequency_penalties=torch.tensor([0.0, 0.0, 0.0, 0.0]),
+                         repetition_penalties=torch.tensor([1.0, 1.0, 1.0, 1.0]),
+                         output_token_ids=[[4, -1, -1], [4, 5], [6, -1], [7]], spec_token_ids=[[1], [-1, 2], [3], []])
+    assert agent_spec.reading_rows(sm) == {1, 2}
+    agent_spec._count_reads(sm, SimpleNamespace(num_draft_tokens=[1, 2, 1, 0]))
+    f = state.facts("worker").data
+    assert (f["spec_lp_steps"], f["spec_lp_placeholders"], f["spec_lp_unread_placeholders"]) == (1, 2, 2)
+    assert [r["row"] for r in f["spec_lp_rows"]] == [1, 2]
+
+
+def test_a_sampled_request_is_left_uncompared_only_where_its_windows_parted():
+    """Its draws follow its windows (spec_steps.SAMPLED_APART); a greedy one is always compared."""
+    from harness.agents.vllm.steps import request_key
+    reqs = [SimpleNamespace(rid="s0", prompt_ids=[1], max_new_tokens=8, temperature=0.9),
+            SimpleNamespace(rid="s1", prompt_ids=[2], max_new_tokens=8, temperature=0.9),
+            SimpleNamespace(rid="g0", prompt_ids=[3], max_new_tokens=8, temperature=None)]
+    k = {r.rid: request_key(r.prompt_ids, r.max_new_tokens) for r in reqs}
+    on = {"a": (k["s0"], [(3, 0), (3, 1)]), "b": (k["s1"], [(3, 0)]), "c": (k["g0"], [(3, 0)])}
+    off = {"x": (k["s0"], [(3, 0), (2, 1)]), "y": (k["s1"], [(3, 0)]), "z": (k["g0"], [(2, 0)])}
+    assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0"}
+    assert spec_steps.sampled_apart(reqs, {}) == set()

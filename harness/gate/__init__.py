@@ -438,7 +438,7 @@ def release_line(pair) -> str:
     """The vLLM release in force and what was adapted to run it here (a vLLM pair; "" for others)."""
     if pair is None or pair.name != "vllm":
         return ""
-    ad = pair.release.adaptations()
+    ad = pair.adaptations()
     return f"vLLM that ran: {pair.what_ran()}" + (
         "\nadapted: " + "; ".join(ad) if ad else "\nadapted: nothing (run as installed)")
 
@@ -448,7 +448,7 @@ def served_release(pair, asked: str | None = None) -> tuple[str | None, list[str
     asked for, else the one the vLLM pair ran (Target.version); (None, []) for ref and SGLang."""
     if pair is None or pair.name != "vllm":
         return asked, []
-    return asked or pair.version, [str(x) for x in pair.release.adaptations()]
+    return asked or pair.version, [str(x) for x in pair.adaptations()]
 
 
 def served_restarts_line(pair) -> str:

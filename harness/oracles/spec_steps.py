@@ -69,6 +69,25 @@ def parted_keys(on: dict, off: dict) -> set:
             if [k for k, _ in w_on] != [k for k, _ in w_off]} | (set(_by_key(on)) ^ set(_by_key(off)))
 
 
+# why a sampled request whose windows parted is not compared token for token
+SAMPLED_APART = ("a sampled request's random draws in a step with drafts (the rejection sampler's uniforms, one per "
+                 "draft, the recovered tokens' noise and the bonus token's sample) follow how many drafts the step "
+                 "gave it, which the token budget and the async placeholders decide per arm: seeded tokens equal "
+                 "only where the windows did")
+
+
+def sampled_apart(reqs, spec: dict) -> set:
+    """The workload's sampled requests (temperature > 0: seeded or n > 1) whose draft counts per
+    window parted between the arms (spec: overlap -> accepted_of): their tokens are not comparable
+    (SAMPLED_APART). Greedy requests stay compared: the argmax does not depend on the windows."""
+    if not spec:
+        return set()
+    from harness.agents.vllm.steps import request_key
+    parted = parted_keys(spec.get(True, {}), spec.get(False, {}))
+    return {r.rid for r in reqs if getattr(r, "temperature", None)
+            and request_key(r.prompt_ids, r.max_new_tokens) in parted}
+
+
 def _pairs(on: dict, off: dict, keys):
     a, b = _by_key(on), _by_key(off)
     for key in sorted(set(keys)):

@@ -99,15 +99,53 @@ def apply_logits_processors(orig):
     def apply(self, logits, sampling_metadata, metadata, *a, **kw):
         try:
             if sampling_metadata.bad_words_token_ids or not sampling_metadata.no_penalties:
-                f = state.facts("worker")
-                f.add("spec_lp_steps")
-                n = sum(1 for ids in sampling_metadata.output_token_ids or () for t in ids if t == -1)
-                if n:
-                    f.add("spec_lp_placeholders", n)
+                _count_reads(sampling_metadata, metadata)
         except Exception as e:  # a counter must never break the engine
             state.facts("worker").set(counter_error=f"spec_lp: {e}")
         return orig(self, logits, sampling_metadata, metadata, *a, **kw)
     return apply
+
+
+def reading_rows(sm) -> set:
+    """The batch rows whose output ids a penalty or bad words actually read: a row with a penalty
+    that changes something, or bad words. vLLM builds the ids of every row, and lets the rows of
+    the other requests hold -1 (apply_all_penalties masks them: "rows that won't have penalties
+    applied may contain -1 placeholder token ids"), so only these rows' placeholders are reads."""
+    rows = set(sm.bad_words_token_ids or ())
+    if not sm.no_penalties:
+        pen = (sm.presence_penalties != 0) | (sm.frequency_penalties != 0) | (sm.repetition_penalties != 1)
+        rows |= {int(i) for i in pen.nonzero().flatten().tolist()}
+    return rows
+
+
+def _count_reads(sm, metadata) -> None:
+    """`spec_lp_steps`; the placeholders (-1) in the output ids and in the drafts the rejection
+    sampler appends to them (spec_token_ids) of the rows it reads (`spec_lp_placeholders`, a
+    violation), the first few such rows' tails (`spec_lp_rows`: what was read, to explain a read);
+    the rows that hold -1 without being read are counted apart (`spec_lp_unread_placeholders`)."""
+    f = state.facts("worker")
+    f.add("spec_lp_steps")
+    rows = reading_rows(sm)
+    outs = sm.output_token_ids or ()
+    specs = sm.spec_token_ids or [()] * len(outs)
+    drafts = list(getattr(metadata, "num_draft_tokens", None) or ())
+    read = unread = 0
+    for i, (ids, sp) in enumerate(zip(outs, specs)):
+        n = sum(1 for t in ids if t == -1) + sum(1 for t in sp or () if t == -1)
+        if not n:
+            continue
+        if i not in rows:
+            unread += n
+            continue
+        read += n
+        seen = f.data.get("spec_lp_rows") or []
+        if len(seen) < 8:
+            f.set(spec_lp_rows=seen + [{"row": i, "tail": list(ids[-6:]), "drafts": list(sp or ()),
+                                        "num_drafts": drafts[i] if i < len(drafts) else None}])
+    if read:
+        f.add("spec_lp_placeholders", read)
+    if unread:
+        f.add("spec_lp_unread_placeholders", unread)
 
 
 # the agent's patch points (harness.agents.vllm.points) these counters wrap
