@@ -157,3 +157,25 @@ def test_a_sampled_request_is_left_uncompared_only_where_its_windows_parted():
     off = {"x": (k["s0"], [(3, 0), (2, 1)]), "y": (k["s1"], [(3, 0)]), "z": (k["g0"], [(2, 0)])}
     assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0"}
     assert spec_steps.sampled_apart(reqs, {}) == set()
+
+
+def test_stress_draws_a_drafter_and_its_k_as_the_configuration():
+    """`stress --configs spec` draws "spec-<drafter>-k<k>" per segment from its seed; the name is the
+    configuration a reproducer records, so replay (and shrinking, on the same pair) keep the drafter."""
+    import pytest
+
+    from harness.commands.stress_served import config_order
+    from harness.targets.vllm import configs as vc
+    a = SimpleNamespace(target="vllm", configs="spec", seed=3)
+    names = config_order(a, ValueError)
+    assert names == config_order(a, ValueError) and len(names) >= 2  # drawn from the seed
+    for n in names:
+        c = vc.resolve(n)
+        assert c.spec[0] in vllm_spec.DRAFTERS and c.spec[1] in vc.SPEC_KS and c.name == n
+        assert "logits-processors" in c.drop and set(vc.SPEC_HIDES) <= set(c.hides)
+    assert {vc.get(n).spec for n in config_order(SimpleNamespace(target="vllm", configs="spec", seed=4),
+                                                 ValueError)} != {vc.get(n).spec for n in names}
+    assert vc.parse("spec-cut3-k2") == ["spec-cut3-k2"] and vc.get("spec-same-k1").spec == ("same", 1)
+    for bad in ("spec-cut3-k9", "spec-nosuch-k2", "spec-cut3"):
+        with pytest.raises(ValueError, match="unknown server configuration"):
+            vc.parse(bad)
