@@ -66,18 +66,13 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     assert agent_spec._count(sched, *_step({}, {})) == {}  # a step without drafts: no count
 
 
-def test_the_oracle_compares_windows_only_where_the_arms_gave_the_same_drafts():
+def test_windows_parted_between_the_arms_are_named_for_the_steps_oracle():
+    """Draft counts (the token budget, the async placeholders) or accepted lengths (other drafts)
+    parted: the request's steps may differ by design (harness.oracles.steps leaves their counts out)."""
     on = {"r1": ("k1", [(3, 3), (3, 1)]), "r2": ("k2", [(3, 2), (2, 2)]), "r3": ("k3", [(3, 0)])}
     off = {"x1": ("k1", [(3, 3), (3, 1)]), "x2": ("k2", [(3, 2), (3, 2)]), "x3": ("k3", [(3, 1)])}
-    found, compared, parted = spec_steps.compare(on, off, ["k1", "k2", "k3"])
-    assert (compared, parted) == (3, 1)  # k2's second window had 2 drafts on, 3 off: compared up to it
-    assert len(found) == 1 and found[0].startswith("request k3: window 0 (3 drafts) accepted 0 async on, 1 off")
-    assert spec_steps.compare(on, on, ["k1", "k2", "k3"]) == ([], 3, 0)
-    # a wrong acceptance after matching windows is found although the rest of the schedule parts
-    late = {"y": ("k1", [(3, 3), (3, 2), (1, 1)])}
-    assert spec_steps.compare(late, off, ["k1"])[0][0].startswith("request k1: window 1 (3 drafts) accepted 2")
-    # the steps oracle leaves out (for its step counts) the requests whose draft counts parted
-    assert spec_steps.parted_keys(on, off) == {"k2"}
+    assert spec_steps.parted_keys(on, off) == {"k2", "k3"} and spec_steps.parted_keys(on, on) == set()
+    assert spec_steps.parted_keys(on, {}) == {"k1", "k2", "k3"}  # on one arm only
     assert spec_steps.summary(on) == {"windows": 5, "drafts": 14, "accepted": 8, "rate": 0.571, "mean_len": 2.6}
 
 
@@ -146,17 +141,37 @@ def test_placeholders_are_reads_only_in_rows_a_penalty_or_bad_words_read(monkeyp
     assert [r["row"] for r in f["spec_lp_rows"]] == [1, 2]
 
 
-def test_a_sampled_request_is_left_uncompared_only_where_its_windows_parted():
-    """Its draws follow its windows (spec_steps.SAMPLED_APART); a greedy one is always compared."""
+def test_a_sampled_request_is_left_uncompared_only_where_it_was_drafted_for_apart():
+    """Its draws follow its windows (spec_steps.SAMPLED_APART): another draft count or other draft
+    ids before its sampled ids part make it incomparable; ids that part under the same drafts are
+    a real divergence; a greedy request is always compared."""
     from harness.agents.vllm.steps import request_key
-    reqs = [SimpleNamespace(rid="s0", prompt_ids=[1], max_new_tokens=8, temperature=0.9),
-            SimpleNamespace(rid="s1", prompt_ids=[2], max_new_tokens=8, temperature=0.9),
-            SimpleNamespace(rid="g0", prompt_ids=[3], max_new_tokens=8, temperature=None)]
+    reqs = [SimpleNamespace(rid=f"s{i}", prompt_ids=[i], max_new_tokens=8, temperature=0.9) for i in range(3)]
+    reqs.append(SimpleNamespace(rid="g0", prompt_ids=[9], max_new_tokens=8, temperature=None))
     k = {r.rid: request_key(r.prompt_ids, r.max_new_tokens) for r in reqs}
-    on = {"a": (k["s0"], [(3, 0), (3, 1)]), "b": (k["s1"], [(3, 0)]), "c": (k["g0"], [(3, 0)])}
-    off = {"x": (k["s0"], [(3, 0), (2, 1)]), "y": (k["s1"], [(3, 0)]), "z": (k["g0"], [(2, 0)])}
-    assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0"}
+    on = {"a": (k["s0"], [([5, 6, 7], [5, 1]), ([1, 1, 1], [2])]),  # s0: drafts part in window 1
+          "b": (k["s1"], [([5, 6, 7], [5, 2])]),  # s1: same drafts, other ids: compared
+          "c": (k["s2"], [([5, 6], [3])]),  # s2: 2 drafts on, 3 off
+          "d": (k["g0"], [([1, 2, 3], [4])])}
+    off = {"x": (k["s0"], [([5, 6, 7], [5, 1]), ([1, 1, 2], [3])]), "y": (k["s1"], [([5, 6, 7], [5, 6, 9])]),
+           "z": (k["s2"], [([5, 6, 8], [3])]), "w": (k["g0"], [([1, 2, 0], [4])])}
+    assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0", "s2"}
     assert spec_steps.sampled_apart(reqs, {}) == set()
+
+
+def test_the_verify_rule_is_checked_window_by_window_on_greedy_requests():
+    """Greedy: the sampled ids are the drafts' accepted prefix, then a token that is not the next
+    draft (or the bonus after a whole window). A match rejected or a mismatch accepted is found on
+    its arm; the arms' drafts are compared while their ids agree (reported)."""
+    good = {"a": ("k1", [([5, 6, 7], [5, 6, 9]), ([1, 2, 3], [1, 2, 3, 4]), ([8, 8], [2])])}
+    assert spec_steps.verify_findings(good, ["k1"], "on") == ([], 3)
+    for bad in ([5, 6, 7], [5], [5, 6, 7, 1, 2]):  # a match rejected (the third; the first); too long
+        f, _ = spec_steps.verify_findings({"a": ("k1", [([5, 6, 7], bad)])}, ["k1"], "on")
+        assert len(f) == 1 and f[0].startswith("async on: request k1: window 0"), bad
+    assert spec_steps.verify_findings({"a": ("k1", [([5], [6, 6])])}, ["k2"], "on") == ([], 0)  # not greedy
+    other = {"b": ("k1", [([5, 6, 7], [5, 6, 9]), ([1, 2, 0], [1, 2, 3])])}
+    assert spec_steps.drafts_apart(good, other, ["k1"]) == (2, 1)  # stops where the sampled ids part
+    assert spec_steps.parted_keys({"a": ("k1", [(3, 1)])}, {"b": ("k1", [(3, 2)])}) == {"k1"}  # accepted parted
 
 
 def test_stress_draws_a_drafter_and_its_k_as_the_configuration():

@@ -164,6 +164,9 @@ POINTS += [
     Point("spec_logits", "vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors",
           "penalties and bad words over the output ids with the drafts appended: placeholders read there",
           since="0.11.1", until="0.34.0", runner="v1"),
+    Point("spec_sample", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
+          "after the rejection sampler: each request's drafts as the worker verified them and the ids sampled",
+          since="0.10.2", until="0.34.0", runner="v1"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")

@@ -148,5 +148,49 @@ def _count_reads(sm, metadata) -> None:
         f.add("spec_lp_unread_placeholders", unread)
 
 
+VERIFY_ROLE = "spec_verify"
+_VERIFIED: OrderedDict = OrderedDict()  # vLLM request id -> [key, [[drafts, sampled] per window]]
+KEEP_VERIFIED = 512  # requests whose windows the worker keeps (a gate sends a few dozen with drafts)
+
+
+def sample(orig):
+    """GPUModelRunner._sample: after the rejection sampler, each request's drafts as the worker
+    verified them (the real ids, also under async scheduling, where the scheduler only holds
+    placeholders) and the ids it sampled for them, per window (role "spec_verify"): the verify
+    rule is then checked window by window (harness.oracles.spec_steps.verify_findings)."""
+    def _sample(self, logits, spec_decode_metadata, *a, **kw):
+        out = orig(self, logits, spec_decode_metadata, *a, **kw)
+        if spec_decode_metadata is not None:
+            try:
+                _record(self, spec_decode_metadata, out)
+            except Exception as e:  # a counter must never break the engine
+                state.facts(VERIFY_ROLE).set(counter_error=f"spec_sample: {e}")
+        return out
+    return _sample
+
+
+def _record(runner, md, out) -> None:
+    counts = list(md.num_draft_tokens)
+    flat = md.draft_token_ids.tolist()
+    sampled = out.sampled_token_ids.tolist()
+    rids = runner.input_batch.req_ids
+    at = 0
+    for i, n in enumerate(counts):
+        drafts, at = flat[at:at + n], at + n
+        if not n or i >= len(rids) or i >= len(sampled):
+            continue
+        rid = rids[i]
+        rec = _VERIFIED.get(rid)
+        if rec is None:
+            st = runner.requests.get(rid)
+            sp = getattr(st, "sampling_params", None)
+            rec = _VERIFIED[rid] = [request_key(getattr(st, "prompt_token_ids", None) or (),
+                                                getattr(sp, "max_tokens", None)), []]
+            while len(_VERIFIED) > KEEP_VERIFIED:
+                _VERIFIED.popitem(last=False)
+        rec[1].append([drafts, [t for t in sampled[i] if t >= 0]])
+    state.facts(VERIFY_ROLE).set(verified={rid: [k, w] for rid, (k, w) in _VERIFIED.items()})
+
+
 # the agent's patch points (harness.agents.vllm.points) these counters wrap
-PATCHES = {"spec_update": update_from_output, "spec_logits": apply_logits_processors}
+PATCHES = {"spec_update": update_from_output, "spec_logits": apply_logits_processors, "spec_sample": sample}

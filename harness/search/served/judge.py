@@ -115,7 +115,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         target.url(overlap)
         facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
         before, books_before = vp.counts(facts), steps.books_of(facts)
-        spec_before = spec_steps.accepted_of(facts)
+        spec_before, verified_before = spec_steps.accepted_of(facts), spec_steps.verified_of(facts)
         if case.controls:
             ctl.start()
         try:
@@ -137,6 +137,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         out["counts"] = vp.delta(before, vp.counts(facts))
         out["steps"] = steps.new_since(books_before, steps.books_of(facts))
         out["spec"] = spec_steps.new_since(spec_before, spec_steps.accepted_of(facts))  # a drafter's windows
+        out["verified"] = spec_steps.new_since(verified_before, spec_steps.verified_of(facts))
     return out
 
 
@@ -256,7 +257,8 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     by_rid = {r.rid: r for r in reqs}
     spec = {True: on.get("spec") or {}, False: off.get("spec") or {}} if agent else {}
     # a drafter's configuration: a sampled request the arms drafted for differently draws differently
-    apart = spec_steps.sampled_apart(reqs, spec) if any(spec.values()) else set()
+    verified = {True: on.get("verified") or {}, False: off.get("verified") or {}} if agent else {}
+    apart = spec_steps.sampled_apart(reqs, verified)
     for _, _, divs in divergences(off["run"], on["run"]):
         for d in divs:
             if not d.near_tie and d.rid.split("#")[0] not in apart:
@@ -293,6 +295,12 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                 "admission.starved": "admission", "steps.waited": "waited"}.get(code_of(f), "more steps")
         out.append(Finding("steps", f"steps: {f}", ("steps", kind), code_of(f), f.rid))
         evidence[out[-1].summary] = sv.evidence.get(f, {})
+    if any(verified.values()):  # a drafter: the verify rule, window by window, on the greedy requests
+        from harness.agents.vllm.steps import request_key
+        greedy = [request_key(r.prompt_ids, r.max_new_tokens) for r in reqs if not r.temperature]
+        for overlap, arm in ((True, "on"), (False, "off")):
+            for f in spec_steps.verify_findings(verified[overlap], greedy, arm)[0]:
+                out.append(Finding("spec", f, ("spec", "verify", arm)))
     for f in bookmod.findings(on["books"], off["books"]):
         if bookmod.HELD["host_buffers_held"] in f and all(
                 bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
