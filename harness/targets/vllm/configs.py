@@ -118,8 +118,9 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("cut3", 3)),
     ServerConfig(
         "spec-same", (),
-        "the target as its own drafter, 3 drafts a step: every greedy window accepted whole, so each "
-        "step carries the bonus token and the max_tokens guard meets whole windows",
+        "the target as its own drafter, 3 drafts a step: greedy windows accepted whole (each step carries "
+        "the bonus token, the max_tokens guard meets whole windows), penalized, bad-words and sampled "
+        "requests' drafts rejected in part (the drafter proposes from unprocessed logits)",
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("same", 3)),
     ServerConfig(
         "priority", ("--scheduling-policy", "priority"),
