@@ -18,7 +18,11 @@ the drafts appended (RejectionSampler.apply_logits_processors); under async sche
 ids end in placeholders vLLM repairs first (InputBatch.update_async_output_token_ids). A
 placeholder left there is read as a token (vllm#30122: only the last accepted token repaired):
 `spec_lp_steps` counts the steps with a penalty or bad words, `spec_lp_placeholders` the
-placeholder ids they read (a violation: > 0 fails its row).
+placeholder ids read in the rows a penalty or bad words apply to (a violation: > 0 fails its
+row; the other rows may hold -1 by vLLM's design, counted apart). After the rejection sampler
+(GPUModelRunner._sample) the worker records each request's drafts as it verified them and the
+ids it sampled, per window (role "spec_verify"): the verify rule is checked on them
+(harness.oracles.spec_steps.verify_findings).
 """
 from __future__ import annotations
 
