@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.scheduled]
 SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties")
 # each re-created bug, the drafter configuration that reaches it, and what its verdict names
-CAUGHT = {"spec_max_tokens_guard_ignores_drafts": ("spec-draft", "left waiting"),
+CAUGHT = {"spec_max_tokens_guard_ignores_drafts": ("spec-draft", "with budget free async on"),
           "spec_placeholders_repair_last_only": ("spec-same", "spec_lp_placeholders")}
 
 

@@ -129,8 +129,8 @@ class StepsVerdict:
 
 def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVerdict:
     """The findings over the workload's requests (harness.engine.request.Request: prompt_ids,
-    max_new_tokens, rid). `parted`: the keys of requests whose speculative windows got other draft
-    counts in the two arms (harness.oracles.spec_steps.parted_keys): their sampling steps may
+    max_new_tokens, rid). `parted`: the keys of requests whose speculative windows parted between
+    the arms (draft counts or accepted lengths) (harness.oracles.spec_steps.parted_keys): their sampling steps may
     differ by design, so only their waits are compared."""
     names: dict[str, list[str]] = {}
     for r in reqs:
@@ -165,8 +165,8 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVer
             continue
         compared += a.copies
         w_off, w_on = w_off + a.waited, w_on + b.waited
-        if key in parted:  # a drafter gave it other draft counts on each arm: its steps differ by design
-            left["other draft counts"] = left.get("other draft counts", 0) + 1
+        if key in parted:  # a drafter's windows parted (draft counts or accepted lengths): steps differ by design
+            left["other speculative windows"] = left.get("other speculative windows", 0) + 1
         elif fin == {LENGTH}:
             capped += a.copies
             if b.sampled > a.sampled:
