@@ -306,7 +306,8 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
                               f"(async off {len(pr.steps.get(False) or {})}, on {len(pr.steps.get(True) or {})} "
                               "requests)", "steps.no_books")
     v = steps.compare(pr.reqs, steps.summed(pr.steps[False]), steps.summed(pr.steps[True]),
-                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})))
+                      spec_steps.parted_keys(pr.spec.get(True, {}), pr.spec.get(False, {})),
+                      {k for ov in (True, False) for k, _ in (pr.spec.get(ov) or {}).values()})
     line = steps.summary_line(v)
     if record_property is not None:
         record_property("path_count", f"steps={v.compared}/{v.compared}")

@@ -127,11 +127,12 @@ class StepsVerdict:
     evidence: dict = field(default_factory=dict)  # finding -> the async-on arm's evidence for its request
 
 
-def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVerdict:
+def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), drafted=frozenset()) -> StepsVerdict:
     """The findings over the workload's requests (harness.engine.request.Request: prompt_ids,
     max_new_tokens, rid). `parted`: the keys of requests whose speculative windows parted between
     the arms (draft counts or accepted lengths) (harness.oracles.spec_steps.parted_keys): their sampling steps may
-    differ by design, so only their waits are compared."""
+    differ by design, so only their waits are compared. `drafted`: the keys of requests with
+    speculative windows (a capped one may spend one sampling step more async on)."""
     names: dict[str, list[str]] = {}
     for r in reqs:
         names.setdefault(request_key(r.prompt_ids, r.max_new_tokens), []).append(r.rid)
@@ -169,7 +170,10 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset()) -> StepsVer
             left["other speculative windows"] = left.get("other speculative windows", 0) + 1
         elif fin == {LENGTH}:
             capped += a.copies
-            if b.sampled > a.sampled:
+            # with drafts, vLLM's async guard at max_tokens counts only the one sure token of the step
+            # in flight (its drafts may be rejected): when they are accepted and reach max_tokens, the
+            # step scheduled meanwhile is one past it by design (once a request: its last step)
+            if b.sampled > a.sampled + (a.copies if key in drafted else 0):
                 add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (max_tokens "
                     f"{key.split(':')[1]}, capped in both): {b.sampled - a.sampled} step(s) past max_tokens",
                     "steps.past_cap")

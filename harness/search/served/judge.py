@@ -288,7 +288,8 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     if not agent:
         return out
     sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]),
-                       spec_steps.parted_keys(spec[True], spec[False]) if any(spec.values()) else ())
+                       spec_steps.parted_keys(spec[True], spec[False]) if any(spec.values()) else (),
+                       {k for ov in (True, False) for k, _ in (spec.get(ov) or {}).values()})
     for f in sv.findings:
         # the signature a replay must show again, by the oracle's code (the words of older reproducers)
         kind = {"steps.past_cap": "past max_tokens", "steps.after_abort": "after abort",

@@ -91,11 +91,6 @@ def build(tok, seed: int = 0) -> list[Request]:
         reqs.append(path_request(f"mt{i + 1}", token_ids(tok, "Write one short sentence about " + words(2) + ":"), 20,
                          ["min_tokens", "logit_bias"], arrival=3 + 2 * i, min_tokens=k,
                          stop_token_ids=[period], logit_bias={str(period): 100.0}))
-    # a drafter's configuration sends no logit_bias (vLLM refuses it with drafts), which mt1/mt2 force
-    # their stop token with: this one stops early on its own (a short answer), so min_tokens still
-    # changes its output there (the effects oracle: a row whose parameter changed nothing is not exercised)
-    reqs.append(path_request("mt3", token_ids(tok, "Q: What is 2 + 2?\nA:"), 16, ["min_tokens"], arrival=3,
-                             min_tokens=8, stop_token_ids=[period, tok.encode("\n")[-1]]))
     common = tok.encode(" the")[-1], tok.encode(" and")[-1]
     reqs.append(path_request("lb0", token_ids(tok, words(5)), 20, ["logit_bias"], arrival=4,
                      logit_bias={str(common[0]): 4.0, str(common[1]): 4.0}, ignore_eos=True))
