@@ -310,3 +310,13 @@ def test_a_drafter_s_slots_come_out_of_the_budget_before_a_wait_is_counted(monke
     assert vllm_steps.draft_slots(NS(vllm_config=NS(speculative_config=None))) == 0
     monkeypatch.setattr(vllm_steps, "_TAKES_DRAFT_SLOTS", [False])  # before 0.28.0 the property goes unused
     assert vllm_steps.draft_slots(NS(vllm_config=NS(speculative_config=NS(max_num_new_slots_for_drafting=1)))) == 0
+
+
+def test_with_drafts_a_capped_request_may_spend_one_step_more_never_two():
+    """vLLM's async guard at max_tokens counts only the sure token of a step whose drafts may be
+    rejected: when they are accepted and reach max_tokens, the step scheduled meanwhile is one past
+    it by design (measured on stock 0.32.0: p0, n0; stress c1r1). Two are still caught."""
+    off = _arm(**{K0: (1, 2, 2, 0, 0, L)})
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 3, 3, 0, 0, L)}), drafted={K0}).findings == []
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 4, 4, 0, 0, L)}), drafted={K0}).findings
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 3, 3, 0, 0, L)})).findings  # no drafts: caught
