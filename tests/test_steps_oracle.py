@@ -290,3 +290,33 @@ def test_max_tokens_row_allows_one_sample_per_in_flight_drop():
     pr = vp.PathRun([r], Run([]), Run([]), cnt_off, {"sampled_max2": 6}, release="0.32.0",
                     steps={False: {}, True: {"y": [key, 3, 3, 0, 0, 1, L, {"stale_dropped:reset": 1}]}})
     assert [f for f in row_findings(row, pr) if "+1 allowed" in f], "two more for one drop"
+
+
+def test_a_drafter_s_slots_come_out_of_the_budget_before_a_wait_is_counted(monkeypatch):
+    """With a drafter vLLM takes max_num_new_slots_for_drafting input-budget slots per scheduled
+    request (draft_model: 1) and stops scheduling once no more than those are left: a request left
+    out there sat out by design (the first spec-draft gate counted such waits)."""
+    from harness.agents.vllm import steps as vllm_steps
+    monkeypatch.setattr(vllm_steps, "_TAKES_DRAFT_SLOTS", [True])  # the 0.28.0+ scheduler
+    for slots, counted in ((1, 0), (0, 1)):
+        books, facts = _books()
+        reqs = [_req(f"r{i}", max_tokens=9) for i in range(5)]
+        s = _sched(reqs, budget=20)
+        s.vllm_config = NS(speculative_config=NS(max_num_new_slots_for_drafting=slots))
+        _step(books, s, {f"r{i}": 3 for i in range(5)})  # prefills
+        _step(books, s, {f"r{i}": 4 for i in range(4)})  # 1+3 tokens each; r4 left out: 16 + 4 slots = 20
+        _step(books, s, {f"r{i}": 4 for i in range(1, 5)})  # r4 runs again
+        assert facts.data["requests"]["r4"]["waited"] == counted, slots
+    assert vllm_steps.draft_slots(NS(vllm_config=NS(speculative_config=None))) == 0
+    monkeypatch.setattr(vllm_steps, "_TAKES_DRAFT_SLOTS", [False])  # before 0.28.0 the property goes unused
+    assert vllm_steps.draft_slots(NS(vllm_config=NS(speculative_config=NS(max_num_new_slots_for_drafting=1)))) == 0
+
+
+def test_with_drafts_a_capped_request_may_spend_one_step_more_never_two():
+    """vLLM's async guard at max_tokens counts only the sure token of a step whose drafts may be
+    rejected: when they are accepted and reach max_tokens, the step scheduled meanwhile is one past
+    it by design (measured on stock 0.32.0: p0, n0; stress c1r1). Two are still caught."""
+    off = _arm(**{K0: (1, 2, 2, 0, 0, L)})
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 3, 3, 0, 0, L)}), drafted={K0}).findings == []
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 4, 4, 0, 0, L)}), drafted={K0}).findings
+    assert steps.compare(REQS, off, _arm(**{K0: (1, 3, 3, 0, 0, L)})).findings  # no drafts: caught

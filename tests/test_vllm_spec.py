@@ -66,18 +66,13 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     assert agent_spec._count(sched, *_step({}, {})) == {}  # a step without drafts: no count
 
 
-def test_the_oracle_compares_windows_only_where_the_arms_gave_the_same_drafts():
+def test_windows_parted_between_the_arms_are_named_for_the_steps_oracle():
+    """Draft counts (the token budget, the async placeholders) or accepted lengths (other drafts)
+    parted: the request's steps may differ by design (harness.oracles.steps leaves their counts out)."""
     on = {"r1": ("k1", [(3, 3), (3, 1)]), "r2": ("k2", [(3, 2), (2, 2)]), "r3": ("k3", [(3, 0)])}
     off = {"x1": ("k1", [(3, 3), (3, 1)]), "x2": ("k2", [(3, 2), (3, 2)]), "x3": ("k3", [(3, 1)])}
-    found, compared, parted = spec_steps.compare(on, off, ["k1", "k2", "k3"])
-    assert (compared, parted) == (3, 1)  # k2's second window had 2 drafts on, 3 off: compared up to it
-    assert len(found) == 1 and found[0].startswith("request k3: window 0 (3 drafts) accepted 0 async on, 1 off")
-    assert spec_steps.compare(on, on, ["k1", "k2", "k3"]) == ([], 3, 0)
-    # a wrong acceptance after matching windows is found although the rest of the schedule parts
-    late = {"y": ("k1", [(3, 3), (3, 2), (1, 1)])}
-    assert spec_steps.compare(late, off, ["k1"])[0][0].startswith("request k1: window 1 (3 drafts) accepted 2")
-    # the steps oracle leaves out (for its step counts) the requests whose draft counts parted
-    assert spec_steps.parted_keys(on, off) == {"k2"}
+    assert spec_steps.parted_keys(on, off) == {"k2", "k3"} and spec_steps.parted_keys(on, on) == set()
+    assert spec_steps.parted_keys(on, {}) == {"k1", "k2", "k3"}  # on one arm only
     assert spec_steps.summary(on) == {"windows": 5, "drafts": 14, "accepted": 8, "rate": 0.571, "mean_len": 2.6}
 
 
@@ -87,3 +82,115 @@ def test_a_drafter_s_configuration_sends_no_logit_bias_or_min_p():
     body = {"prompt": [1], "logit_bias": {"5": 4.0}, "min_p": 0.1, "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["spec-draft"], dict(body)) == {"prompt": [1], "temperature": 0}
     assert vllm_spec.payload(vc.CONFIGS["default"], dict(body)) == body
+
+
+def test_the_expand_workaround_writes_the_caller_s_buffer_at_its_dtype(monkeypatch):
+    """FACT cpu_expand_drops_output (vllm#55005): vLLM's CPU shim fills a copy and leaves the
+    caller's buffer unwritten (the stand-in below does the same); the agent's patch writes the
+    expansion itself, counted, and leaves vLLM's shim alone under its stock switch."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import cpu_expand
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    calls = []
+
+    def shim(output, input_val, cu, rf, rt, MAX_NUM_TOKENS=None):  # vLLM's: writes output.to(int64), a copy
+        calls.append(output.dtype)
+        output.to(torch.int64).fill_(7)
+
+    temp, cu = torch.tensor([0.0, 0.7, 1.3]), torch.tensor([2, 3, 6], dtype=torch.int32)
+    out = torch.full((6,), -5.0)
+    cpu_expand.patch(shim)(out, temp, cu, 0, 1)
+    assert torch.allclose(out, torch.tensor([1.0, 1.0, 0.7, 1.3, 1.3, 1.3])) and calls == []
+    top_k = torch.full((6,), -5, dtype=torch.int32)
+    cpu_expand.patch(shim)(top_k, torch.tensor([0, 5, 7], dtype=torch.int32), cu, 0, 0)
+    assert top_k.tolist() == [0, 0, 5, 7, 7, 7]
+    assert state.facts("worker").data["cpu_expand_fixes"] == 2
+    i64 = torch.zeros(6, dtype=torch.int64)  # int64 both: vLLM's op writes the buffer itself
+    cpu_expand.patch(shim)(i64, torch.tensor([1, 2, 3]), cu, 0, 0)
+    assert calls == [torch.int64]
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["cpu_expand_dtype"]}))
+    out = torch.full((6,), -5.0)
+    cpu_expand.patch(shim)(out, temp, cu, 0, 1)
+    assert out.tolist() == [-5.0] * 6  # vLLM's own shim: the buffer as it was
+
+
+def test_placeholders_are_reads_only_in_rows_a_penalty_or_bad_words_read(monkeypatch):
+    """vLLM lets the rows of requests without a penalty hold -1 (apply_all_penalties masks them);
+    a -1 in a penalized row's output ids or appended drafts is a read (vllm#30122's class)."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    sm = SimpleNamespace(no_penalties=False, bad_words_token_ids={2: [[9]]},
+                         presence_penalties=torch.tensor([0.0, 0.5, 0.0, 0.0]),
+                         frequency_penalties=torch.tensor([0.0, 0.0, 0.0, 0.0]),
+                         repetition_penalties=torch.tensor([1.0, 1.0, 1.0, 1.0]),
+                         output_token_ids=[[4, -1, -1], [4, 5], [6, -1], [7]], spec_token_ids=[[1], [-1, 2], [3], []])
+    assert agent_spec.reading_rows(sm) == {1, 2}
+    agent_spec._count_reads(sm, SimpleNamespace(num_draft_tokens=[1, 2, 1, 0]))
+    f = state.facts("worker").data
+    assert (f["spec_lp_steps"], f["spec_lp_placeholders"], f["spec_lp_unread_placeholders"]) == (1, 2, 2)
+    assert [r["row"] for r in f["spec_lp_rows"]] == [1, 2]
+
+
+def test_a_sampled_request_is_left_uncompared_only_where_it_was_drafted_for_apart():
+    """Its draws follow its windows (spec_steps.SAMPLED_APART): another draft count or other draft
+    ids before its sampled ids part make it incomparable; ids that part under the same drafts are
+    a real divergence; a greedy request is always compared."""
+    from harness.agents.vllm.steps import request_key
+    reqs = [SimpleNamespace(rid=f"s{i}", prompt_ids=[i], max_new_tokens=8, temperature=0.9) for i in range(3)]
+    reqs.append(SimpleNamespace(rid="g0", prompt_ids=[9], max_new_tokens=8, temperature=None))
+    k = {r.rid: request_key(r.prompt_ids, r.max_new_tokens) for r in reqs}
+    on = {"a": (k["s0"], [([5, 6, 7], [5, 1]), ([1, 1, 1], [2])]),  # s0: drafts part in window 1
+          "b": (k["s1"], [([5, 6, 7], [5, 2])]),  # s1: same drafts, other ids: compared
+          "c": (k["s2"], [([5, 6], [3])]),  # s2: 2 drafts on, 3 off
+          "d": (k["g0"], [([1, 2, 3], [4])])}
+    off = {"x": (k["s0"], [([5, 6, 7], [5, 1]), ([1, 1, 2], [3])]), "y": (k["s1"], [([5, 6, 7], [5, 6, 9])]),
+           "z": (k["s2"], [([5, 6, 8], [3])]), "w": (k["g0"], [([1, 2, 0], [4])])}
+    assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0", "s2"}
+    assert spec_steps.sampled_apart(reqs, {}) == set()
+
+
+def test_the_verify_rule_is_checked_window_by_window_on_greedy_requests():
+    """Greedy: the sampled ids are the drafts' accepted prefix, then a token that is not the next
+    draft (or the bonus after a whole window). A match rejected or a mismatch accepted is found on
+    its arm; the arms' drafts are compared while their ids agree (reported)."""
+    good = {"a": ("k1", [([5, 6, 7], [5, 6, 9]), ([1, 2, 3], [1, 2, 3, 4]), ([8, 8], [2])])}
+    assert spec_steps.verify_findings(good, ["k1"], "on") == ([], 3)
+    for bad in ([5, 6, 7], [5], [5, 6, 7, 1, 2]):  # a match rejected (the third; the first); too long
+        f, _ = spec_steps.verify_findings({"a": ("k1", [([5, 6, 7], bad)])}, ["k1"], "on")
+        assert len(f) == 1 and f[0].startswith("async on: request k1: window 0"), bad
+    assert spec_steps.verify_findings({"a": ("k1", [([5], [6, 6])])}, ["k2"], "on") == ([], 0)  # not greedy
+    other = {"b": ("k1", [([5, 6, 7], [5, 6, 9]), ([1, 2, 0], [1, 2, 3])])}
+    assert spec_steps.drafts_apart(good, other, ["k1"]) == (2, 1)  # stops where the sampled ids part
+    assert spec_steps.parted_keys({"a": ("k1", [(3, 1)])}, {"b": ("k1", [(3, 2)])}) == {"k1"}  # accepted parted
+
+
+def test_stress_draws_a_drafter_and_its_k_as_the_configuration():
+    """`stress --configs spec` draws "spec-<drafter>-k<k>" per segment from its seed; the name is the
+    configuration a reproducer records, so replay (and shrinking, on the same pair) keep the drafter."""
+    import pytest
+
+    from harness.commands.stress_served import config_order
+    from harness.targets.vllm import configs as vc
+    a = SimpleNamespace(target="vllm", configs="spec", seed=3)
+    names = config_order(a, ValueError)
+    assert names == config_order(a, ValueError) and len(names) >= 2  # drawn from the seed
+    for n in names:
+        c = vc.resolve(n)
+        assert c.spec[0] in vllm_spec.DRAFTERS and c.spec[1] in vc.SPEC_KS and c.name == n
+        assert "logits-processors" in c.drop and set(vc.SPEC_HIDES) <= set(c.hides)
+    assert {vc.get(n).spec for n in config_order(SimpleNamespace(target="vllm", configs="spec", seed=4),
+                                                 ValueError)} != {vc.get(n).spec for n in names}
+    assert vc.parse("spec-cut3-k2") == ["spec-cut3-k2"] and vc.get("spec-same-k1").spec == ("same", 1)
+    for bad in ("spec-cut3-k9", "spec-nosuch-k2", "spec-cut3"):
+        with pytest.raises(ValueError, match="unknown server configuration"):
+            vc.parse(bad)

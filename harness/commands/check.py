@@ -102,7 +102,7 @@ def run_matrix(a, configs: list[str], workers: int, vllm) -> int:
     rows = []
     base = {"json": a.json, "junit": a.junit}
     for name in configs:
-        c = table.CONFIGS[name]
+        c = table.CONFIGS.get(name) or table.get(name)  # vLLM: a drawn drafter (spec-<drafter>-k<k>) too
         print(f"\n== server configuration {name}: {c.flags()}", flush=True)
         for k, path in base.items():  # one report per configuration: REPORT-NAME.json / .xml
             if path:

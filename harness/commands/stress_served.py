@@ -70,13 +70,20 @@ def config_order(a, bad) -> list[str]:
         if spec:
             raise bad(f"--configs applies to --target vllm only (not {a.target})")
         return []
+    rng = random.Random(getattr(a, "seed", 0))  # replay has no --seed: it pins its configuration
+    if spec and spec.strip() == "spec":  # drafters only: a drafter and its k drawn for each of them
+        return list(dict.fromkeys(vllm_configs.draw_drafted(rng) for _ in range(SPEC_DRAWS)))
     names = vllm_configs.parse(spec or "all", bad)
     if not spec or spec.strip() == "all" or spec.strip().startswith(("-", "all,")):
         head = [n for n in names if n == vllm_configs.DEFAULT]
         rest = [n for n in names if n != vllm_configs.DEFAULT]
-        random.Random(a.seed).shuffle(rest)
-        names = head + rest
+        rng.shuffle(rest)
+        # a drafter's configuration in a drawn order: its drafter and num_speculative_tokens drawn too
+        names = head + [vllm_configs.draw_drafted(rng) if vllm_configs.get(n).spec else n for n in rest]
     return names
+
+
+SPEC_DRAWS = 4  # `--configs spec`: the drafter configurations drawn (visited in turn, a segment each)
 
 
 def served_pairs(a, bad, vllm=None):
@@ -200,7 +207,7 @@ def cmd_replay_served(a, bad) -> int:
     # the server configuration it was found in (a reproducer without one ran the default)
     from harness.targets.vllm import configs as vllm_configs
     cfg = h.get("config") or vllm_configs.DEFAULT
-    if a.target == "vllm" and cfg not in vllm_configs.CONFIGS:
+    if a.target == "vllm" and not vllm_configs.known(cfg):
         raise bad(f"bad reproducer: {a.file} names server configuration {cfg!r}; known: {', '.join(vllm_configs.CONFIGS)}")
     a.configs = cfg if a.target == "vllm" else None
     bisecting = bool(getattr(a, "vllm_python", None))  # the vLLM is the checkout's, at whatever commit
@@ -276,10 +283,11 @@ def add_flags(s) -> None:
                    help="vllm/openai: time limit for shrinking each new finding (default 3)")
     s.add_argument("--cases-per-run", type=int, default=4,
                    help="vllm/openai: independent request mixes merged into one submission (default 4)")
-    s.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...",
+    s.add_argument("--configs", metavar="NAME,...|all|all,-NAME,...|spec",
                    help="vllm: the server configurations to draw, one per segment of runs (harness/targets/"
                         "vllm/configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
-                        "(default all, the default configuration first)")
+                        "(default all, the default configuration first); spec: drafters only, each segment's "
+                        "drafter and num_speculative_tokens drawn (spec-<drafter>-k<k>)")
     s.add_argument("--config-minutes", type=float, default=2.0,
                    help="vllm: minutes of runs per configuration before the next is drawn (default 2; a "
                         "pair takes about a minute to start)")

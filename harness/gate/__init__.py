@@ -51,6 +51,7 @@ class GateResult:
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
+    spec: list = field(default_factory=list)  # a drafter's windows per arm: acceptance, accepted lengths (test_paths)
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
     # "not exercised: why": what a target declares it cannot compare (SGLang's unseeded sampling):
@@ -97,7 +98,7 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met", "spec"):
                 self.extra.append((report.nodeid, k, v))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
@@ -136,7 +137,7 @@ class _Collector:
         res.collected = len(self.order)
         slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "pairs_met": res.pairs, "known": res.known,
                 "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
-                "not_exercised": res.not_exercised}
+                "not_exercised": res.not_exercised, "spec": res.spec}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -368,6 +369,7 @@ def path_lines(res: GateResult) -> list[str]:
     if res.installed:
         out.append("logits processors installed in the target (vllm.logits_processors, each run async on vs off "
                    "with the placeholder repair on and off): " + ", ".join(res.installed))
+    out += [f"speculative windows: {x}" for x in res.spec]
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
     out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
@@ -441,7 +443,7 @@ def release_line(pair) -> str:
     """The vLLM release in force and what was adapted to run it here (a vLLM pair; "" for others)."""
     if pair is None or pair.name != "vllm":
         return ""
-    ad = pair.release.adaptations()
+    ad = pair.adaptations()
     return f"vLLM that ran: {pair.what_ran()}" + (
         "\nadapted: " + "; ".join(ad) if ad else "\nadapted: nothing (run as installed)")
 
@@ -451,7 +453,7 @@ def served_release(pair, asked: str | None = None) -> tuple[str | None, list[str
     asked for, else the one the vLLM pair ran (Target.version); (None, []) for ref and SGLang."""
     if pair is None or pair.name != "vllm":
         return asked, []
-    return asked or pair.version, [str(x) for x in pair.release.adaptations()]
+    return asked or pair.version, [str(x) for x in pair.adaptations()]
 
 
 def served_restarts_line(pair) -> str:

@@ -136,14 +136,16 @@ def in_flight_of(facts: list[dict]) -> int:
     return max(sizes) if sizes else 2
 
 
-def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), in_flight: int = 2) -> StepsVerdict:
+def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), drafted=frozenset(),
+            in_flight: int = 2) -> StepsVerdict:
     """The findings over the workload's requests (harness.engine.request.Request: prompt_ids,
-    max_new_tokens, rid). `parted`: the keys of requests whose speculative windows got other draft
-    counts in the two arms (harness.oracles.spec_steps.parted_keys): their sampling steps may
-    differ by design, so only their waits are compared. `in_flight`: the steps the async-on engine
-    may keep in flight (in_flight_of): each step it may schedule before the one it waits on is one
-    step of slack where the scheduler cannot know yet (a stop token in flight, a queued step a
-    newcomer cannot join); 2 is one step, as before."""
+    max_new_tokens, rid). `parted`: the keys of requests whose speculative windows parted between
+    the arms (draft counts or accepted lengths) (harness.oracles.spec_steps.parted_keys): their
+    sampling steps may differ by design, so only their waits are compared. `drafted`: the keys of
+    requests with speculative windows (a capped one may spend one sampling step more async on).
+    `in_flight`: the steps the async-on engine may keep in flight (in_flight_of): each step it may
+    schedule before the one it waits on is one step of slack where the scheduler cannot know yet
+    (a stop token in flight, a queued step a newcomer cannot join); 2 is one step, as before."""
     ahead = max(1, int(in_flight) - 1)  # steps scheduled ahead of the one waited on
     names: dict[str, list[str]] = {}
     for r in reqs:
@@ -178,11 +180,14 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), in_flight: 
             continue
         compared += a.copies
         w_off, w_on = w_off + a.waited, w_on + b.waited
-        if key in parted:  # a drafter gave it other draft counts on each arm: its steps differ by design
-            left["other draft counts"] = left.get("other draft counts", 0) + 1
+        if key in parted:  # a drafter's windows parted (draft counts or accepted lengths): steps differ by design
+            left["other speculative windows"] = left.get("other speculative windows", 0) + 1
         elif fin == {LENGTH}:
             capped += a.copies
-            if b.sampled > a.sampled:
+            # with drafts, vLLM's async guard at max_tokens counts only the one sure token of the step
+            # in flight (its drafts may be rejected): when they are accepted and reach max_tokens, the
+            # step scheduled meanwhile is one past it by design (once a request: its last step)
+            if b.sampled > a.sampled + (a.copies if key in drafted else 0):
                 add(f"request {who}: {b.sampled} sampling steps async on, {a.sampled} off (max_tokens "
                     f"{key.split(':')[1]}, capped in both): {b.sampled - a.sampled} step(s) past max_tokens",
                     "steps.past_cap")

@@ -124,6 +124,12 @@ POINTS += [
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
           "unsupported') is run again on its flash-decoding kernel, and counted", until="0.11.1", runner="v1"),
     # FACT cpu_reorder_by_prompt, unless the plan lists "cpu_resume_as_decode" under "stock"
+    # FACT cpu_expand_drops_output (vllm#55005), unless the plan lists "cpu_expand_dtype" under "stock"
+    Point("cpu_expand", "vllm.utils.cpu_triton_utils", "_expand_kernel_impl",
+          "the CPU shim of the rejection sampler's expand kernel (temperature, top_k, top_p per draft token): "
+          "it fills a copy and leaves the caller's buffer unwritten; the agent writes it at its own dtype. "
+          "Patched before the platform registers it (the plugins load first in init_worker)",
+          since="0.20.0", until="0.34.0"),
     Point("cpu_reorder", "vllm.v1.attention.backends.cpu_attn", "TorchSDPAMetadataBuilderV1.reorder_batch",
           "the CPU attention's prefill/decode split: a decode row scheduled with more than one token (a "
           "resumed request past its prompt) is moved among the prefills, and counted", until="0.11.1", runner="v1"),
@@ -158,6 +164,9 @@ POINTS += [
     Point("spec_logits", "vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors",
           "penalties and bad words over the output ids with the drafts appended: placeholders read there",
           since="0.11.1", until="0.34.0", runner="v1"),
+    Point("spec_sample", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
+          "after the rejection sampler: each request's drafts as the worker verified them and the ids sampled",
+          since="0.10.2", until="0.34.0", runner="v1"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")

@@ -18,7 +18,11 @@ the drafts appended (RejectionSampler.apply_logits_processors); under async sche
 ids end in placeholders vLLM repairs first (InputBatch.update_async_output_token_ids). A
 placeholder left there is read as a token (vllm#30122: only the last accepted token repaired):
 `spec_lp_steps` counts the steps with a penalty or bad words, `spec_lp_placeholders` the
-placeholder ids they read (a violation: > 0 fails its row).
+placeholder ids read in the rows a penalty or bad words apply to (a violation: > 0 fails its
+row; the other rows may hold -1 by vLLM's design, counted apart). After the rejection sampler
+(GPUModelRunner._sample) the worker records each request's drafts as it verified them and the
+ids it sampled, per window (role "spec_verify"): the verify rule is checked on them
+(harness.oracles.spec_steps.verify_findings).
 """
 from __future__ import annotations
 
@@ -99,16 +103,98 @@ def apply_logits_processors(orig):
     def apply(self, logits, sampling_metadata, metadata, *a, **kw):
         try:
             if sampling_metadata.bad_words_token_ids or not sampling_metadata.no_penalties:
-                f = state.facts("worker")
-                f.add("spec_lp_steps")
-                n = sum(1 for ids in sampling_metadata.output_token_ids or () for t in ids if t == -1)
-                if n:
-                    f.add("spec_lp_placeholders", n)
+                _count_reads(sampling_metadata, metadata)
         except Exception as e:  # a counter must never break the engine
             state.facts("worker").set(counter_error=f"spec_lp: {e}")
         return orig(self, logits, sampling_metadata, metadata, *a, **kw)
     return apply
 
 
+def reading_rows(sm) -> set:
+    """The batch rows whose output ids a penalty or bad words actually read: a row with a penalty
+    that changes something, or bad words. vLLM builds the ids of every row, and lets the rows of
+    the other requests hold -1 (apply_all_penalties masks them: "rows that won't have penalties
+    applied may contain -1 placeholder token ids"), so only these rows' placeholders are reads."""
+    rows = set(sm.bad_words_token_ids or ())
+    if not sm.no_penalties:
+        pen = (sm.presence_penalties != 0) | (sm.frequency_penalties != 0) | (sm.repetition_penalties != 1)
+        rows |= {int(i) for i in pen.nonzero().flatten().tolist()}
+    return rows
+
+
+def _count_reads(sm, metadata) -> None:
+    """`spec_lp_steps`; the placeholders (-1) in the output ids and in the drafts the rejection
+    sampler appends to them (spec_token_ids) of the rows it reads (`spec_lp_placeholders`, a
+    violation), the first few such rows' tails (`spec_lp_rows`: what was read, to explain a read);
+    the rows that hold -1 without being read are counted apart (`spec_lp_unread_placeholders`)."""
+    f = state.facts("worker")
+    f.add("spec_lp_steps")
+    rows = reading_rows(sm)
+    outs = sm.output_token_ids or ()
+    specs = sm.spec_token_ids or [()] * len(outs)
+    drafts = list(getattr(metadata, "num_draft_tokens", None) or ())
+    read = unread = 0
+    for i, (ids, sp) in enumerate(zip(outs, specs)):
+        n = sum(1 for t in ids if t == -1) + sum(1 for t in sp or () if t == -1)
+        if not n:
+            continue
+        if i not in rows:
+            unread += n
+            continue
+        read += n
+        seen = f.data.get("spec_lp_rows") or []
+        if len(seen) < 8:
+            f.set(spec_lp_rows=seen + [{"row": i, "tail": list(ids[-6:]), "drafts": list(sp or ()),
+                                        "num_drafts": drafts[i] if i < len(drafts) else None}])
+    if read:
+        f.add("spec_lp_placeholders", read)
+    if unread:
+        f.add("spec_lp_unread_placeholders", unread)
+
+
+VERIFY_ROLE = "spec_verify"
+_VERIFIED: OrderedDict = OrderedDict()  # vLLM request id -> [key, [[drafts, sampled] per window]]
+KEEP_VERIFIED = 512  # requests whose windows the worker keeps (a gate sends a few dozen with drafts)
+
+
+def sample(orig):
+    """GPUModelRunner._sample: after the rejection sampler, each request's drafts as the worker
+    verified them (the real ids, also under async scheduling, where the scheduler only holds
+    placeholders) and the ids it sampled for them, per window (role "spec_verify"): the verify
+    rule is then checked window by window (harness.oracles.spec_steps.verify_findings)."""
+    def _sample(self, logits, spec_decode_metadata, *a, **kw):
+        out = orig(self, logits, spec_decode_metadata, *a, **kw)
+        if spec_decode_metadata is not None:
+            try:
+                _record(self, spec_decode_metadata, out)
+            except Exception as e:  # a counter must never break the engine
+                state.facts(VERIFY_ROLE).set(counter_error=f"spec_sample: {e}")
+        return out
+    return _sample
+
+
+def _record(runner, md, out) -> None:
+    counts = list(md.num_draft_tokens)
+    flat = md.draft_token_ids.tolist()
+    sampled = out.sampled_token_ids.tolist()
+    rids = runner.input_batch.req_ids
+    at = 0
+    for i, n in enumerate(counts):
+        drafts, at = flat[at:at + n], at + n
+        if not n or i >= len(rids) or i >= len(sampled):
+            continue
+        rid = rids[i]
+        rec = _VERIFIED.get(rid)
+        if rec is None:
+            st = runner.requests.get(rid)
+            sp = getattr(st, "sampling_params", None)
+            rec = _VERIFIED[rid] = [request_key(getattr(st, "prompt_token_ids", None) or (),
+                                                getattr(sp, "max_tokens", None)), []]
+            while len(_VERIFIED) > KEEP_VERIFIED:
+                _VERIFIED.popitem(last=False)
+        rec[1].append([drafts, [t for t in sampled[i] if t >= 0]])
+    state.facts(VERIFY_ROLE).set(verified={rid: [k, w] for rid, (k, w) in _VERIFIED.items()})
+
+
 # the agent's patch points (harness.agents.vllm.points) these counters wrap
-PATCHES = {"spec_update": update_from_output, "spec_logits": apply_logits_processors}
+PATCHES = {"spec_update": update_from_output, "spec_logits": apply_logits_processors, "spec_sample": sample}

@@ -100,14 +100,18 @@ class Books:
                 rec[2] += 1
             rec[3] += rec[4]  # it ran again: the steps it sat out were a wait
             rec[4] = 0
-        if total < budget:
+        # with a drafter vLLM also takes draft slots from its input budget for each request it
+        # schedules, and stops once no more than those are left (Scheduler.schedule, draft_slots)
+        slots = draft_slots(sched)
+        room = budget - total - slots * len(scheduled)
+        if room > slots:
             for r in sched.running:
                 if r.request_id not in scheduled and could_continue(sched, r):
                     self._rec(r)[4] += 1
-            self._admission(sched, out, budget - total)
+            self._admission(sched, out, room, slots)
         self.publish()
 
-    def _admission(self, sched, out, budget: int) -> None:
+    def _admission(self, sched, out, budget: int, slots: int = 0) -> None:
         """Requests left waiting although the step had room for them: a slot, token budget (`budget`
         tokens were left) and KV blocks for the whole prompt; a step that preempted or a paused
         engine admits no one by design."""
@@ -131,7 +135,7 @@ class Books:
         # request ahead its blocks and slot, and count only newcomers the walk reaches with room.
         free_slots = slots - len(sched.running)
         for r in list(sched.waiting):
-            if free_slots <= 0 or budget <= 0:
+            if free_slots <= 0 or budget <= slots:
                 return
             status = getattr(getattr(r, "status", None), "name", "")
             if status not in ("WAITING", "PREEMPTED"):
@@ -141,7 +145,7 @@ class Books:
             need = -(-(r.num_tokens + 1) // size)
             if free < need:
                 return  # the head does not fit: nobody behind it is admitted this step
-            free, free_slots, budget = free - need, free_slots - 1, budget - r.num_tokens
+            free, free_slots, budget = free - need, free_slots - 1, budget - r.num_tokens - slots
             if status == "WAITING" and not getattr(r, "num_preemptions", 0):
                 self._rec(r)[9] += 1  # a newcomer with room (a resumed one is the preemption's to judge)
 
@@ -197,6 +201,27 @@ def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:
     """HostOrder's per-request callback (harness.agents.vllm.timing)."""
     if _BOOKS is not None:
         _BOOKS.overlap(rid, kind, phase)
+
+
+_TAKES_DRAFT_SLOTS: list = []  # [bool] once read: vLLM's schedule() takes draft slots from its budget
+
+
+def draft_slots(sched) -> int:
+    """The input-budget slots vLLM's scheduler takes per scheduled request for its drafter
+    (SpeculativeConfig.max_num_new_slots_for_drafting; 0 without a drafter, and 0 where schedule()
+    does not take them: the property is in 0.26.0, the scheduler uses it from 0.28.0)."""
+    spec = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
+    if spec is None:
+        return 0
+    if not _TAKES_DRAFT_SLOTS:  # the scheduler module's own source (its schedule() is wrapped by now)
+        import inspect
+        import sys
+        try:
+            src = inspect.getsource(sys.modules["vllm.v1.core.sched.scheduler"])
+        except (KeyError, OSError, TypeError):
+            src = ""
+        _TAKES_DRAFT_SLOTS.append("max_num_new_slots_for_drafting" in src)
+    return int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if _TAKES_DRAFT_SLOTS[0] else 0
 
 
 def _count(rec, what: str) -> None:

@@ -103,7 +103,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     """One arm: its Run, the agent's counter deltas, the step books of its requests, its books at
     idle, the control answers; or {"error": Finding} when the server crashed or hung."""
     from harness.agents import plan as planmod
-    from harness.oracles import steps
+    from harness.oracles import spec_steps, steps
     from harness.targets.vllm import paths as vp
     from harness.targets.base import TargetCrash, TargetHang
     done, got = threading.Event(), []
@@ -115,6 +115,7 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         target.url(overlap)
         facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
         before, books_before = vp.counts(facts), steps.books_of(facts)
+        spec_before, verified_before = spec_steps.accepted_of(facts), spec_steps.verified_of(facts)
         if case.controls:
             ctl.start()
         try:
@@ -135,6 +136,8 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         out["counts"] = vp.delta(before, vp.counts(facts))
         out["steps"] = steps.new_since(books_before, steps.books_of(facts))
+        out["spec"] = spec_steps.new_since(spec_before, spec_steps.accepted_of(facts))  # a drafter's windows
+        out["verified"] = spec_steps.new_since(verified_before, spec_steps.verified_of(facts))
     return out
 
 
@@ -240,7 +243,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     counted for the request it names, async on; `decode` (ids -> text) lets the surface oracle
     check each text against its ids."""
     from harness.oracles import books as bookmod
-    from harness.oracles import request_ids, steps, surface, turns
+    from harness.oracles import request_ids, spec_steps, steps, surface, turns
     from harness.oracles.divergence import record_problems, run_logprobs
     from harness.oracles.reference import divergences
     from harness.targets.vllm import paths as vp
@@ -252,9 +255,13 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     preempted = _sampled_preempted(reqs, on) if agent else set()
     on_books = steps.summed(on.get("steps") or {}) if agent else None
     by_rid = {r.rid: r for r in reqs}
+    spec = {True: on.get("spec") or {}, False: off.get("spec") or {}} if agent else {}
+    # a drafter's configuration: a sampled request the arms drafted for differently draws differently
+    verified = {True: on.get("verified") or {}, False: off.get("verified") or {}} if agent else {}
+    apart = spec_steps.sampled_apart(reqs, verified)
     for _, _, divs in divergences(off["run"], on["run"]):
         for d in divs:
-            if not d.near_tie:
+            if not d.near_tie and d.rid.split("#")[0] not in apart:
                 r = by_rid.get(d.rid.split("#")[0])
                 ev = steps.evidence_of(on_books, r) if on_books is not None and r is not None else {}
                 dropped = {m.split(":", 1)[1]: n for m, n in ev.items() if m.startswith("stale_dropped:") and n}
@@ -281,6 +288,8 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     if not agent:
         return out
     sv = steps.compare(reqs, steps.summed(off["steps"]), steps.summed(on["steps"]),
+                       spec_steps.parted_keys(spec[True], spec[False]) if any(spec.values()) else (),
+                       {k for ov in (True, False) for k, _ in (spec.get(ov) or {}).values()},
                        in_flight=steps.in_flight_of(getattr(on["run"], "summary", {}).get("facts") or []))
     for f in sv.findings:
         # the signature a replay must show again, by the oracle's code (the words of older reproducers)
@@ -288,6 +297,12 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                 "admission.starved": "admission", "steps.waited": "waited"}.get(code_of(f), "more steps")
         out.append(Finding("steps", f"steps: {f}", ("steps", kind), code_of(f), f.rid))
         evidence[out[-1].summary] = sv.evidence.get(f, {})
+    if any(verified.values()):  # a drafter: the verify rule, window by window, on the greedy requests
+        from harness.agents.vllm.steps import request_key
+        greedy = [request_key(r.prompt_ids, r.max_new_tokens) for r in reqs if not r.temperature]
+        for overlap, arm in ((True, "on"), (False, "off")):
+            for f in spec_steps.verify_findings(verified[overlap], greedy, arm)[0]:
+                out.append(Finding("spec", f, ("spec", "verify", arm)))
     for f in bookmod.findings(on["books"], off["books"]):
         if bookmod.HELD["host_buffers_held"] in f and all(
                 bookmod.HELD["host_buffers_held"] in g for g in bookmod.leaks(on["books"], "on")):
@@ -299,6 +314,12 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         what = re.sub(r"^async (on|off): \d+ ", "", f).split(" at idle")[0]
         out.append(Finding("books", f"books: {f}", ("books", f.split(":")[0], what)))
     for row in vp.PATHS:
+        if row.violations and row.pair == "main":  # an invariant the agent checks where the path runs
+            counter, what = row.violations
+            for lab, a in (("on", on), ("off", off)):
+                if a["counts"].get(counter, 0):
+                    out.append(Finding("placeholders", f"async {lab}: {a['counts'][counter]} {what} ({counter})",
+                                       ("placeholders", counter)))
         if row.placeholders and row.pair == "main":
             for lab, a in (("on", on), ("off", off)):
                 k = a["counts"].get(row.placeholders, 0)

@@ -16,6 +16,7 @@ its configuration and `replay` starts the servers in it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.targets.vllm import paths as vp
@@ -33,7 +34,10 @@ _NO_LP = "a speculative config loads no CLI or entry-point logits processor (vLL
 SPEC_HIDES = {**{r: _NO_LP for r in ("logits_processor_cli", "logits_processor_cli_value",
                                       "logits_processor_batch_cli", "logits_processor_entry_point",
                                       "logits_processor_batch_entry_point", "installed_logits_processors")},
-              "logit_bias": "vLLM applies no logit_bias with drafts (its builtin processor is not built)"}
+              "logit_bias": "vLLM applies no logit_bias with drafts (its builtin processor is not built)",
+              # measured on both drafters (2026-12-07): "min_tokens changed no output of mt0, mt1, mt2"
+              "min_tokens": "the workload's min_tokens requests stop early only where logit_bias forces their stop "
+                            "token, which vLLM refuses with drafts: min_tokens changes no output here (docs/vllm-spec.md)"}
 # the rows only a drafter's configuration reaches (harness.targets.vllm.paths, the spec_* rows)
 SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties")
 
@@ -122,8 +126,9 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("cut3", 3)),
     ServerConfig(
         "spec-same", (),
-        "the target as its own drafter, 3 drafts a step: every greedy window accepted whole, so each "
-        "step carries the bonus token and the max_tokens guard meets whole windows",
+        "the target as its own drafter, 3 drafts a step: greedy windows accepted whole (each step carries "
+        "the bonus token, the max_tokens guard meets whole windows), penalized, bad-words and sampled "
+        "requests' drafts rejected in part (the drafter proposes from unprocessed logits)",
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("same", 3)),
     # beyond one worker (issue 45; docs/multi-worker.md): the split model (SmolLM2 cut to 6 heads over
     # 2 KV heads, 4 layers: harness.targets.split_model), one worker process per rank
@@ -153,6 +158,35 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "scheduled in this step, or one with a step in flight far from the batch's end", {},
         priority=True),
 ]}
+# A drafter's configuration drawn by stress (issue 43, item 4): "spec-<drafter>-k<k>", any drafter of
+# harness.targets.vllm.spec and k drafts a step, built on demand (a reproducer names it; replay and
+# check take the name). The two named above are the gate's.
+SPEC_KS = (1, 2, 3, 4)
+_DRAWN = re.compile(r"spec-(\w+)-k(\d+)")
+
+
+def drafted(name: str) -> ServerConfig | None:
+    """The drafter's configuration a "spec-<drafter>-k<k>" name stands for, or None."""
+    from harness.targets.vllm.spec import DRAFTERS
+    m = _DRAWN.fullmatch(name or "")
+    if m is None or m.group(1) not in DRAFTERS or int(m.group(2)) not in SPEC_KS:
+        return None
+    d, k = m.group(1), int(m.group(2))
+    return ServerConfig(name, (), f"draft-model speculative decoding, {k} draft(s) a step from drafter {d} "
+                        f"({DRAFTERS[d].what})", SPEC_HIDES, since="0.12.0", drop=("logits-processors",),
+                        spec=(d, k))
+
+
+def draw_drafted(rng) -> str:
+    """A drafter and its num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
+    from harness.targets.vllm.spec import DRAFTERS
+    return f"spec-{rng.choice(sorted(DRAFTERS))}-k{rng.choice(SPEC_KS)}"
+
+
+def known(name: str | None) -> bool:
+    return (name or DEFAULT) in CONFIGS or drafted(name) is not None
+
+
 # what `check --configs all` and stress's default draw run. The drafters' configurations run only
 # when named (`--configs spec-draft`): their stock gate is not quiet yet on vLLM's CPU build (runs of
 # token 0 in both arms, docs/vllm-spec.md), and a draw that fails on stock would bury real findings
@@ -174,9 +208,10 @@ def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str
     drop = spec.startswith("-")
     names = [n.strip().lstrip("-") for n in spec.split(",") if n.strip()]
     for n in names:
-        if n not in CONFIGS:
-            raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}")
-        if CONFIGS[n].refused and not CONFIGS[n].lifted_by and not drop:
+        if not known(n):
+            raise exc(f"{flag}: unknown server configuration {n!r}; known: {', '.join(CONFIGS)}, or "
+                      f"spec-<drafter>-k<{'|'.join(map(str, SPEC_KS))}>")
+        if get(n).refused and not get(n).lifted_by and not drop:
             raise exc(f"{flag}: configuration {n} cannot run on vLLM's CPU build: {CONFIGS[n].refused}")
     if drop:
         names = [n for n in MATRIX if n not in names]
@@ -186,16 +221,16 @@ def parse(spec: str | None, exc=ValueError, flag: str = "--configs") -> list[str
 
 
 def get(name: str | None) -> ServerConfig:
-    return CONFIGS[name or DEFAULT]
+    return CONFIGS.get(name or DEFAULT) or drafted(name) or CONFIGS[name]
 
 
 def resolve(name: str | None, unavailable=RuntimeError, faults=()) -> ServerConfig:
     """The configuration a target is made in: an unknown name is a ValueError, one that vLLM's
     CPU build refuses is `unavailable` (each one line), unless `faults` has the source patch that
     lifts the refusal."""
-    if (name or DEFAULT) not in CONFIGS:
+    if not known(name):
         raise ValueError(f"unknown server configuration {name!r}; known: {', '.join(CONFIGS)}")
-    c = CONFIGS[name or DEFAULT]
+    c = get(name)
     if c.refused and not (c.lifted_by and c.lifted_by in set(faults)):
         raise unavailable(f"configuration {c.name}: {c.refused}")
     return c

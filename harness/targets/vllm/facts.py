@@ -81,6 +81,13 @@ FACTS: dict[str, Since] = {
     "cpu_sampler_ignores_mixed_seeds": Since(since="0.11.0", until="0.29.0", why="the CPU sampler "
                                              "(TopKTopPSampler.forward_cpu) ignores every request's seed when the "
                                              "batch also holds an unseeded request (vllm-project/vllm#51226)"),
+    # the rejection sampler's per-draft-token temperature / top_k / top_p on CPU (speculative decoding
+    # only): the shim fills a copy, the caller's buffer stays uninitialized (vllm-project/vllm#55005,
+    # fix proposed in #55006, open); the shim came in 0.20.0, the V1 runner is gone in 0.34.0
+    "cpu_expand_drops_output": Since(since="0.20.0", until="0.34.0", why="the CPU shim of the rejection "
+                                     "sampler's expand kernel writes a temporary: a step with drafts and a "
+                                     "non-greedy request samples with uninitialized temperatures "
+                                     "(vllm-project/vllm#55005)"),
     # vLLM's CPU attention decodes with IPEX's kernel until 0.11.0 (0.11.1 has its own kernels)
     "ipex_decode_kernel": Since(until="0.11.1", why="the CPU attention decodes with IPEX's "
                                 "PagedAttention.single_query_cached_kv_attention"),
@@ -152,6 +159,8 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                                     r"logitsprocs_need_output_token_ids=bool\(custom_logitsprocs\)"),
     "cpu_sampler_ignores_mixed_seeds": ("v1/sample/ops/topk_topp_sampler.py",
                                         r"if len\(generators\) != logits\.shape\[0\]"),
+    "cpu_expand_drops_output": ("utils/cpu_triton_utils.py",
+                                r"def _expand_kernel_impl\([^)]*\):\s*torch\.ops\._C\.expand_kernel_impl\(\s*_ensure_int64\(output\)"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
     "cpu_reorder_by_prompt": ("v1/attention/backends/cpu_attn.py",
                               r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),

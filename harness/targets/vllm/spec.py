@@ -76,6 +76,14 @@ def payload(config, body: dict) -> dict:
     return body
 
 
+def adaptations(target) -> list[str]:
+    """What a drafter's configuration needs adapted on vLLM's CPU build (the verdict's "adapted")."""
+    if target.config.spec and target.release.has("cpu_expand_drops_output"):
+        return ["the rejection sampler's temperature, top_k and top_p per draft token written at their own dtype "
+                "(vLLM's CPU shim of expand_kernel leaves them uninitialized: vllm#55005)"]
+    return []
+
+
 def _source_sha(src: Path) -> str:
     from harness.cache import file_sha256
     return file_sha256(Path(os.path.realpath(src / "model.safetensors")))

@@ -226,6 +226,10 @@ class VllmTarget(EnginePair):
     def plan_extra(self) -> dict:  # the agent patches what this release has, and works around what its facts say
         return {**self.release.agent_plan(self.version), "runner": self.runner}
 
+    def adaptations(self) -> list[str]:
+        """What the agent and the target change to run this release, in this configuration, here."""
+        return self.release.adaptations() + vllm_spec.adaptations(self)
+
     def what_ran(self) -> str:
         """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the
         servers' own logs), where it came from."""
