@@ -56,11 +56,29 @@ def test_a_dropped_in_flight_sample_is_counted_by_the_path_that_preempted():
     _CALLERS["schedule"](preempt, pressure)
     _CALLERS["schedule"](preempt, kept)  # delivered, not dropped: not the mechanism
     recs = facts.data["requests"]
-    assert recs["a"]["evidence"] == {"stale_dropped:reset": 1} and recs["b"]["evidence"] == {"stale_dropped:kv_pressure": 1}
+    # no token of their own delivered yet: the step dropped carried their prompt logprobs too
+    assert recs["a"]["evidence"] == {"stale_dropped:reset": 1, "stale_dropped_prompt:reset": 1}
+    assert recs["b"]["evidence"] == {"stale_dropped:kv_pressure": 1, "stale_dropped_prompt:kv_pressure": 1}
     assert recs["c"]["evidence"] == {} and recs["c"]["preempted"] == 1  # preempted all the same
     summed = steps.summed(recs)
     r = Request(rid="x", prompt_ids=[1, 2, 3], max_new_tokens=8)
-    assert steps.evidence_of(summed, r) == {"stale_dropped:reset": 1, "stale_dropped:kv_pressure": 1}
+    assert steps.evidence_of(summed, r) == {"stale_dropped:reset": 1, "stale_dropped:kv_pressure": 1,
+                                            "stale_dropped_prompt:reset": 1, "stale_dropped_prompt:kv_pressure": 1}
+
+
+def test_a_drop_after_the_first_token_is_not_a_prompt_logprobs_drop():
+    """Issue 44: async-prompt-logprobs-dropped-on-reset is the drop of the step that carries the
+    prompt logprobs (the last prompt chunk's). A request with tokens of its own delivered lost
+    none of them to a later drop: its evidence says `stale_dropped:reset` only."""
+    books, facts = _books()
+
+    def engine_preempt(self, r):
+        r.num_stale_output_tokens, r.num_output_placeholders = r.num_output_placeholders, 0
+    preempt = vllm_steps._preempt(engine_preempt)
+    late = _req("d", [1, 2, 3], 8)
+    late.num_output_tokens, late.num_output_placeholders, late.drop_stale_output = 3, 1, True
+    _CALLERS["reset_prefix_cache"](preempt, late)
+    assert facts.data["requests"]["d"]["evidence"] == {"stale_dropped:reset": 1}
 
 
 def test_a_step_scheduled_with_the_last_token_in_flight_is_counted():

@@ -17,7 +17,8 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   finding's wording): `stale_dropped:<path>`, a preemption that drops the request's in-flight
   sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
   path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
-  scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
+  scheduler making room), and `stale_dropped_prompt:<path>` when that step was its last prompt
+  chunk's (no token of its own delivered yet); `scheduled_at_cap`, a step scheduled while the request's last token
   (max_tokens) was already in flight; `grammar_in_flight`, a structured-output request scheduled
   with a token in flight;
 - `after_abort`: the steps it was scheduled in after its abort reached the scheduler
@@ -152,6 +153,10 @@ class Books:
         if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
             # its in-flight sample will be thrown away and its position sampled again
             _count(rec, f"stale_dropped:{path or 'unknown'}")
+            if not int(getattr(request, "num_output_tokens", 0) or 0):
+                # no token of its own delivered yet: the step dropped is its last prompt chunk's,
+                # the one whose output carries its prompt logprobs (a later step's drop loses none)
+                _count(rec, f"stale_dropped_prompt:{path or 'unknown'}")
         self.publish()
 
     def finished(self, request) -> None:
