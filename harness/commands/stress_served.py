@@ -171,7 +171,7 @@ def cmd_stress_served(a, bad, term) -> int:
         print("\n".join(lines))
         with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump({"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
-                       "features": res.features, "rows": res.rows, "known": res.known,
+                       "features": res.features, "rows": res.rows, "known": res.known, "claims": res.claims,
                        "configs": res.configs, "config_errors": res.config_errors, "start_s": res.start_s,
                        "turns": res.turns, "request_ids": res.ids, "effects": res.effects,
                        "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,
@@ -182,7 +182,9 @@ def cmd_stress_served(a, bad, term) -> int:
         lost = [x for x in lines if x.startswith("overlap: LOST on ")]  # per feature, over the run (issue 36)
         verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
                    f"FAIL: {lost[0]} (judged over the whole run: no single case reproduces it)" if lost else
-                   "PASS: no new finding" + (f" ({len(res.known)} known upstream)" if res.known else ""))
+                   "PASS: no new finding" + (f" ({len(res.known)} known upstream; {res.claims.get('tested', 0)} "
+                                             f"claim(s) tested without their trigger, {res.claims.get('held', 0)} held)"
+                                             if res.known else ""))
         if res.interrupted:
             verdict = ("terminated" if term else "interrupted") + f" ({verdict})"
         print(verdict)
@@ -248,6 +250,9 @@ def cmd_replay_served(a, bad) -> int:
             pairs.close()
     for kid, what in v.known:
         print(f"KNOWN UPSTREAM {kid}: {what[:200]}")
+    from harness.search.served import claims as served_claims
+    if served_claims.line(v.claims):
+        print(served_claims.line(v.claims))
     if v.refused:
         print(f"not judged: {v.refused}")
         return EXIT_CANNOT_TEST if bisecting else EXIT_BAD_INPUT

@@ -50,6 +50,7 @@ class GateResult:
     pairs: list = field(default_factory=list)  # "a x b=on/off": requests that met both features (races/test_combos)
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
+    claims: list = field(default_factory=list)  # "case: id: held|refuted|not tested" (harness.gate.claims)
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
@@ -97,7 +98,8 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met",
+                     "claim_test"):
                 self.extra.append((report.nodeid, k, v))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
@@ -136,7 +138,7 @@ class _Collector:
         res.collected = len(self.order)
         slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "pairs_met": res.pairs, "known": res.known,
                 "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
-                "not_exercised": res.not_exercised}
+                "not_exercised": res.not_exercised, "claim_test": res.claims}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -367,6 +369,8 @@ def path_lines(res: GateResult) -> list[str]:
                    "with the placeholder repair on and off): " + ", ".join(res.installed))
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
+    from harness.gate import claims as gate_claims
+    out += [x for x in (gate_claims.line(res.claims),) if x]
     out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
     out += list(res.not_exercised)  # what the target declared it cannot compare: not a pass
     return out

@@ -7,7 +7,7 @@ is new). The gate reports a claimed finding as KNOWN UPSTREAM, never as a pass.
 from __future__ import annotations
 
 from harness.agents.vllm.steps import request_key
-from harness.targets.vllm.upstream import KnownUpstream, matches
+from harness.targets.vllm.upstream import KnownUpstream, Trigger, matches
 from harness.verdict import Finding
 
 # the agent's count (agents.sglang: point penalty_cumulate), per request and only for a request with a
@@ -30,7 +30,8 @@ KNOWN: list[KnownUpstream] = [
         "one processor); none found for the built-in penalties (searched sgl-project/sglang's issues and "
         "pull requests; sgl-project/sglang#22049 feeds the spec-v2 path's penalties the same way)",
         "fixtures/sglang_upstream/penalty_one_step_old.json",
-        codes=("divergence",), request_evidence=PENALTY_STALE),
+        codes=("divergence",), request_evidence=PENALTY_STALE,
+        cause=Trigger(fields=(("repetition_penalty", 1.0), ("frequency_penalty", None), ("presence_penalty", None)))),
 ]
 
 
