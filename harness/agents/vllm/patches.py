@@ -304,6 +304,21 @@ PATCHES.update({p.name: p for p in [
         "                ):\n"
         "                    break\n",
         ("vllm-project/vllm#45257", "vllm-project/vllm#45339")),
+    # issue 44, item 3: admission by what can run. Stock vLLM already holds a newcomer one schedule
+    # behind a slot whose request only waits for its in-flight last token (vllm#45257, open; within
+    # the steps oracle's one schedule of slack); this patch holds it one schedule more, where the
+    # slot is free by what can run but not by len(running) at first (tests/test_vllm_admission.py)
+    VllmPatch(
+        "finished_slot_held_a_schedule",
+        "the waiting loop counts the requests that finished since the last schedule against "
+        "max_num_seqs: a slot freed by a finish is held one schedule more, so under async scheduling "
+        "a newcomer behind a request that only waits for its in-flight last token waits two schedules "
+        "(tokens and books unchanged; only the time to first token grows)",
+        "max_tokens_1_2", PATHS_SUITE, SCHED,
+        "                num_running = len(self.running) + self.num_waiting_for_streaming_input\n",
+        "                num_running = (len(self.running) + self.num_waiting_for_streaming_input\n"
+        "                               + len(self.finished_req_ids))  # finished since the last schedule\n",
+        ("vllm-project/vllm#45257",)),
 ]})
 
 

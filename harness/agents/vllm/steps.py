@@ -23,9 +23,12 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   with a token in flight;
 - `after_abort`: the steps it was scheduled in after its abort reached the scheduler
   (finish_requests with an aborted status): an aborted request gets no more work, both arms;
-- `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
-  the step left slots (running < max_num_seqs), token budget and KV blocks for its prompt free,
-  no preemption and no pause in the step: admission is a result too (the oracle compares the arms).
+- `admit_waits`: the schedules it sat in the waiting queue (status WAITING, never preempted) while
+  the step left slots, token budget and KV blocks for its prompt free, no preemption and no pause
+  in the step: admission is a result too (the oracle compares the arms). A slot is free by what can
+  run (issue 44): one held by a running request the scheduler will not schedule again (it only
+  waits for its in-flight last token: `done_waiting`) is free, and a schedule that ran nothing
+  counts too (every slot held that way).
 - `overlapped`, `early`: the host's waits on a step of the request that a batch scheduled
   before the wait had already continued, and those that came first although the request could
   have been continued ahead (harness.agents.host_order, per request; async on only), and the same
@@ -74,9 +77,14 @@ class Books:
 
     def after_schedule(self, sched, out) -> None:
         total = int(getattr(out, "total_num_scheduled_tokens", 0) or 0)
-        if total <= 0:
-            return  # paused, or nothing to run: no step
         budget = getattr(sched, "max_num_scheduled_tokens", None) or sched.scheduler_config.max_num_batched_tokens
+        if total <= 0:
+            # nothing ran: no step to book, but a schedule that left a newcomer waiting while
+            # every slot was held by requests it will not schedule again is admission lost (issue 44)
+            if getattr(sched, "waiting", None):
+                self._admission(sched, out, budget)
+                self.publish()
+            return
         scheduled = out.num_scheduled_tokens  # request id -> tokens this step
         for rid in scheduled:
             r = sched.requests.get(rid)
@@ -118,7 +126,10 @@ class Books:
         if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
             return
         slots = getattr(sched, "max_num_active_reqs", None) or getattr(sched, "max_num_running_reqs", 0)
-        if not slots or len(sched.running) >= slots:
+        # a slot is free by what can run (issue 44): a running request the scheduler will not
+        # schedule again (it only waits for its in-flight last token) holds none
+        held = len(sched.running) - len(done_waiting(sched, getattr(out, "num_scheduled_tokens", None) or {}))
+        if not slots or held >= slots:
             return
         try:
             free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -130,7 +141,7 @@ class Books:
         # held back by design (measured: a stress case on stock 0.32.0 under KV pressure counted 30
         # and 42 such "waits" before this walk). So walk the queue as vLLM does, giving each
         # request ahead its blocks and slot, and count only newcomers the walk reaches with room.
-        free_slots = slots - len(sched.running)
+        free_slots = slots - held
         for r in list(sched.waiting):
             if free_slots <= 0 or budget <= 0:
                 return
@@ -181,6 +192,22 @@ class Books:
         # a copy: the facts flusher serializes it on another thread while this one schedules
         # each record by its field names (harness.oracles.steps.StepRecord reads them)
         self.facts(ROLE).set(requests={k: {**dict(zip(FIELDS, v)), "evidence": dict(v[7])} for k, v in self.reqs.items()})
+
+
+def done_waiting(sched, scheduled) -> list:
+    """The running requests this step left out that the scheduler will not schedule again: their
+    in-flight tokens reach max_tokens (vLLM's own async guard at max_tokens, the same sum), so they
+    only wait for those tokens to land and finish. Each still holds a place in `running`, which
+    vLLM's admission counts (vllm-project/vllm#45257)."""
+    out = []
+    for r in getattr(sched, "running", ()):
+        ph = int(getattr(r, "num_output_placeholders", 0) or 0)
+        cap = getattr(r, "max_tokens", None)
+        if r.request_id in scheduled or ph <= 0 or cap is None:
+            continue
+        if r.num_computed_tokens + 2 - ph >= int(getattr(r, "num_prompt_tokens", 0) or 0) + cap:
+            out.append(r)
+    return out
 
 
 def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:
