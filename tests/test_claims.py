@@ -168,3 +168,33 @@ def test_the_gate_tests_a_bare_rows_claim_on_its_twin():
         "claims tested without their trigger (issue 44): 1 tested, 1 held, 0 refuted (new); 1 not tested here "
         "(stress tests those case by case): logits_processor_entry_point_bare: vllm#52461: held, "
         "steps: async-step-past-max-tokens: not tested")
+
+
+@pytest.mark.parametrize("stays", [False, True])
+def test_the_sglang_suite_sends_the_claimed_requests_again_without_their_penalties(stays):
+    """The SGLang overlap suite's claim (sglang-penalty-one-step-old) is tested on the same pair:
+    the requests again with their penalties neutral. Its divergence must go away (held); a build
+    whose requests diverge without penalties too fails, naming the entry and both runs."""
+    from equivalence.test_overlap_equivalence import _claims_without_trigger
+    from harness.verdict import Finding as VFinding
+
+    class Pair:
+        def __init__(self):
+            self.sent = []
+
+        def run(self, reqs, overlap, **kw):
+            self.sent.append([(r.rid, r.repetition_penalty, dict(r.extra)) for r in reqs])
+            diverge = overlap and (stays or any(r.repetition_penalty != 1.0 for r in reqs))
+            return Run([(r.rid, [5, 6, 7] if diverge and r.rid == "p0" else [5, 6, 8], "length") for r in reqs])
+    r = Request(rid="p0", prompt_ids=[1, 2, 3], max_new_tokens=3, repetition_penalty=1.3)
+    r.extra = {"presence_penalty": 0.5}
+    pair, props = Pair(), []
+    known = [("sglang-penalty-one-step-old", VFinding("request p0 diverges at token 2 (x)", "divergence", "p0"))]
+    record = lambda k, v: props.append(v)  # noqa: E731
+    if stays:
+        with pytest.raises(pytest.fail.Exception, match="but it stays without the entry's trigger .*request p0 diverges"):
+            _claims_without_trigger(pair, [r], {}, known, "seed 0", record)
+    else:
+        _claims_without_trigger(pair, [r], {}, known, "seed 0", record)
+    assert pair.sent[0] == [("p0", 1.0, {})] and r.repetition_penalty == 1.3  # a copy, penalties neutral
+    assert props == [f"seed 0: sglang-penalty-one-step-old: {'refuted' if stays else 'held'}"]
