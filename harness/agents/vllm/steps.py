@@ -20,7 +20,8 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   scheduler making room), and `stale_dropped_prompt:<path>` when that step was its last prompt
   chunk's (no token of its own delivered yet); `scheduled_at_cap`, a step scheduled while the request's last token
   (max_tokens) was already in flight; `grammar_in_flight`, a structured-output request scheduled
-  with a token in flight;
+  with a token in flight; and the path features of issue 44's pairs: `prefix_hit` and
+  `prefill_chunk` (its first step), `preempted_in_flight` (a preemption with a step of it in flight);
 - `after_abort`: the steps it was scheduled in after its abort reached the scheduler
   (finish_requests with an aborted status): an aborted request gets no more work, both arms;
 - `admit_waits`: the schedules it sat in the waiting queue (status WAITING, never preempted) while
@@ -92,6 +93,8 @@ class Books:
                 continue
             rec = self._rec(r)
             rec[1] += 1
+            if rec[1] == 1 and not getattr(r, "num_preemptions", 0):  # its first step: what its path took
+                _first_step(rec, r, int(scheduled[rid]))
             if rid in self.aborted:  # work for a request whose client is gone
                 rec[8] += 1
             samples = r.num_computed_tokens >= r.num_tokens  # (advanced by the schedule) every known token
@@ -161,6 +164,8 @@ class Books:
         rec = self._rec(request)
         rec[5] += 1
         rec[4] = 0  # out of the running set: a wait there is no longer owed
+        if int(getattr(request, "num_stale_output_tokens", 0) or 0):
+            _count(rec, "preempted_in_flight")  # a step of it in flight (issue 44: a path feature, per request)
         if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
             # its in-flight sample will be thrown away and its position sampled again
             _count(rec, f"stale_dropped:{path or 'unknown'}")
@@ -214,6 +219,17 @@ def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:
     """HostOrder's per-request callback (harness.agents.vllm.timing)."""
     if _BOOKS is not None:
         _BOOKS.overlap(rid, kind, phase)
+
+
+def _first_step(rec, r, tokens: int) -> None:
+    """The path features of a request's first step, counted per request (issue 44, item 2: what met
+    is read from the engine, never from the plan): `prefix_hit`, its computed tokens start past
+    blocks another request cached; `prefill_chunk`, the step ended before its prompt did (a
+    chunked prefill)."""
+    if r.num_computed_tokens - tokens > 0:
+        _count(rec, "prefix_hit")
+    if r.num_computed_tokens < r.num_tokens:
+        _count(rec, "prefill_chunk")
 
 
 def _count(rec, what: str) -> None:
