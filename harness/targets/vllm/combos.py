@@ -29,8 +29,13 @@ FEATURES = {
     "penalty": "a frequency penalty applied to the tokens it produced",
     "seed": "seeded sampling (temperature > 0) produced its tokens",
 }
-# pairs no request can hold here (none yet on vLLM: each pair is one request's)
-EXCLUSIVE: dict = {}
+# pairs no request can hold here: the client's disconnect reads a stream, and vLLM's server refuses
+# prompt logprobs on a stream (HTTP 400 "`prompt_logprobs` are not available when `stream=True`",
+# measured on 0.32.0)
+EXCLUSIVE: dict = {
+    frozenset(("abort", "prompt_logprobs")): "a client disconnect needs a stream, and vLLM refuses prompt "
+                                             "logprobs with stream=True",
+}
 FEATURED = 3  # requests per row that carry its features
 # tokens a featured request of an abort row reads before its client disconnects: enough that a
 # row's reset finds it running
