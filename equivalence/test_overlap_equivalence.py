@@ -72,6 +72,7 @@ def _check(target, tok, reqs, kw, where: str, record_property=None, skip_case: b
     if getattr(target, "name", "") == "sglang":
         from harness.targets.sglang import upstream as sglang_upstream
         found, known = sglang_upstream.claim(reqs, on, found)
+        _claims_without_trigger(target, reqs, kw, known, where, record_property)
     if not found:
         return known
     detok = getattr(tok, "decode", None)
@@ -87,6 +88,37 @@ def _check(target, tok, reqs, kw, where: str, record_property=None, skip_case: b
                     f"{first.position} ({first.verdict}); {len(bad)} request(s) differ\n{report(bad, detok)}",
                     pytrace=False)
     return known
+
+
+def _claims_without_trigger(target, reqs, kw, known, where: str, record_property=None) -> None:
+    """A claim must explain the whole finding (issue 44; harness.gate.claims): the requests run
+    again without the entry's trigger (its fields set neutral on every request), and each claimed
+    request's divergence must go away; one that stays fails, with both runs."""
+    from harness.gate import claims as gate_claims
+    from harness.search.served.case import clone_request
+    from harness.targets.sglang import upstream as sglang_upstream
+    if not known:
+        return
+    by_id = {k.id: k for k in sglang_upstream.KNOWN}
+    for kid in dict.fromkeys(kid for kid, _ in known):
+        cause = by_id[kid].cause
+        bare = [clone_request(r) for r in reqs]
+        if not any([cause.strip(r) for r in bare]):
+            for k2, _ in known:
+                if k2 == kid:
+                    gate_claims.record(record_property, where, kid, "not tested")
+            continue
+        off, on = target.run(bare, overlap=False, **kw), target.run(bare, overlap=True, **kw)
+        stay = {d.rid.split("#")[0]: d for _, _, divs in divergences(off, on) for d in divs if not d.near_tie}
+        for k2, line in known:
+            if k2 != kid:
+                continue
+            d = stay.get(getattr(line, "rid", "").split("#")[0])
+            gate_claims.record(record_property, where, kid, "refuted" if d is not None else "held")
+            if d is not None:
+                pytest.fail(f"{where}: {line} (claimed by known upstream {kid}, but it stays without the entry's "
+                            f"trigger ({cause.describe()}): request {d.rid} diverges at token {d.position} "
+                            f"({d.verdict}); new)", pytrace=False)
 
 
 def _known_xfail(known: list[tuple[str, str]]) -> None:

@@ -38,6 +38,7 @@ from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import workload as vllm_workload
 from harness.targets.base import TargetCrash
 from harness.targets.served.pair import ServedTarget
+from harness.gate import claims as gate_claims
 from harness.verdict import outcome
 from harness.verdict import Finding, code_of
 
@@ -61,13 +62,19 @@ def path_run(target, tok, oh_options):
     # it, async off; after the counts were read, so the path counters are the workload's alone
     eff = effects.effects(runs[False], target.run(effects.copies(reqs), overlap=False))
     print(surface.summary(reqs, runs[False], runs[True]))
-    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
+    _MAIN_RUN[id(target)] = pr = vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=target.version,
                       runner=target.runner, steps=stepbooks, effects=eff,
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out), spec=spec,
                       in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
+    return pr
+
+
+# the main pair's run of this process, by target: a bare row's claims are tested on its twin row
+# there (harness.gate.claims) when this process ran it; never run for that alone (a minute and more)
+_MAIN_RUN: dict = {}
 
 
 def _both_arms(target, reqs):
@@ -225,9 +232,12 @@ def overlap_on_row(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> str
     return line if lost else ""
 
 
-def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None, evidence=None) -> None:
+def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, version=None, evidence=None,
+          twin: vp.PathRun | None = None) -> None:
     """Fail, xfail (known upstream) or pass one row; the count goes to the gate's path table.
-    `version`: the vLLM release in force; a known upstream entry counts only inside its range."""
+    `version`: the vLLM release in force; a known upstream entry counts only inside its range.
+    `twin`: the main pair's run, where a bare row's claims are tested without their trigger
+    (harness.gate.claims: a claim must explain the whole finding)."""
     c_on, c_off = vp.row_count(row, pr.counts_on), vp.row_count(row, pr.counts_off)
     if record_property is not None:
         record_property("path_count", f"{row.name}={c_on}/{c_off}")
@@ -254,6 +264,7 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
     new, seen, gone = vllm_upstream.classify(row.name, found, known, both,
                                   version if version is not None else pr.release,
                                   evidence=evidence or _request_evidence(pr), runner=pr.runner)
+    new, seen = gate_claims.on_twin(row.name, new, seen, twin, known, record_property)
     _report(row.name, new, seen + ([crash] if crash else []), gone, record_property)
 
 
@@ -320,6 +331,7 @@ def judge_steps(pr: vp.PathRun, record_property=None, known=None) -> str:
     # a known entry claims a step finding only with its mechanism counted for that request (issue 36)
     new, seen, gone = vllm_upstream.classify("steps", v.findings, known, None, pr.release, evidence=v.evidence.get,
                                              runner=pr.runner)
+    new, seen = gate_claims.on_twin("steps", new, seen, None, known, record_property)  # one run: not tested here
     _report("steps", new, seen, gone, record_property)
     return line
 
@@ -342,7 +354,7 @@ def test_path(target, row, record_property, request):
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)
-    judge(row, pr, record_property, version=version)
+    judge(row, pr, record_property, version=version, twin=_MAIN_RUN.get(id(target)) if row.pair == "bare" else None)
 
 
 def test_books_at_idle(path_run, record_property):

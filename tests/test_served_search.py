@@ -380,7 +380,11 @@ def test_prompt_logprobs_lost_on_a_reset_are_known_only_with_the_reset_drop_coun
     request got 1 prompt-logprob entry of 88. Known (reported new) only with the reset's drop of
     its in-flight step counted for it; the same wording without it is new."""
     said = "request c3r0: async on: 1 prompt_logprobs entries for 88 prompt tokens (first None)"
-    for ev, known in (({"stale_dropped:reset": 1}, True), ({"stale_dropped:kv_pressure": 1}, False), ({}, False)):
+    # issue 44: the drop must be of the step that carries the prompt logprobs (its last prompt
+    # chunk's: `stale_dropped_prompt`); a reset that dropped a later decode step lost none of them
+    for ev, known in (({"stale_dropped:reset": 1, "stale_dropped_prompt:reset": 1}, True),
+                      ({"stale_dropped:reset": 1}, False),
+                      ({"stale_dropped:kv_pressure": 1, "stale_dropped_prompt:kv_pressure": 1}, False), ({}, False)):
         v = Verdict(new=[Finding("surface", said, ("surface", "prompt_logprobs"), "surface.prompt_logprobs_count.on",
                                  "c3r0")], evidence={said: ev})
         _classify(v, "0.32.0")

@@ -367,14 +367,19 @@ def test_a_penalty_token_one_step_old_is_counted_per_request(tmp_path):
     from harness.agents.vllm.steps import request_key
     agent, ops, *_, facts = make_agent(tmp_path)
     B = agent.resolve("sglang.srt.managers.schedule_batch").ScheduleBatch
-    sp = types.SimpleNamespace(max_new_tokens=8)
+    sp = types.SimpleNamespace(max_new_tokens=8, repetition_penalty=1.3, frequency_penalty=0.0, presence_penalty=0.0)
+    plain = types.SimpleNamespace(max_new_tokens=8, repetition_penalty=1.0, frequency_penalty=0.0,
+                                  presence_penalty=0.0, min_new_tokens=4)
     late = types.SimpleNamespace(origin_input_ids=[1, 2, 3], output_ids=[], sampling_params=sp)
     fresh = types.SimpleNamespace(origin_input_ids=[4, 5], output_ids=[9], sampling_params=sp)
+    # issue 44: batched with a penalised request, in flight too, but no penalty reads its token ids
+    # (min_new_tokens counts tokens only): not evidence for it
+    bystander = types.SimpleNamespace(origin_input_ids=[6, 7], output_ids=[], sampling_params=plain)
     b = B()
-    b.reqs = [late, fresh]
-    b.seq_lens_cpu = torch.tensor([3, 2])  # late: 3 prompt tokens, none of its own yet; fresh: 2 + 1
+    b.reqs = [late, fresh, bystander]
+    b.seq_lens_cpu = torch.tensor([3, 2, 2])  # late: 3 prompt tokens, none of its own yet; fresh: 2 + 1
     b.cumulate_penalty_output_tokens()
-    assert ("orig_cumulate", 2) in ops.log
+    assert ("orig_cumulate", 3) in ops.log
     assert facts.data["penalty_stale_tokens"] == 1
     assert facts.data["penalty_stale_by_req"] == {request_key([1, 2, 3], 8): 1}
     agent.uninstall()

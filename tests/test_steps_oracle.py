@@ -271,6 +271,42 @@ def test_admission_is_counted_as_vllm_walks_its_queue():
     assert facts.data["requests"]["w"]["admit_waits"] == 2
 
 
+def test_a_slot_held_by_a_request_that_only_waits_for_its_last_token_is_free():
+    """Issue 44, item 3: admission by what can run. A running request whose in-flight tokens reach
+    max_tokens (vLLM's async guard will not schedule it again) holds its place in `running`, which
+    vLLM's admission counts (vllm-project/vllm#45257); to the oracle its slot is free, and a
+    schedule that ran nothing at all (every slot held that way) counts too. A request scheduled in
+    this step for its last token holds its slot: it runs in it."""
+    from harness.agents.vllm import steps as vllm_steps
+    books, facts = _books()
+    vllm_steps._BOOKS = books
+
+    def at_cap(rid):  # prompt 3, max_tokens 1: its one token is in flight
+        r = _req(rid, max_tokens=1)
+        r.num_prompt_tokens, r.num_computed_tokens, r.num_output_placeholders = 3, 3, 1
+        return r
+    a, b, w = at_cap("a"), at_cap("b"), _req("w", (7, 8))
+    w.status, w.num_preemptions = NS(name="WAITING"), 0
+    pool = NS(get_num_free_blocks=lambda: 10)
+    s = NS(requests={"a": a, "b": b, "w": w}, running=[a, b], waiting=[w], max_num_scheduled_tokens=64,
+           max_num_active_reqs=2, kv_cache_manager=NS(block_pool=pool), block_size=16,
+           _pause_state=NS(name="UNPAUSED"))
+    assert [r.request_id for r in vllm_steps.done_waiting(s, {})] == ["a", "b"]
+    # the schedule ran nothing: both slots held by requests that only wait for their last token
+    books.after_schedule(s, NS(num_scheduled_tokens={}, total_num_scheduled_tokens=0))
+    assert facts.data["requests"]["w"]["admit_waits"] == 1
+    assert "a" not in facts.data["requests"] or facts.data["requests"]["a"]["scheduled"] == 0  # no step booked
+    # a runs its last token in this step (scheduled): its slot is taken; b's is still free
+    books.after_schedule(s, NS(num_scheduled_tokens={"a": 1}, total_num_scheduled_tokens=1))
+    assert facts.data["requests"]["w"]["admit_waits"] == 2
+    b.max_tokens = 2  # b one token short of its cap: it still runs, its slot is held
+    books.after_schedule(s, NS(num_scheduled_tokens={"a": 1}, total_num_scheduled_tokens=1))
+    assert facts.data["requests"]["w"]["admit_waits"] == 2
+    s.waiting = []  # no newcomer: an empty schedule counts nothing
+    books.after_schedule(s, NS(num_scheduled_tokens={}, total_num_scheduled_tokens=0))
+    assert facts.data["requests"]["w"]["admit_waits"] == 2
+
+
 def test_max_tokens_row_allows_one_sample_per_in_flight_drop():
     """The max_tokens_1_2 row counts sampling steps of max-1/2 requests over the run; a preemption
     with the request's step in flight drops that sample and draws the position again (vLLM's

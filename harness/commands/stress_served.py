@@ -181,7 +181,9 @@ def cmd_stress_served(a, bad, term) -> int:
         lost = [x for x in lines if x.startswith("overlap: LOST on ")]  # per feature, over the run (issue 36)
         verdict = (f"FAIL: {len(res.found)} new finding(s)" if res.found else
                    f"FAIL: {lost[0]} (judged over the whole run: no single case reproduces it)" if lost else
-                   "PASS: no new finding" + (f" ({len(res.known)} known upstream)" if res.known else ""))
+                   "PASS: no new finding" + (f" ({len(res.known)} known upstream; {res.claims.get('tested', 0)} "
+                                             f"claim(s) tested without their trigger, {res.claims.get('held', 0)} held)"
+                                             if res.known else ""))
         if res.interrupted:
             verdict = ("terminated" if term else "interrupted") + f" ({verdict})"
         print(verdict)
@@ -247,6 +249,9 @@ def cmd_replay_served(a, bad) -> int:
             pairs.close()
     for kid, what in v.known:
         print(f"KNOWN UPSTREAM {kid}: {what[:200]}")
+    from harness.search.served import claims as served_claims
+    if served_claims.line(v.claims):
+        print(served_claims.line(v.claims))
     if v.refused:
         print(f"not judged: {v.refused}")
         return EXIT_CANNOT_TEST if bisecting else EXIT_BAD_INPUT

@@ -50,6 +50,7 @@ class GateResult:
     pairs: list = field(default_factory=list)  # "a x b=on/off": requests that met both features (races/test_combos)
     known: list = field(default_factory=list)  # "KNOWN UPSTREAM id: finding" (reported, never a pass)
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
+    claims: list = field(default_factory=list)  # "case: id: held|refuted|not tested" (harness.gate.claims)
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
     spec: list = field(default_factory=list)  # a drafter's windows per arm: acceptance, accepted lengths (test_paths)
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
@@ -98,7 +99,8 @@ class _Collector:
             return
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
-            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met", "spec"):
+            if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met", "spec",
+                     "claim_test"):
                 self.extra.append((report.nodeid, k, v))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
@@ -137,7 +139,7 @@ class _Collector:
         res.collected = len(self.order)
         slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "pairs_met": res.pairs, "known": res.known,
                 "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
-                "not_exercised": res.not_exercised, "spec": res.spec}
+                "not_exercised": res.not_exercised, "spec": res.spec, "claim_test": res.claims}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -372,6 +374,8 @@ def path_lines(res: GateResult) -> list[str]:
     out += [f"speculative windows: {x}" for x in res.spec]
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]
+    from harness.gate import claims as gate_claims
+    out += [x for x in (gate_claims.line(res.claims),) if x]
     out += list(res.na)  # neither a pass nor "not exercised": the release has no such path
     out += list(res.not_exercised)  # what the target declared it cannot compare: not a pass
     return out

@@ -63,7 +63,7 @@ def report(res, target: str, verdict: str, release: str | None = None, adapted=(
                                 "first_finding": s.first_failure, "seconds": round(s.seconds, 1)} for s in res.suites.values()},
            "rows": rows(res.cases), "cases": res.cases, "paths": list(res.paths),
            "path_overlap": list(res.path_overlap), "pairs": list(res.pairs), "known": list(res.known),
-           "known_gone": list(res.known_gone), "hangs": [h.get("line", "") for h in hangs],
+           "known_gone": list(res.known_gone), "claims": list(getattr(res, "claims", ())), "hangs": [h.get("line", "") for h in hangs],
            # each death once (issue 36: the pair restarts after it and the gate goes on)
            "deaths": [{"kind": "HANG", "line": h.get("line", ""), "case": h.get("case", ""),
                        "report": h.get("report", "")} for h in hangs]

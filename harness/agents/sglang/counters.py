@@ -81,16 +81,31 @@ def abort(agent, orig):
     return abort_request
 
 
+def reads_token_penalties(r) -> bool:
+    """The request has a penalty that reads which tokens it produced (SGLang's penalizers' own
+    `_is_required` tests, per request: repetition != 1, frequency != 0, presence != 0). min_new_tokens
+    counts its output tokens but reads none of their ids: a token one step old changes nothing there."""
+    sp = getattr(r, "sampling_params", None)
+    return sp is not None and (float(getattr(sp, "repetition_penalty", 1.0) or 1.0) != 1.0
+                               or float(getattr(sp, "frequency_penalty", 0.0) or 0.0) != 0.0
+                               or float(getattr(sp, "presence_penalty", 0.0) or 0.0) != 0.0)
+
+
 def penalty_cumulate(agent, orig):
     facts = agent.facts
 
     def cumulate_penalty_output_tokens(self, *a, **kw):
         # the token each request's penalties take in now is req.output_ids[-1]: one step old
         # when the previous step's token is still in flight (its result not processed yet),
-        # i.e. when the request's tokens so far do not exceed what its KV already covers
+        # i.e. when the request's tokens so far do not exceed what its KV already covers. The
+        # orchestrator takes in a token for every request of a penalised batch, but only a request
+        # with a penalty that reads token ids uses it (issue 44: a request batched with a penalised
+        # one is not evidence), so only those are counted
         try:
             seq = [int(x) for x in self.seq_lens_cpu.tolist()]
             for r, n in zip(self.reqs, seq):
+                if not reads_token_penalties(r):
+                    continue
                 if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
                     facts.add("penalty_stale_tokens")
                     key = client_key(r)

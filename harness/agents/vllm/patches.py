@@ -304,6 +304,41 @@ PATCHES.update({p.name: p for p in [
         "                ):\n"
         "                    break\n",
         ("vllm-project/vllm#45257", "vllm-project/vllm#45339")),
+    # issue 44, item 3: admission by what can run. Stock vLLM already holds a newcomer one schedule
+    # behind a slot whose request only waits for its in-flight last token (vllm#45257, open; within
+    # the steps oracle's one schedule of slack); this patch holds it one schedule more, where the
+    # slot is free by what can run but not by len(running) at first (tests/test_vllm_admission.py)
+    VllmPatch(
+        "finished_slot_held_a_schedule",
+        "the waiting loop counts the requests that finished since the last schedule against "
+        "max_num_seqs: a slot freed by a finish is held one schedule more, so under async scheduling "
+        "a newcomer behind a request that only waits for its in-flight last token waits two schedules "
+        "(tokens and books unchanged; only the time to first token grows)",
+        "max_tokens_1_2", PATHS_SUITE, SCHED,
+        "                num_running = len(self.running) + self.num_waiting_for_streaming_input\n",
+        "                num_running = (len(self.running) + self.num_waiting_for_streaming_input\n"
+        "                               + len(self.finished_req_ids))  # finished since the last schedule\n",
+        ("vllm-project/vllm#45257",)),
+    # issue 44, item 2: where two mechanisms meet. An abort alone frees its blocks right; a prefix hit
+    # alone is counted right; only an aborted request holding cached blocks it shares leaks them
+    # (tests/test_vllm_combos.py names the pair: abort x prefix_hit)
+    VllmPatch(
+        "abort_shared_prefix_double_ref",
+        "an aborted request's cached prefix blocks that another request shares are taken once more "
+        "before the request is freed: their reference is never given back, so they leak (the books at "
+        "idle); a request that was not aborted, or holds no shared cached block, frees right",
+        "abort", PATHS_SUITE, SCHED,
+        "            request.status = finished_status\n"
+        "            self._free_request(request, delay_free_blocks=delay_free_blocks)\n",
+        "            request.status = finished_status\n"
+        "            if finished_status == RequestStatus.FINISHED_ABORTED:  # a shared cached prefix taken again\n"
+        "                self.kv_cache_manager.block_pool.touch([\n"
+        "                    b for blocks in self.kv_cache_manager.coordinator.get_blocks(request.request_id)\n"
+        "                    for b in blocks if b.block_hash is not None and b.ref_cnt > 1])\n"
+        "            self._free_request(request, delay_free_blocks)\n",
+        # a leak of the same kind on the abort path (no exact one in vLLM's history): an aborted
+        # request's blocks never reclaimed
+        ("vllm-project/vllm#46283",)),
 ]})
 
 

@@ -17,14 +17,19 @@ token budget to spare. So, per request (vLLM's request id), after every schedule
   finding's wording): `stale_dropped:<path>`, a preemption that drops the request's in-flight
   sample (it is drawn again at the same position, and vLLM rewinds no generator for it), by the
   path that preempted it (`reset`: reset_prefix_cache with running requests; `kv_pressure`: the
-  scheduler making room); `scheduled_at_cap`, a step scheduled while the request's last token
+  scheduler making room), and `stale_dropped_prompt:<path>` when that step was its last prompt
+  chunk's (no token of its own delivered yet); `scheduled_at_cap`, a step scheduled while the request's last token
   (max_tokens) was already in flight; `grammar_in_flight`, a structured-output request scheduled
-  with a token in flight;
+  with a token in flight; and the path features of issue 44's pairs: `prefix_hit` and
+  `prefill_chunk` (its first step), `preempted_in_flight` (a preemption with a step of it in flight);
 - `after_abort`: the steps it was scheduled in after its abort reached the scheduler
   (finish_requests with an aborted status): an aborted request gets no more work, both arms;
-- `admit_waits`: the steps it sat in the waiting queue (status WAITING, never preempted) while
-  the step left slots (running < max_num_seqs), token budget and KV blocks for its prompt free,
-  no preemption and no pause in the step: admission is a result too (the oracle compares the arms).
+- `admit_waits`: the schedules it sat in the waiting queue (status WAITING, never preempted) while
+  the step left slots, token budget and KV blocks for its prompt free, no preemption and no pause
+  in the step: admission is a result too (the oracle compares the arms). A slot is free by what can
+  run (issue 44): one held by a running request the scheduler will not schedule again (it only
+  waits for its in-flight last token: `done_waiting`) is free, and a schedule that ran nothing
+  counts too (every slot held that way).
 - `overlapped`, `early`: the host's waits on a step of the request that a batch scheduled
   before the wait had already continued, and those that came first although the request could
   have been continued ahead (harness.agents.host_order, per request; async on only), and the same
@@ -73,9 +78,14 @@ class Books:
 
     def after_schedule(self, sched, out) -> None:
         total = int(getattr(out, "total_num_scheduled_tokens", 0) or 0)
-        if total <= 0:
-            return  # paused, or nothing to run: no step
         budget = getattr(sched, "max_num_scheduled_tokens", None) or sched.scheduler_config.max_num_batched_tokens
+        if total <= 0:
+            # nothing ran: no step to book, but a schedule that left a newcomer waiting while
+            # every slot was held by requests it will not schedule again is admission lost (issue 44)
+            if getattr(sched, "waiting", None):
+                self._admission(sched, out, budget)
+                self.publish()
+            return
         scheduled = out.num_scheduled_tokens  # request id -> tokens this step
         for rid in scheduled:
             r = sched.requests.get(rid)
@@ -83,6 +93,8 @@ class Books:
                 continue
             rec = self._rec(r)
             rec[1] += 1
+            if rec[1] == 1 and not getattr(r, "num_preemptions", 0):  # its first step: what its path took
+                _first_step(rec, r, int(scheduled[rid]))
             if rid in self.aborted:  # work for a request whose client is gone
                 rec[8] += 1
             samples = r.num_computed_tokens >= r.num_tokens  # (advanced by the schedule) every known token
@@ -111,17 +123,21 @@ class Books:
             self._admission(sched, out, room, slots)
         self.publish()
 
-    def _admission(self, sched, out, budget: int, slots: int = 0) -> None:
+    def _admission(self, sched, out, budget: int, draft: int = 0) -> None:
         """Requests left waiting although the step had room for them: a slot, token budget (`budget`
-        tokens were left) and KV blocks for the whole prompt; a step that preempted or a paused
-        engine admits no one by design."""
+        tokens were left; each request admitted also takes `draft` slots for its drafter,
+        draft_slots) and KV blocks for the whole prompt; a step that preempted or a paused engine
+        admits no one by design."""
         if getattr(out, "preempted_req_ids", None):
             return
         pause = getattr(sched, "_pause_state", None)
         if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
             return
         slots = getattr(sched, "max_num_active_reqs", None) or getattr(sched, "max_num_running_reqs", 0)
-        if not slots or len(sched.running) >= slots:
+        # a slot is free by what can run (issue 44): a running request the scheduler will not
+        # schedule again (it only waits for its in-flight last token) holds none
+        held = len(sched.running) - len(done_waiting(sched, getattr(out, "num_scheduled_tokens", None) or {}))
+        if not slots or held >= slots:
             return
         try:
             free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -133,9 +149,9 @@ class Books:
         # held back by design (measured: a stress case on stock 0.32.0 under KV pressure counted 30
         # and 42 such "waits" before this walk). So walk the queue as vLLM does, giving each
         # request ahead its blocks and slot, and count only newcomers the walk reaches with room.
-        free_slots = slots - len(sched.running)
+        free_slots = slots - held
         for r in list(sched.waiting):
-            if free_slots <= 0 or budget <= slots:
+            if free_slots <= 0 or budget <= draft:
                 return
             status = getattr(getattr(r, "status", None), "name", "")
             if status not in ("WAITING", "PREEMPTED"):
@@ -145,7 +161,7 @@ class Books:
             need = -(-(r.num_tokens + 1) // size)
             if free < need:
                 return  # the head does not fit: nobody behind it is admitted this step
-            free, free_slots, budget = free - need, free_slots - 1, budget - r.num_tokens - slots
+            free, free_slots, budget = free - need, free_slots - 1, budget - r.num_tokens - draft
             if status == "WAITING" and not getattr(r, "num_preemptions", 0):
                 self._rec(r)[9] += 1  # a newcomer with room (a resumed one is the preemption's to judge)
 
@@ -153,9 +169,15 @@ class Books:
         rec = self._rec(request)
         rec[5] += 1
         rec[4] = 0  # out of the running set: a wait there is no longer owed
+        if int(getattr(request, "num_stale_output_tokens", 0) or 0):
+            _count(rec, "preempted_in_flight")  # a step of it in flight (issue 44: a path feature, per request)
         if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
             # its in-flight sample will be thrown away and its position sampled again
             _count(rec, f"stale_dropped:{path or 'unknown'}")
+            if not int(getattr(request, "num_output_tokens", 0) or 0):
+                # no token of its own delivered yet: the step dropped is its last prompt chunk's,
+                # the one whose output carries its prompt logprobs (a later step's drop loses none)
+                _count(rec, f"stale_dropped_prompt:{path or 'unknown'}")
         self.publish()
 
     def finished(self, request) -> None:
@@ -197,6 +219,22 @@ def could_continue(sched, r) -> bool:
         return True
 
 
+def done_waiting(sched, scheduled) -> list:
+    """The running requests this step left out that the scheduler will not schedule again: their
+    in-flight tokens reach max_tokens (vLLM's own async guard at max_tokens, the same sum), so they
+    only wait for those tokens to land and finish. Each still holds a place in `running`, which
+    vLLM's admission counts (vllm-project/vllm#45257)."""
+    out = []
+    for r in getattr(sched, "running", ()):
+        ph = int(getattr(r, "num_output_placeholders", 0) or 0)
+        cap = getattr(r, "max_tokens", None)
+        if r.request_id in scheduled or ph <= 0 or cap is None:
+            continue
+        if r.num_computed_tokens + 2 - ph >= int(getattr(r, "num_prompt_tokens", 0) or 0) + cap:
+            out.append(r)
+    return out
+
+
 def overlap_verdict(rid, kind: str, phase: str = "decode") -> None:
     """HostOrder's per-request callback (harness.agents.vllm.timing)."""
     if _BOOKS is not None:
@@ -222,6 +260,17 @@ def draft_slots(sched) -> int:
             src = ""
         _TAKES_DRAFT_SLOTS.append("max_num_new_slots_for_drafting" in src)
     return int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if _TAKES_DRAFT_SLOTS[0] else 0
+
+
+def _first_step(rec, r, tokens: int) -> None:
+    """The path features of a request's first step, counted per request (issue 44, item 2: what met
+    is read from the engine, never from the plan): `prefix_hit`, its computed tokens start past
+    blocks another request cached; `prefill_chunk`, the step ended before its prompt did (a
+    chunked prefill)."""
+    if r.num_computed_tokens - tokens > 0:
+        _count(rec, "prefix_hit")
+    if r.num_computed_tokens < r.num_tokens:
+        _count(rec, "prefill_chunk")
 
 
 def _count(rec, what: str) -> None:

@@ -58,6 +58,7 @@ class ServedStressResult:
     found: list = field(default_factory=list)  # Found, one per new signature
     duplicates: int = 0  # runs that failed the way an earlier finding did
     known: dict = field(default_factory=dict)  # known id -> [runs, first what]
+    claims: dict = field(default_factory=dict)  # claims tested without their trigger (served claims.TALLY), summed
     features: dict = field(default_factory=dict)  # feature -> cases that drew it
     rows: dict = field(default_factory=dict)  # path row -> [runs counted on, runs counted off, count on, count off]
     feature_overlap: dict = field(default_factory=dict)  # feature -> {"all"/"prefill": Share}, summed over cases
@@ -142,6 +143,8 @@ class ServedStress:
         for kid, what in v.known:
             k = r.known.setdefault(kid, [0, what])
             k[0] += 1
+        for k, n in (getattr(v, "claims", None) or {}).items():
+            r.claims[k] = r.claims.get(k, 0) + n
         r.ids["server_aborted"] = r.ids.get("server_aborted", 0) + getattr(v, "server_aborted", 0)
         for (_, p), changed in (getattr(v, "effects", None) or {}).items():
             acc = r.effects.setdefault(p, [0, 0])
@@ -386,6 +389,8 @@ def summary_lines(s: ServedStress) -> list[str]:
     out += overlap_lines(r)
     for kid, (n, what) in sorted(r.known.items()):
         out.append(f"KNOWN UPSTREAM {kid}: in {n} run(s), first: {what[:200]}")
+    from harness.search.served import claims as served_claims
+    out += [x for x in (served_claims.line(r.claims),) if x]
     for i, f in enumerate(r.found, 1):
         out.append(f"FINDING {i}: {f.finding.kind}: {f.finding.summary[:300]}")
         out.append(f"  found after {f.found_s:.0f} s in a run of {f.first.cases} case(s), {len(f.first.requests)} "
@@ -453,7 +458,7 @@ def summary_record(res: ServedStressResult, lines: list[str]) -> dict:
     """What `stress` writes to its --out folder's summary.json (the sweep's stress reads it back:
     harness/releases/stress.py)."""
     return {"lines": lines, "cases": res.cases, "runs": res.runs, "cases_per_min": res.cases_per_min,
-            "features": res.features, "rows": res.rows, "known": res.known,
+            "features": res.features, "rows": res.rows, "known": res.known, "claims": res.claims,
             "configs": res.configs, "config_errors": res.config_errors, "start_s": res.start_s,
             "turns": res.turns, "request_ids": res.ids, "effects": res.effects,
             "findings": [{"kind": x.finding.kind, "summary": x.finding.summary, "found_s": x.found_s,

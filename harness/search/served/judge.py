@@ -56,6 +56,10 @@ class Finding:
 class Verdict:
     new: list = field(default_factory=list)  # Finding
     known: list = field(default_factory=list)  # (known id, what)
+    # (known id, Finding) of each finding an entry claimed, and what testing them without the
+    # entry's trigger gave (harness.search.served.claims: tested, held, refuted, untestable)
+    claimed: list = field(default_factory=list)
+    claims: dict = field(default_factory=dict)
     counts_on: dict = field(default_factory=dict)  # the agent's counters over the run (deltas)
     counts_off: dict = field(default_factory=dict)
     # finding summary -> the mechanisms the agent counted for its request, async on (issue 36: what
@@ -148,9 +152,11 @@ def _exception(text: str) -> str:
     return re.sub(r"\d+", "N", text)[:120]
 
 
-def judge(target, case: ServedCase, version: str | None = None, agent: bool = True) -> Verdict:
+def judge(target, case: ServedCase, version: str | None = None, agent: bool = True, claims: bool = True) -> Verdict:
     """Both arms of one case (off first: the reference), every oracle; the servers are started
-    again where one was lost."""
+    again where one was lost. Each finding a known entry claims is tested by the case run again
+    without the entry's trigger (`claims`; harness.search.served.claims): one that stays is new.
+    The run without the trigger (claims=False) judges findings only: no parameter's effect."""
     from harness.targets.base import TargetError
     t0 = time.monotonic()
     v = Verdict()
@@ -184,14 +190,18 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
-        v.effects = _effects(target, case, raw_off, cut, v)
+        v.effects = _effects(target, case, raw_off, cut, v) if claims else {}
         v.counts_on, v.counts_off = arms[True].get("counts", {}), arms[False].get("counts", {})
     else:
         v.new += errors
         for a in arms.values():
             if "counts" in a:
                 v.counts_on = a["counts"]
-    _classify(v, version, getattr(target, "runner", None))
+    runner = getattr(target, "runner", None)
+    _classify(v, version, runner)
+    if claims and v.claimed:
+        from harness.search.served import claims as served_claims
+        served_claims.test(lambda c: judge(target, c, version, agent, claims=False), case, v, version, runner)
     v.seconds = time.monotonic() - t0
     return v
 
@@ -378,6 +388,7 @@ def _classify(v: Verdict, version: str | None, runner: str | None = None) -> Non
                 said = found[0]
         if hit:
             v.known.append((hit, f.summary))
+            v.claimed.append((hit, f))
         else:
             f.summary = said
             new.append(f)

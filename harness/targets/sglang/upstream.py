@@ -7,10 +7,13 @@ is new). The gate reports a claimed finding as KNOWN UPSTREAM, never as a pass.
 from __future__ import annotations
 
 from harness.agents.vllm.steps import request_key
-from harness.targets.vllm.upstream import KnownUpstream, matches
+from harness.targets.vllm.upstream import KnownUpstream, Trigger, matches
 from harness.verdict import Finding
 
-PENALTY_STALE = "penalty_stale_tokens"  # the agent's count (agents.sglang: point penalty_cumulate)
+# the agent's count (agents.sglang: point penalty_cumulate), per request and only for a request with a
+# penalty that reads token ids: the orchestrator takes in a token for every request of a penalised
+# batch, and a divergence of a plain request batched with a penalised one is not this bug (issue 44)
+PENALTY_STALE = "penalty_stale_tokens"
 
 KNOWN: list[KnownUpstream] = [
     # read in 0.5.23's source: ScheduleBatch.prepare_for_decode calls cumulate_penalty_output_tokens,
@@ -18,8 +21,8 @@ KNOWN: list[KnownUpstream] = [
     # overlap loop prepares step N+1 before it processes step N's result, so that token is step N-1's
     KnownUpstream(
         "sglang-penalty-one-step-old", "penalties",
-        "SGLang's overlap loop: before each decode step the penalties (repetition, frequency, presence, "
-        "min_new_tokens) take in each request's newest token as req.output_ids[-1], but the previous "
+        "SGLang's overlap loop: before each decode step the penalties that read token ids (repetition, "
+        "frequency, presence; min_new_tokens counts tokens only) take in each request's newest token as req.output_ids[-1], but the previous "
         "step's result is not processed yet, so they take the token of the step before it (at the first "
         "decode step: the last prompt token); penalised greedy requests diverge, overlap on vs off",
         "the mechanism is upstream for custom logit processors (sgl-project/sglang#8056, open: they read "
@@ -27,7 +30,8 @@ KNOWN: list[KnownUpstream] = [
         "one processor); none found for the built-in penalties (searched sgl-project/sglang's issues and "
         "pull requests; sgl-project/sglang#22049 feeds the spec-v2 path's penalties the same way)",
         "fixtures/sglang_upstream/penalty_one_step_old.json",
-        codes=("divergence",), request_evidence=PENALTY_STALE),
+        codes=("divergence",), request_evidence=PENALTY_STALE,
+        cause=Trigger(fields=(("repetition_penalty", 1.0), ("frequency_penalty", None), ("presence_penalty", None)))),
 ]
 
 

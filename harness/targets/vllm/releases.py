@@ -321,6 +321,8 @@ PATCH_SINCE = {
     # issue 36 (read from every cached wheel, as the rest)
     "pressure_preempt_drops_in_flight": "0.27.0", "abort_ignored_in_flight": "0.11.1",
     "admission_waits_for_in_flight": "0.31.0",
+    "finished_slot_held_a_schedule": "0.25.0",  # issue 44, item 3 (the streaming-input slot count's line)
+    "abort_shared_prefix_double_ref": "0.16.0",  # issue 44, item 2 (finish_requests' second pass)
     # issue 36, item 4. The chunked prefill's text is there from 0.17.0, but the request's
     # num_in_flight_tokens it reads only from 0.26.0 (a server patched before that dies on its
     # first chunk: a CRASH, never a quiet pass)

@@ -16,6 +16,55 @@ from harness.verdict import Finding, code_of
 
 
 NEVER: tuple = ()  # `codes` of an entry that claims no finding (its counter says it reproduced)
+# the server controls of a served case (harness.search.served.case.CONTROLS) that reach vLLM's
+# reset_prefix_cache(reset_running_requests=True), which drops every running request's in-flight
+# step: /reset_prefix_cache itself, and each /pause mode (EngineCore._finish_pause clears the caches)
+RESET_CONTROLS = ("reset", "pause", "pause_wait", "pause_abort")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What sets a known bug off, as parts a case can lose (as the shrinker removes things): before
+    a finding is filed under the entry, the case runs again without them, and the finding must go
+    away; one that stays is new (issue 44: a claim must explain the whole finding). Empty: nothing
+    a case can lose (a release's or the CPU build's own path): the claim is counted as not tested."""
+    controls: tuple = ()  # server controls removed from the case
+    # (request field, neutral value) set on every request: an attribute of the request, or a body
+    # key (`Request.extra`), removed where the neutral value is None
+    fields: tuple = ()
+    # a server configuration (harness.targets.vllm.configs, or a pair: "main") where the bug cannot
+    # happen: the same requests there are its run without the trigger (the gate's twin rows)
+    config: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.controls or self.fields or self.config)
+
+    def strip(self, r) -> bool:
+        """Set this trigger's fields of request `r` (a copy: this changes it) to their neutral values;
+        True when that changed something. A field the request has as an attribute is set; any other
+        is a body key of `r.extra`, removed (neutral None) or set."""
+        changed = False
+        extra = getattr(r, "extra", None)
+        for k, neutral in self.fields:
+            if k != "extra" and hasattr(r, k) and not (extra and k in extra):
+                if getattr(r, k) != neutral:
+                    setattr(r, k, neutral)
+                    changed = True
+            elif extra and k in extra:
+                if neutral is None:
+                    del extra[k]
+                elif extra[k] == neutral:
+                    continue
+                else:
+                    extra[k] = neutral
+                changed = True
+        return changed
+
+    def describe(self) -> str:
+        parts = ([f"controls {'/'.join(self.controls)} removed"] if self.controls else []) + [
+            f"{k} {'removed' if v is None else f'= {v}'}" for k, v in self.fields] + (
+            [f"run in configuration {self.config}"] if self.config else [])
+        return ", ".join(parts) or "no removable trigger"
 ANY = ("*",)  # `codes` of an entry that claims every finding of its row (its evidence says it is this bug)
 
 
@@ -62,6 +111,8 @@ class KnownUpstream:
     # a crash_on entry no request field sets off: the server configurations (vllm_configs names,
     # combined) whose servers never reach it; after its death the pair starts again in them
     avoid: tuple = ()
+    # what sets it off, removable from a case: a claimed finding must go away without it (issue 44)
+    cause: Trigger = Trigger()
 
     def live_in(self, version: str | None) -> bool:
         """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
@@ -104,7 +155,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "the same code path fixed in forks: RBLN-SW/vllm-rbln#1025, qualcomm/vllm-qaic#92",
                   "fixtures/vllm_upstream/cpu_seeded_partial_prefill.json",
                   codes=("crash",), exception="CPU Generator does not use offset",
-                  counter="cpu_generator_rewinds",
+                  counter="cpu_generator_rewinds", cause=Trigger(fields=(("seed", None),)),
                   engine_exception=True, runner="v1",
                   introduced="", fixed=""),
     KnownUpstream("async-step-past-max-tokens", "steps", **_27922,
@@ -207,7 +258,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "related: vllm-project/vllm#19940 (V0: a preempted request's generator recreated)",
     "fixtures/vllm_upstream/async_seeded_preempt_in_flight.json",
     codes=("divergence.sampled_preempted",), request_evidence="stale_dropped:reset",
-    introduced="0.10.0", runner="v1"))
+    introduced="0.10.0", runner="v1", cause=Trigger(controls=RESET_CONTROLS)))
 
 # vllm#52461: under async scheduling a processor loaded through the `vllm.logits_processors` entry
 # point reads -1 placeholders where the newest output ids belong, because vLLM repairs them only
@@ -223,7 +274,10 @@ _52461 = dict(
          "reads -1 placeholders instead of the newest output ids: vLLM repairs them only when a processor "
          "was given with --logits-processors (logitsprocs_need_output_token_ids = bool(CLI processors))",
     upstream="vllm-project/vllm#52461 (open; proposed fixes #38199, #52698)",
-    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1", runner="v1")
+    reproducer="fixtures/vllm_upstream/entry_point_placeholder_reads.json", introduced="0.11.1", runner="v1",
+    # the main pair names a processor with --logits-processors, which turns the repair on: its twin
+    # rows (the same entry-point processors) are the bare rows' run without the trigger
+    cause=Trigger(config="main"))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#52461", "logits_processor_entry_point_bare", **_52461, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#52461", "logits_processor_batch_entry_point_bare", **_52461,
@@ -246,7 +300,10 @@ _26467 = dict(
     crash_on=r"index -1 is out of bounds for dimension 1 with size \d+",
     # any penalty: 0.11.0's apply_penalties counts the output ids into a (vocab + 1)-wide table
     # with scatter_add_, and the -1 placeholder is out of its bounds
-    trigger=(("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)))
+    trigger=(("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)),
+    # what reads the placeholders: every processor of ours and every penalty
+    cause=Trigger(fields=(("vllm_xargs", None), ("repetition_penalty", 1.0), ("frequency_penalty", None),
+                          ("presence_penalty", None))))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
@@ -294,8 +351,10 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "none found for vllm-project/vllm (searched: prompt_logprobs, preemption, reset_prefix_cache, stale output); "
     "related, fixed: vllm-project/vllm#29071, vllm-project/vllm#41411",
     "fixtures/vllm_upstream/async_prompt_logprobs_dropped_on_reset.json",
-    codes=("surface.prompt_logprobs_count.on",), request_evidence="stale_dropped:reset",
-    introduced="0.12.0", runner="v1"))
+    # the drop of the step that carries its prompt logprobs (its last prompt chunk's), not any drop:
+    # a request whose prompt logprobs were delivered loses none to a later drop (issue 44)
+    codes=("surface.prompt_logprobs_count.on",), request_evidence="stale_dropped_prompt:reset",
+    introduced="0.12.0", runner="v1", cause=Trigger(controls=RESET_CONTROLS)))
 
 # Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
 # scheduler built a request's grammar bitmask inside schedule(), while its previous token was still
@@ -309,7 +368,7 @@ _26866 = dict(
          "constraint runs a step behind (tokens leave the grammar, the request runs more steps)",
     upstream="vllm-project/vllm#26866 (async scheduling + structured outputs, fixed in 0.11.1)",
     reproducer="fixtures/vllm_upstream/async_grammar_mask_in_flight.json", runner="",
-    rid_prefix="so", request_evidence="grammar_in_flight",
+    rid_prefix="so", request_evidence="grammar_in_flight", cause=Trigger(fields=(("structured_outputs", None),)),
     **_live_as("grammar_mask_in_schedule"))
 KNOWN_UPSTREAM += [KnownUpstream("vllm#26866", row, **_26866) for row in ("structured_output", "logprobs", "steps")]
 # The same placeholders (vllm#26467) under the main pair's processors: before 0.11.1 the CLI ones
