@@ -44,11 +44,26 @@ class SpecBooks:
         self.facts = facts
         self.window_len = window_len  # one window of the reservation; None: SGLang's own sizing, read per step
         self.newest: dict = {}  # rid -> the last token its latest step produced (the next window's bonus)
+        # rid -> (the length its latest step started from, tokens it added, "prefill"/"verify"): the
+        # length the relay must carry to the request's next window
+        self.last: dict = {}
 
     def _violation(self, key: str, first: str, line: str) -> None:
         self.facts.add(key)
         if not self.facts.data.get(first):
-            self.facts.set(**{first: line[:400]})
+            self.facts.set(**{first: line[:600]})
+        seen = list(self.facts.data.get("spec_violations") or [])
+        if len(seen) < 12:  # a few more than the first, said in full: what the diagnosis reads
+            self.facts.set(spec_violations=seen + [f"{key}: {line[:600]}"])
+
+    def _state(self, req, batch) -> str:
+        """What the scheduler knew of a request when its window was judged (said with a violation)."""
+        fin = req.finished() if callable(getattr(req, "finished", None)) else None
+        sync = batch.grammar_needs_sync() if callable(getattr(batch, "grammar_needs_sync", None)) else None
+        return (f"prompt {len(getattr(req, 'origin_input_ids', ()) or ())}, output {len(getattr(req, 'output_ids', ()) or ())}, "
+                f"retracted {getattr(req, 'is_retracted', None)} (x{getattr(req, 'retraction_count', 0)}), finished {fin}, "
+                f"grammar {getattr(req, 'grammar', None) is not None}, decode_batch_idx {getattr(req, 'decode_batch_idx', None)}, "
+                f"batch grammar sync {sync}, its last step {self.last.get(req.rid)}")
 
     def window(self, worker, batch) -> None:
         """After the window is built (forward_mode TARGET_VERIFY): reservation and bonus token."""
@@ -74,7 +89,15 @@ class SpecBooks:
             if end > alloc:
                 self._violation("spec_past_reservation", "first_spec_reservation_violation",
                                 f"request {req.rid} (row {i} of {len(reqs)}): window [{lens[i]}, {end}) past its "
-                                f"reservation of {alloc} slots (CPU count {committed}, one window {one})")
+                                f"reservation of {alloc} slots (CPU count {committed}, one window {one}); "
+                                + self._state(req, batch))
+            prev = self.last.get(req.rid)
+            if prev is not None:  # the relay: the length the request's previous step published
+                facts.add("path_spec_relay_len")
+                if prev[0] + prev[1] != lens[i]:
+                    self._violation("spec_relay_len_wrong", "first_spec_relay_len_violation",
+                                    f"request {req.rid} (row {i} of {len(reqs)}): window starts at {lens[i]}, its "
+                                    f"{prev[2]} step started at {prev[0]} and added {prev[1]}; " + self._state(req, batch))
             want = self.newest.get(req.rid)
             if want is None:
                 continue
@@ -97,9 +120,12 @@ class SpecBooks:
         lens = [int(x) for x in result.accept_lens.tolist()]
         ids = [int(x) for x in result.next_token_ids.tolist()]
         stride = len(ids) // len(reqs) if verify else 1
+        seqs = [int(x) for x in batch.seq_lens.tolist()] if getattr(batch, "seq_lens", None) is not None else []
         for i, req in enumerate(reqs):
             if i < len(lens) and lens[i] >= 1:
                 self.newest[req.rid] = ids[i * stride + lens[i] - 1]
+            if i < len(seqs):  # a prefill publishes its own length (the first token's KV is the next step's)
+                self.last[req.rid] = (seqs[i], lens[i] if verify else 0, "verify" if verify else "prefill")
         if not verify:
             return
         facts.add("spec_verify_steps")
@@ -119,6 +145,7 @@ class SpecBooks:
     def forget(self, rids) -> None:
         for r in rids:
             self.newest.pop(r, None)
+            self.last.pop(r, None)
 
 
 def install(agent, algorithm: str) -> SpecBooks | None:
