@@ -355,21 +355,25 @@ def sglang_path_run(target, tok):
     if getattr(target, "spec", None) is not None:  # a drafter: the speculative rows' requests too
         from harness.targets.sglang import spec as sglang_spec
         reqs = sglang_spec.tag(reqs, tok)
-    runs, cnt, books, stepbooks = {}, {}, {}, {}
+    from harness.targets.sglang.spec import windows_of
+    runs, cnt, books, stepbooks, wins, wall = {}, {}, {}, {}, {}, {}
     for overlap in (False, True):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
-        before, books_before = sp.counts(facts), steps.books_of(facts)
+        before, books_before, wins_before = sp.counts(facts), steps.books_of(facts), windows_of(facts)
+        t0 = time.monotonic()
         runs[overlap] = target.run(reqs, overlap=overlap)
+        wall[overlap] = time.monotonic() - t0
         books[overlap] = target.idle_books(overlap)  # waits for SGLang's own idle check
         time.sleep(0.3)  # the agent flushes its counters every 0.1 s
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         cnt[overlap] = sp.delta(before, sp.counts(facts))
         stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+        wins[overlap] = spec_steps.new_since(wins_before, windows_of(facts))  # a drafter's windows (rids are new)
     on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
     stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
-                      release=target.version, steps=stepbooks, controls={"stale": stale})
+                      release=target.version, steps=stepbooks, controls={"stale": stale, "wall": wall}, spec=wins)
 
 
 def _sglang_rows():
@@ -404,13 +408,47 @@ def test_sglang_path(target, row, record_property, request):
                     print(f"{row.name}: async {'on' if overlap else 'off'}: first: {first}")
                 for v in f.get("spec_violations") or ():  # the next few, for the diagnosis (JUnit keeps them)
                     record_property("spec", f"async {'on' if overlap else 'off'}: {v}")
-    if row.name == "spec_verify":  # the drafter's acceptance on each arm, in the gate's report
-        from harness.targets.sglang.spec import acceptance_line
-        for arm, c in (("on", pr.counts_on), ("off", pr.counts_off)):
-            record_property("spec", acceptance_line(c, arm))
-            print(acceptance_line(c, arm))
+    if row.name == "spec_verify":  # the drafter's acceptance and speed on each arm, in the gate's report
+        from harness.targets.sglang.spec import acceptance_line, speed_line
+        for arm, c, ov in (("on", pr.counts_on, True), ("off", pr.counts_off, False)):
+            for line in (acceptance_line(c, arm), speed_line(c, pr.controls.get("wall", {}).get(ov, 0.0), arm)):
+                record_property("spec", line)
+                print(line)
+    if row.name == "spec_overlap":  # overlap judged on the verify steps alone
+        from harness.targets.sglang.spec import overlap_line
+        lost, line = overlap_line(pr.counts_on)
+        record_property("spec", line)
+        print(line)
+        if lost:
+            outcome.fail(f"spec_overlap: overlap lost on the speculative steps: {line}", "overlap.lost")
+    if row.name == "spec_acceptance":
+        _judge_acceptance(row, pr, record_property)
     judge(row, pr, record_property, known=sglang_upstream.KNOWN,
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
+
+
+def _judge_acceptance(row, pr, record_property) -> None:
+    """A drafter's windows on vs off (harness.oracles.spec_steps.compare): while both arms built a
+    request the same windows (start, drafts), the same tokens accepted; the requests whose tokens
+    diverge are left to the token oracle (a near tie decided otherwise changes the windows after)."""
+    from harness.agents.vllm.steps import request_key
+    from harness.targets.sglang.spec import same_windows
+    diverged = {d.rid.split("#")[0] for _, _, divs in divergences(pr.off, pr.on) for d in divs}
+    keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in pr.reqs
+            if r.rid not in diverged and not getattr(r, "abort_after", None)]
+    on, off = pr.spec.get(True, {}), pr.spec.get(False, {})
+    found, compared, parted = spec_steps.compare(on, off, keys)
+    alike = same_windows(on, off, keys)
+    line = (f"spec_acceptance: {alike} window(s) built alike on both arms judged, over {compared} request(s) "
+            f"({len(diverged)} with diverging tokens left out); {parted} request(s) whose windows part between the "
+            f"arms (other drafts: the n-gram trie's state depends on timing)")
+    record_property("spec", line)
+    print(line)
+    if found:
+        outcome.fail(f"spec_acceptance: {found[0]}" + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""),
+                     "spec.acceptance")
+    if not alike:
+        outcome.not_exercised(f"not exercised: {line}", "path.not_run")
 
 
 def test_sglang_steps(target, sglang_path_run, record_property):

@@ -89,9 +89,17 @@ def penalty_cumulate(agent, orig):
         # when the previous step's token is still in flight (its result not processed yet),
         # i.e. when the request's tokens so far do not exceed what its KV already covers
         try:
-            seq = [int(x) for x in self.seq_lens_cpu.tolist()]
-            for r, n in zip(self.reqs, seq):
-                if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
+            spec = getattr(agent, "spec", None)
+            if getattr(self, "seq_lens_cpu", None) is None and spec is not None:
+                # a drafter's batch (spec v2 keeps no host copy of the lengths): its books know
+                # which requests' latest step is still in flight (agents/sglang/spec.py)
+                stale = [spec.unprocessed(r) for r in self.reqs]
+            else:
+                seq = [int(x) for x in self.seq_lens_cpu.tolist()]
+                stale = [len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n
+                         for r, n in zip(self.reqs, seq)]
+            for r, old in zip(self.reqs, stale):
+                if old:
                     facts.add("penalty_stale_tokens")
                     key = client_key(r)
                     if key:

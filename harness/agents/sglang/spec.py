@@ -47,6 +47,9 @@ class SpecBooks:
         # rid -> (the length its latest step started from, tokens it added, "prefill"/"verify"): the
         # length the relay must carry to the request's next window
         self.last: dict = {}
+        self.accepted: dict = {}  # rid -> the tokens its latest step added (what the relay must carry)
+        self.row_of: dict = {}  # req-pool row -> the request that last used it (the relay is indexed by it)
+        self.windows: dict = {}  # rid -> (request key, [[window signature, accepted signature], ...])
 
     def _violation(self, key: str, first: str, line: str) -> None:
         self.facts.add(key)
@@ -76,10 +79,16 @@ class SpecBooks:
             from sglang.srt.mem_cache.allocation_sizing import get_alloc_len_per_decode
             one = int(get_alloc_len_per_decode())
         lens = [int(x) for x in batch.seq_lens.tolist()]
-        roots = [int(x) for x in batch.input_ids.tolist()[::n]]
+        flat = [int(x) for x in batch.input_ids.tolist()]
+        roots = flat[::n]
         reqs = batch.reqs
         facts = self.facts
+        rows = [int(x) for x in batch.req_pool_indices.tolist()] if getattr(batch, "req_pool_indices", None) is not None else []
+        self._relayed(worker, batch, reqs, rows, n)
+        self._slots(batch, reqs, rows, lens, n)
+        self._pending = []
         for i, req in enumerate(reqs):
+            self._pending.append((req.rid, f"{lens[i]}:{_crc(flat[i * n:(i + 1) * n])}"))
             kv = req.kv
             alloc, committed = int(kv.kv_allocated_len), int(kv.kv_committed_len)
             end = lens[i] + n
@@ -109,6 +118,76 @@ class SpecBooks:
                                 f"request {req.rid} (row {i} of {len(reqs)}): window starts with token {roots[i]}, "
                                 f"its last accepted token was {want}")
 
+    def _relayed(self, worker, batch, reqs, rows, n) -> None:
+        """Overlap on: what the drafter spliced from the relay (its staged prev_token_ids /
+        prev_accept_lens, NGRAM's FutureMap rows, indexed by req-pool row) must be what the request's
+        previous step added, whatever row and position it has now, a row a finished request left
+        included; and spliced only while that step's result is not in the request's tokens yet
+        (else the drafter's context holds the run twice)."""
+        facts = self.facts
+        plens = list(getattr(worker, "prev_accept_lens", None) or ())
+        ptoks = list(getattr(worker, "prev_token_ids", None) or ())
+        use = bool(getattr(worker, "enable_overlap", False)) and len(plens) == len(reqs) and any(plens)
+        for i, req in enumerate(reqs):
+            if i < len(rows):
+                was = self.row_of.get(rows[i])
+                if was is not None and was != req.rid and req.rid not in self.windows:
+                    facts.add("path_spec_relay_reuse")  # its first window, on a row another request used
+                self.row_of[rows[i]] = req.rid
+            want = self.accepted.get(req.rid)
+            if not use or want is None:
+                continue
+            got = ptoks[i * n:i * n + int(plens[i])]
+            facts.add("path_spec_relay_tokens")
+            if got != want:
+                self._violation("spec_relay_tokens_wrong", "first_spec_relay_tokens_violation",
+                                f"request {req.rid} (row {i} of {len(reqs)}, req-pool row {rows[i] if i < len(rows) else '?'}): "
+                                f"the drafter spliced {got} from the relay, its previous step added {want}; "
+                                + self._state(req, batch))
+                continue
+            prev = self.last.get(req.rid)
+            known = len(getattr(req, "origin_input_ids", ()) or ()) + len(getattr(req, "output_ids", ()) or ()) - 1
+            if prev is not None and got and known >= prev[0] + prev[1]:
+                facts.add("spec_context_twice")  # the step's result is processed: its tokens spliced again
+                if not facts.data.get("first_spec_context_twice"):
+                    facts.set(first_spec_context_twice=f"request {req.rid} (row {i} of {len(reqs)}): {len(got)} "
+                              f"token(s) {got} spliced from the relay, already among its {known + 1} tokens; "
+                              + self._state(req, batch))
+
+    def _slots(self, batch, reqs, rows, lens, n) -> None:
+        """The window's KV slots (out_cache_loc, where the verify pass writes the drafts' K/V): each
+        the request's own, none free in the allocator, none slot 0 (padding), none another running
+        request's, none twice in the batch."""
+        out = getattr(batch, "out_cache_loc", None)
+        table = getattr(getattr(batch, "req_to_token_pool", None), "req_to_token", None)
+        if out is None or table is None or len(rows) != len(reqs):
+            return
+        slots = [int(x) for x in out.tolist()]
+        alloc = getattr(batch, "token_to_kv_pool_allocator", None)
+        free = set()
+        for name in ("free_pages", "release_pages"):
+            t = getattr(alloc, name, None)
+            if t is not None:
+                free.update(int(x) for x in t.tolist())
+        owner = {}
+        for j, r in enumerate(reqs):
+            for x in table[rows[j], :int(r.kv.kv_allocated_len)].tolist():
+                owner.setdefault(int(x), j)
+        seen = set()
+        for i, req in enumerate(reqs):
+            mine = slots[i * n:(i + 1) * n]
+            self.facts.add("path_spec_window_slots")
+            bad = [(x, "slot 0" if x == 0 else "free" if x in free else "twice in the batch" if x in seen
+                    else f"row {owner[x]}'s" if owner.get(x, i) != i else "not reserved" if x not in owner else "")
+                   for x in mine]
+            bad = [b for b in bad if b[1]]
+            seen.update(mine)
+            if bad:
+                self._violation("spec_window_slots_wrong", "first_spec_window_slots_violation",
+                                f"request {req.rid} (row {i} of {len(reqs)}): window [{lens[i]}, {lens[i] + n}) "
+                                f"writes its drafts' K/V to slots {mine}: " + ", ".join(f"{x} {w}" for x, w in bad[:4])
+                                + "; " + self._state(req, batch))
+
     def verified(self, worker, batch, result, verify: bool) -> None:
         """After a step of the drafter's worker (verify: a decode step, its window verified; else a
         prefill, one token a request): accepted lengths, and each request's newest token."""
@@ -126,6 +205,23 @@ class SpecBooks:
                 self.newest[req.rid] = ids[i * stride + lens[i] - 1]
             if i < len(seqs):  # a prefill publishes its own length (the first token's KV is the next step's)
                 self.last[req.rid] = (seqs[i], lens[i] if verify else 0, "verify" if verify else "prefill")
+            if i < len(lens):
+                self.accepted[req.rid] = ids[i * stride:i * stride + lens[i]] if verify else [ids[i]]
+        if verify:  # each window: its signature (start, drafts) and what it accepted, per request key
+            pending = dict(getattr(self, "_pending", ()) or ())
+            for i, req in enumerate(reqs):
+                sig = pending.get(req.rid)
+                if sig is None or i >= len(lens):
+                    continue
+                rec = self.windows.get(req.rid)
+                if rec is None:
+                    if len(self.windows) >= MAX_WINDOW_REQS:
+                        self.windows.pop(next(iter(self.windows)))
+                    rec = self.windows[req.rid] = (_key(req), [])
+                rec[1].append([sig, [lens[i], _crc(self.accepted[req.rid])]])
+            self._pending = []
+            with facts._lock:  # the flusher serialises facts.data on its thread
+                facts.data["spec_windows"] = {r: [k, list(w)] for r, (k, w) in self.windows.items()}
         if not verify:
             return
         facts.add("spec_verify_steps")
@@ -142,10 +238,30 @@ class SpecBooks:
                 facts.add("path_spec_rejected")
         facts.set(spec_accept_hist=hist, spec_window=n)
 
+    def unprocessed(self, req) -> bool:
+        """Whether the request's latest step (the length it published) is not in its tokens yet:
+        its result not processed (overlap on, the step in flight)."""
+        prev = self.last.get(req.rid)
+        known = len(getattr(req, "origin_input_ids", ()) or ()) + len(getattr(req, "output_ids", ()) or ()) - 1
+        return prev is not None and known < prev[0] + prev[1]
+
     def forget(self, rids) -> None:
         for r in rids:
             self.newest.pop(r, None)
             self.last.pop(r, None)
+
+
+MAX_WINDOW_REQS = 256  # the requests whose windows are kept (the newest): the run's, not the server's life
+
+
+def _crc(ids) -> str:
+    import zlib
+    return f"{zlib.crc32(','.join(str(int(x)) for x in ids).encode()):08x}"
+
+
+def _key(req) -> str:
+    from harness.agents.sglang.steps import client_key
+    return client_key(req)
 
 
 def install(agent, algorithm: str) -> SpecBooks | None:

@@ -69,6 +69,14 @@ PAST_RESERVATION = ("spec_past_reservation", "verify windows running past the sl
 BONUS_WRONG = ("spec_bonus_wrong", "windows whose first token is not the last token the previous step "
                "accepted for that request (the agent's first: first_spec_bonus_violation)")
 
+RELAY_LEN_WRONG = ("spec_relay_len_wrong", "windows not starting at the length the request's previous step "
+                   "published (its start plus its accepted tokens: the relay's new_seq_lens)")
+RELAY_TOKENS_WRONG = ("spec_relay_tokens_wrong", "windows whose drafter spliced from the relay other tokens than "
+                      "the request's previous step added (the agent's first: first_spec_relay_tokens_violation)")
+SLOTS_WRONG = ("spec_window_slots_wrong", "windows writing their drafts' K/V to a slot not reserved for the "
+               "request: free, slot 0, another request's, or twice (the agent's first: "
+               "first_spec_window_slots_violation)")
+
 SPEC_ROWS = [
     PathRow("spec_verify", "decode steps verify a window of drafts a request (the drafter's verify pass)",
             ("spec_verify_steps",)),
@@ -86,6 +94,27 @@ SPEC_ROWS = [
             ("path_spec_bonus",), violations=BONUS_WRONG),
     PathRow("spec_bonus_batched", "the same, for the rows after the first of a batch of several (where a "
             "stride error shows)", ("path_spec_bonus_batched",), violations=BONUS_WRONG),
+    PathRow("spec_relay_len", "each window starts at the length the request's previous step published (the "
+            "relay's new_seq_lens: its start plus its accepted tokens; after a prefill, the prefill's length)",
+            ("path_spec_relay_len",), violations=RELAY_LEN_WRONG),
+    PathRow("spec_relay_tokens", "overlap on: the drafter splices the previous step's accepted tokens from the "
+            "relay (FutureMap's NGRAM rows, by req-pool row), not yet in the request's tokens: they must be "
+            "exactly what that step added", ("path_spec_relay_tokens",), arm="on", violations=RELAY_TOKENS_WRONG),
+    PathRow("spec_relay_reuse", "a request's first window on a req-pool row (the relay's entry) that a "
+            "finished request used before: nothing of the old request's reaches it", ("path_spec_relay_reuse",),
+            violations=RELAY_TOKENS_WRONG),
+    PathRow("spec_window_slots", "each window writes its drafts' K/V only to slots reserved for its request "
+            "(out_cache_loc: none free, none slot 0, none another request's, none twice)",
+            ("path_spec_window_slots",), violations=SLOTS_WRONG),
+    PathRow("spec_retraction", "the pool cannot keep two windows reserved for every running request: SGLang "
+            "retracts (check_decode_mem counts the spec reservation) and no window runs past what is left",
+            ("path_retraction",), violations=PAST_RESERVATION),
+    PathRow("spec_overlap", "overlap on: each verify step's result is taken after the next step was launched "
+            "(grammar batches apart: NGRAM syncs on them by design); judged on its share",
+            ("path_spec_one_step_old",), arm="on"),
+    PathRow("spec_acceptance", "a request's windows, on vs off: where both arms built the same window (start, "
+            "drafts), it accepts the same tokens (requests whose tokens diverge are the token oracle's)",
+            ("spec_verify_steps",)),
 ]
 SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
 
@@ -124,3 +153,54 @@ def acceptance_line(counts: dict, arm: str) -> str:
 STEPS_WITH_DRAFTER = ("the steps oracle counts one token a step; a drafter's step gives 1 to n tokens a request and "
                       "the accepted lengths differ between the arms (the n-gram trie's state depends on timing), so "
                       "step counts are not comparable")
+
+
+# overlap on the speculative steps: below this share of verify results taken one step old (after the
+# next launch), over at least MIN_SPEC_RESULTS of them, the overlap is lost there (the tail of a run,
+# where no next step exists, and grammar batches are the only ones SGLang takes at once)
+MIN_SPEC_SHARE = 0.5
+MIN_SPEC_RESULTS = 20
+
+
+def overlap_line(counts: dict) -> tuple[bool | None, str]:
+    """(lost?, line) for the speculative steps of the overlap-on arm; None: too few to judge."""
+    judged, old = counts.get("spec_results", 0), counts.get("path_spec_one_step_old", 0)
+    sync = counts.get("spec_results_sync", 0)
+    line = (f"overlap on the speculative steps: {old} of {judged} verify results taken after the next launch"
+            + (f" ({old / judged:.0%})" if judged else "") + f"; {sync} grammar batches taken at once (by design)")
+    if judged < MIN_SPEC_RESULTS:
+        return None, line + f": too few to judge (< {MIN_SPEC_RESULTS})"
+    return old / judged < MIN_SPEC_SHARE, line
+
+
+def windows_of(facts: list[dict]) -> dict:
+    """rid -> (request key, [[window signature, accepted signature], ...]) from the scheduler's facts."""
+    out = {}
+    for f in facts:
+        for rid, (key, wins) in (f.get("spec_windows") or {}).items():
+            out[rid] = (key, [tuple(w) for w in wins])
+    return out
+
+
+def speed_line(counts: dict, wall_s: float, arm: str) -> str:
+    steps = counts.get("spec_verify_steps", 0)
+    return (f"speed (overlap {arm}): {steps} verify steps in {wall_s:.1f} s of the path workload "
+            f"({steps / wall_s:.2f} steps/s)" if wall_s > 0 else f"speed (overlap {arm}): not timed")
+
+
+def same_windows(on: dict, off: dict, keys) -> int:
+    """How many windows both arms built alike (same start, same drafts), request by request from the
+    first until they part: what the acceptance comparison judged (0: not exercised)."""
+    def by_key(acc):
+        out: dict = {}
+        for key, wins in acc.values():
+            out.setdefault(key, []).append(wins)
+        return {k: sorted(v) for k, v in out.items()}
+    a, b, n = by_key(on), by_key(off), 0
+    for key in set(keys):
+        for w_on, w_off in zip(a.get(key, ()), b.get(key, ())):
+            for (k, _), (k2, _) in zip(w_on, w_off):
+                if k != k2:
+                    break
+                n += 1
+    return n
