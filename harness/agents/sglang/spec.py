@@ -285,7 +285,7 @@ def install(agent, algorithm: str) -> SpecBooks | None:
             out = orig(self, batch, *a, **kw)
             try:
                 books.window(self, batch)
-            except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+            except (AttributeError, TypeError, ValueError, RuntimeError, IndexError, KeyError) as e:
                 agent.facts.set(spec_window_unread=str(e)[:200])
             return out
         return _prepare_for_speculative_decoding
@@ -297,7 +297,7 @@ def install(agent, algorithm: str) -> SpecBooks | None:
             result = orig(self, batch, *a, **kw)
             try:
                 books.verified(self, batch, result, decode)
-            except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+            except (AttributeError, TypeError, ValueError, RuntimeError, IndexError, KeyError) as e:
                 agent.facts.set(spec_verify_unread=str(e)[:200])
             return result
         return forward_batch_generation
