@@ -38,11 +38,11 @@ def test_the_verdict_names_the_drafter_and_the_cpu_adaptations(tmp_path, monkeyp
 
 
 def test_unknown_config_is_one_line(tmp_path):
-    with pytest.raises(ValueError, match="unknown SGLang server configuration 'eagle'; known: ngram"):
+    with pytest.raises(ValueError, match="unknown SGLang server configuration 'eagle'; known: ngram, ngram-chain"):
         make(tmp_path, config="eagle")
     with pytest.raises(SystemExit):
         sglang_spec.parse("bogus", lambda m: SystemExit(m))
-    assert sglang_spec.parse("all", ValueError) == ["ngram"]
+    assert sglang_spec.parse("all", ValueError) == ["ngram", "ngram-chain", "ngram-wide"]
 
 
 def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypatch):
@@ -54,3 +54,29 @@ def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypat
     assert ran == [()]  # only the correct engine: neither patch runs on the plain pair
     assert m["not_here"]["sglang_spec_bonus_stride"] == ("needs the ngram configuration: check --target sglang "
                                                          "--configs ngram --fault sglang_spec_bonus_stride")
+
+
+def test_stress_draws_the_drafters_as_configurations():
+    """stress --target sglang --configs: default and each drafter's shape (window, tree breadth), one
+    pair a segment; a name it does not know is one line."""
+    from types import SimpleNamespace as NS
+    from harness.commands.stress_served import config_order
+
+    class Bad(Exception):
+        pass
+    names = config_order(NS(target="sglang", configs="all", seed=3), Bad)
+    assert names[0] == "default" and sorted(names[1:]) == sorted(sglang_spec.CONFIGS)
+    assert config_order(NS(target="sglang", configs="ngram,ngram-chain", seed=0), Bad) == ["ngram", "ngram-chain"]
+    assert config_order(NS(target="sglang", configs="all,-default", seed=0), Bad)[0] != "default"
+    assert config_order(NS(target="sglang", configs=None, seed=0), Bad) == []
+    with pytest.raises(Bad, match="unknown SGLang server configuration 'eagle'; known: default, ngram"):
+        config_order(NS(target="sglang", configs="ngram,eagle", seed=0), Bad)
+    chain = sglang_spec.CONFIGS["ngram-chain"]
+    assert "--speculative-num-draft-tokens 3 --speculative-ngram-max-bfs-breadth 1" in chain.flags()
+
+
+def test_a_fired_judgement_is_a_stress_finding():
+    lines = sglang_spec.violation_lines({"spec_past_reservation": 3, "spec_bonus_wrong": 0}, {"spec_relay_len_wrong": 1})
+    assert [c for c, _ in lines] == ["spec_past_reservation", "spec_relay_len_wrong"]
+    assert lines[0][1].startswith("overlap on: 3 verify windows running past")
+    assert sglang_spec.violation_lines({}, {}) == []

@@ -113,7 +113,9 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         # a server lost in an earlier case (or on other source patches) starts here, not inside
         # the run's bound, and before its facts are read: those of a stopped server count nothing
         target.url(overlap)
-        facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
+        # a drafter's judgements (SGLang's agent, harness/agents/sglang/spec.py) are read with or without the rest
+        spec = bool(getattr(target, "spec", None)) and hasattr(target, "facts_dir")
+        facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent or spec else []
         before, books_before = vp.counts(facts), steps.books_of(facts)
         if case.controls:
             ctl.start()
@@ -129,6 +131,9 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     except TargetHang as e:
         return {"error": Finding("hang", f"async {arm}: {e}"[:400], ("hang", arm))}
     out = {"run": run, "controls": got}
+    if spec and not agent:
+        time.sleep(0.3)  # the agent flushes its counters every 0.1 s
+        out["counts"] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
     if agent:
         out["books"] = target.idle_books(overlap)
         time.sleep(0.1)  # the agent flushes its counters every 0.1 s
@@ -179,6 +184,10 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         arms = {False: {**arms[False], "run": off_run, "cut": cut}, True: {**arms[True], "run": on_run, "cut": cut}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
+        if getattr(target, "spec", None):  # a drafter's invariants, judged inside the scheduler
+            from harness.targets.sglang.spec import violation_lines
+            v.new += [Finding("spec", line, ("spec", counter), counter)
+                      for counter, line in violation_lines(arms[True].get("counts", {}), arms[False].get("counts", {}))]
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
         v.effects = _effects(target, case, raw_off, cut, v)

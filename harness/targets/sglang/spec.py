@@ -37,13 +37,38 @@ BFS_BREADTH = 2
 GRAPH_RUNNER_REFUSES = ("SGLang's CPU graph runner refuses a drafter (model_executor/cpu_graph_runner.py:663 "
                         "asserts spec_algorithm.is_none()): no decode batch is padded, so no padded row reads entry 0")
 
+def _ngram(name: str, tokens: int, breadth: int, why: str) -> SglangConfig:
+    return SglangConfig(name, f"NGRAM (SGLang's n-gram trie, no draft model; window {tokens}: the bonus token and "
+                        f"{tokens - 1} drafts, tree breadth {breadth}{why}; greedy verify: SGLang verifies greedily on "
+                        "a CPU whatever the temperature, eagle_utils._verify_uses_greedy)",
+                        ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(tokens),
+                         "--speculative-ngram-max-bfs-breadth", str(breadth)),
+                        absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES),))
+
+
+# the drafter's shape is part of the configuration stress draws (one pair start each): the gate's
+# window of 4 in a tree of breadth 2; a chain of 3 (breadth 1: one window = 3 slots); a wide tree of 8
 CONFIGS = {c.name: c for c in [
-    SglangConfig("ngram", f"NGRAM (SGLang's n-gram trie, no draft model; window {DRAFT_TOKENS}: the bonus token and "
-                 f"{DRAFT_TOKENS - 1} drafts, tree breadth {BFS_BREADTH}; greedy verify)",
-                 ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(DRAFT_TOKENS),
-                  "--speculative-ngram-max-bfs-breadth", str(BFS_BREADTH)),
-                 absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES),)),
+    _ngram("ngram", DRAFT_TOKENS, BFS_BREADTH, ""),
+    _ngram("ngram-chain", 3, 1, " (a chain)"),
+    _ngram("ngram-wide", 8, 4, ""),
 ]}
+
+
+def stress_order(spec: str, error) -> list[str]:
+    """stress's --configs for SGLang: NAME,...|all|all,-NAME,...; NAME: default (no drafter) or a
+    drafter's configuration."""
+    known = ["default", *CONFIGS]
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if parts and (parts[0] == "all" or parts[0].startswith("-")):
+        drop = {p[1:] for p in parts if p.startswith("-")}
+        names = [n for n in known if n not in drop]
+        bad = [p for p in parts[1 if parts[0] == "all" else 0:] if not p.startswith("-")] + sorted(drop - set(known))
+    else:
+        names, bad = parts, [p for p in parts if p not in known]
+    if bad or not names:
+        raise error(f"unknown SGLang server configuration {', '.join(bad) or spec!r}; known: {', '.join(known)}")
+    return names
 
 CPU_ADAPTATIONS = (
     "overlap kept on with a drafter (SGLang 0.5.23 turns it off on CPU: "
@@ -117,6 +142,17 @@ SPEC_ROWS = [
             ("spec_verify_steps",)),
 ]
 SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
+
+
+def violation_lines(on: dict, off: dict) -> list[tuple[str, str]]:
+    """(counter, line) for each speculative judgement of the agent that fired on either arm (counter
+    deltas of a run): what stress reports as a finding of a drafter's configuration."""
+    out = []
+    for counter, what in dict.fromkeys(r.violations for r in SPEC_ROWS if r.violations):
+        for arm, c in (("on", on), ("off", off)):
+            if c.get(counter, 0) > 0:
+                out.append((counter, f"overlap {arm}: {c[counter]} {what}"))
+    return out
 
 
 def tag(reqs, tok) -> list:

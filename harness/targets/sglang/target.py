@@ -114,6 +114,7 @@ class SglangTarget(EnginePair):
             extra_args = [*self.spec.args, *extra_args]
             if cpu_graphs is None:
                 cpu_graphs = False  # see sglang_spec.CONFIGS: the CPU graph runner and a verify pass
+        self.config = self.spec  # what stress and its reproducers name (harness.search.served: .config.name)
         # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
         self.cpu_graphs = (self.paths and self.device == "cpu") if cpu_graphs is None else cpu_graphs
         if self.paths or self.arith:
