@@ -80,3 +80,23 @@ def test_a_fired_judgement_is_a_stress_finding():
     assert [c for c, _ in lines] == ["spec_past_reservation", "spec_relay_len_wrong"]
     assert lines[0][1].startswith("overlap on: 3 verify windows running past")
     assert sglang_spec.violation_lines({}, {}) == []
+
+
+def test_stress_on_sglang_claims_the_known_penalty_divergence_only_with_its_mechanism():
+    """A drafter's penalised requests diverge on stock (sglang-penalty-one-step-old): stress on SGLang
+    reports it KNOWN where the agent counted the stale penalty token for that request, new where not."""
+    from types import SimpleNamespace as NS
+    from harness.agents.vllm.steps import request_key
+    from harness.engine.request import Request
+    from harness.search.served.judge import Finding, Verdict, claim_sglang
+    r = Request(rid="c0r0", prompt_ids=[1, 2, 3], max_new_tokens=8)
+    key = request_key(r.prompt_ids, 8)
+    for stale, known in ((2, True), (0, False)):
+        v = Verdict()
+        v.new = [Finding("divergence", "request c0r0 diverges at token 3 (clear winner): off [1] vs on [2]",
+                         ("divergence",), "divergence", "c0r0")]
+        run = NS(summary={"facts": [{"penalty_stale_by_req": {key: stale}}], "facts_before": []})
+        claim_sglang(v, NS(requests=[r]), run)
+        assert (len(v.known), len(v.new)) == ((1, 0) if known else (0, 1))
+        if known:
+            assert v.known[0][0] == "sglang-penalty-one-step-old"

@@ -197,9 +197,35 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         for a in arms.values():
             if "counts" in a:
                 v.counts_on = a["counts"]
+    if getattr(target, "name", "") == "sglang" and not errors:
+        claim_sglang(v, case, arms[True]["run"])
     _classify(v, version, getattr(target, "runner", None))
     v.seconds = time.monotonic() - t0
     return v
+
+
+def claim_sglang(v: Verdict, case: ServedCase, on_run) -> None:
+    """SGLang's known-upstream entries (harness.targets.sglang.upstream) claim a finding only with
+    their mechanism counted for its request in this run, overlap on (the agent's facts the Run keeps)."""
+    from harness.targets.sglang import upstream as sglang_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
+    s = getattr(on_run, "summary", None) or {}
+    evidence = sglang_upstream.evidence_for(case.requests, sglang_upstream.stale_by_request(
+        s.get("facts") or [], s.get("facts_before") or []))
+    rows = sorted({k.row for k in sglang_upstream.KNOWN})
+    keep = []
+    for f in v.new:
+        hit = None
+        for row in rows:
+            _, seen, _ = vllm_upstream.classify(row, [f.as_finding()], known=sglang_upstream.KNOWN, evidence=evidence)
+            hit = next((kid for kid, _ in seen), None)
+            if hit:
+                break
+        if hit:
+            v.known.append((hit, f.summary))
+        else:
+            keep.append(f)
+    v.new = keep
 
 
 def _effects(target, case, off_run, cut, v: Verdict) -> dict:
