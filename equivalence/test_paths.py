@@ -149,8 +149,8 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun) -> list[str]:
     if row.violations:  # an invariant the agent checks where the path runs (SGLang's entry 0)
         counter, what = row.violations
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
-            if c.get(counter, 0):
-                out.insert(0, f"async {lab}: {c[counter]} {what} ({counter})")
+            if c.get(counter, 0):  # its code: the counter (what a known entry claims it by)
+                out.insert(0, Finding(f"async {lab}: {c[counter]} {what} ({counter})", counter))
     if row.name == "spec_windows":  # a greedy request's accepted lengths, window for window (spec_steps)
         from harness.agents.vllm.steps import request_key
         keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in pr.reqs if row.name in r.paths]

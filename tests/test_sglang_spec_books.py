@@ -204,6 +204,29 @@ def test_context_spliced_twice_counted(tmp_path):
     b.window(w, batch)
     f = b.facts.data
     assert f["spec_context_twice"] == 1 and "already among its 13 tokens" in f["first_spec_context_twice"]
+    assert f["path_spec_prev_processed"] == 1
+
+
+def test_a_window_of_a_request_released_before_the_launch(tmp_path):
+    """NGRAM on a grammar batch takes the previous result after the batch was made: a request it
+    finishes rides the step with its KV released (reservation 0, its slots free). Not a reservation
+    violation (counted apart); its window writing another running request's slot still is."""
+    b = books(tmp_path)
+    reqs, table = two_requests()
+    fin = req_at("f", 11, 0, prompt=6, output=range(6))
+    fin.finished = lambda: True
+    table[3, :15] = torch.arange(400, 415)  # its row still holds the freed slots
+    w, batch = table_batch([fin] + reqs, [3, 1, 2], [11, 10, 20], [5, 5, 6], table,
+                           [411, 412, 413, 414] + list(range(110, 114)) + list(range(220, 224)), free=range(400, 415))
+    b.window(w, batch)
+    f = b.facts.data
+    assert f["path_spec_window_released"] == 1 and f["path_spec_reservation"] == 2
+    assert not f.get("spec_past_reservation") and not f.get("spec_window_slots_wrong")
+    table[3, 14] = 205  # a cell of its stale row now names b's slot
+    w, batch = table_batch([fin] + reqs, [3, 1, 2], [11, 10, 20], [5, 5, 6], table,
+                           [411, 412, 413, 205] + list(range(110, 114)) + list(range(220, 224)), free=range(400, 414))
+    b.window(w, batch)
+    assert f["spec_window_slots_wrong"] == 1 and "205 row 2's" in f["first_spec_window_slots_violation"]
 
 
 def test_windows_recorded_and_compared_on_vs_off(tmp_path):

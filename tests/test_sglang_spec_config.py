@@ -100,3 +100,20 @@ def test_stress_on_sglang_claims_the_known_penalty_divergence_only_with_its_mech
         assert (len(v.known), len(v.new)) == ((1, 0) if known else (0, 1))
         if known:
             assert v.known[0][0] == "sglang-penalty-one-step-old"
+
+
+def test_the_context_twice_entry_claims_only_its_own_counter():
+    """sglang-ngram-context-twice (stock 0.5.23, reported by us) claims the spec_draft_context row's
+    finding by its code, with the agent's counter above 0; another counter's finding stays new."""
+    import os
+    from harness.targets.sglang import upstream as sglang_upstream
+    from harness.targets.vllm.upstream import classify
+    from harness.verdict import Finding
+    entry = next(k for k in sglang_upstream.KNOWN if k.id == "sglang-ngram-context-twice")
+    assert os.path.isfile(entry.reproducer)
+    f = Finding("async on: 3 windows drafted from a context holding ... (spec_context_twice)", "spec_context_twice")
+    new, seen, _ = classify("spec_draft_context", [f], known=sglang_upstream.KNOWN, counts={"spec_context_twice": 3})
+    assert not new and seen[0][0] == "sglang-ngram-context-twice"
+    g = Finding("async on: 1 windows writing their drafts' K/V ... (spec_window_slots_wrong)", "spec_window_slots_wrong")
+    new, seen, _ = classify("spec_draft_context", [g], known=sglang_upstream.KNOWN, counts={"spec_context_twice": 3})
+    assert new == [g] and not seen

@@ -90,9 +90,9 @@ def penalty_cumulate(agent, orig):
         # i.e. when the request's tokens so far do not exceed what its KV already covers
         try:
             spec = getattr(agent, "spec", None)
-            if getattr(self, "seq_lens_cpu", None) is None and spec is not None:
-                # a drafter's batch (spec v2 keeps no host copy of the lengths): its books know
-                # which requests' latest step is still in flight (agents/sglang/spec.py)
+            if spec is not None:
+                # a drafter's batch (a step adds 1..n tokens; spec v2's host lengths are the CPU's
+                # count): its books know whose latest step is still in flight (agents/sglang/spec.py)
                 stale = [spec.unprocessed(r) for r in self.reqs]
             else:
                 seq = [int(x) for x in self.seq_lens_cpu.tolist()]

@@ -84,18 +84,26 @@ class SpecBooks:
         reqs = batch.reqs
         facts = self.facts
         rows = [int(x) for x in batch.req_pool_indices.tolist()] if getattr(batch, "req_pool_indices", None) is not None else []
+        # a request already finished or retracted when its window is built: NGRAM processes the previous
+        # result after the batch was made and before its launch on a grammar batch (is_disable_overlap_for_batch:
+        # need_grammar_sync), so its KV is released (kv_allocated_len 0) while it still rides this step,
+        # whose result for it is thrown away (process_batch_result: finished() / is_retracted: pass)
+        released = {i for i, r in enumerate(reqs) if _released(r)}
         self._relayed(worker, batch, reqs, rows, n)
-        self._slots(batch, reqs, rows, lens, n)
+        self._slots(batch, reqs, rows, lens, n, released)
         self._pending = []
         for i, req in enumerate(reqs):
             self._pending.append((req.rid, f"{lens[i]}:{_crc(flat[i * n:(i + 1) * n])}"))
             kv = req.kv
             alloc, committed = int(kv.kv_allocated_len), int(kv.kv_committed_len)
             end = lens[i] + n
-            facts.add("path_spec_reservation")
-            if end > committed + one:
+            if i in released:  # no reservation left to judge it by: its slots are (_slots), its relay is
+                facts.add("path_spec_window_released")
+            else:
+                facts.add("path_spec_reservation")
+            if end > committed + one and i not in released:
                 facts.add("path_spec_second_window")
-            if end > alloc:
+            if end > alloc and i not in released:
                 self._violation("spec_past_reservation", "first_spec_reservation_violation",
                                 f"request {req.rid} (row {i} of {len(reqs)}): window [{lens[i]}, {end}) past its "
                                 f"reservation of {alloc} slots (CPU count {committed}, one window {one}); "
@@ -147,17 +155,24 @@ class SpecBooks:
                 continue
             prev = self.last.get(req.rid)
             known = len(getattr(req, "origin_input_ids", ()) or ()) + len(getattr(req, "output_ids", ()) or ()) - 1
-            if prev is not None and got and known >= prev[0] + prev[1]:
-                facts.add("spec_context_twice")  # the step's result is processed: its tokens spliced again
+            if prev is None or known < prev[0] + prev[1]:
+                continue
+            # the previous step's result is already in the request's tokens (another batch, a prefill,
+            # ran between its two decode steps): nothing may be spliced again
+            facts.add("path_spec_prev_processed")
+            if got:
+                facts.add("spec_context_twice")
                 if not facts.data.get("first_spec_context_twice"):
                     facts.set(first_spec_context_twice=f"request {req.rid} (row {i} of {len(reqs)}): {len(got)} "
                               f"token(s) {got} spliced from the relay, already among its {known + 1} tokens; "
                               + self._state(req, batch))
 
-    def _slots(self, batch, reqs, rows, lens, n) -> None:
+    def _slots(self, batch, reqs, rows, lens, n, released=frozenset()) -> None:
         """The window's KV slots (out_cache_loc, where the verify pass writes the drafts' K/V): each
         the request's own, none free in the allocator, none slot 0 (padding), none another running
-        request's, none twice in the batch."""
+        request's, none twice in the batch. A released request's (finished or retracted before the
+        launch) were freed with it: only another request's slot is wrong there (on a GPU the stream
+        orders this write before any reuse of a freed slot; a live request's slot it would overwrite)."""
         out = getattr(batch, "out_cache_loc", None)
         table = getattr(getattr(batch, "req_to_token_pool", None), "req_to_token", None)
         if out is None or table is None or len(rows) != len(reqs):
@@ -180,7 +195,7 @@ class SpecBooks:
             bad = [(x, "slot 0" if x == 0 else "free" if x in free else "twice in the batch" if x in seen
                     else f"row {owner[x]}'s" if owner.get(x, i) != i else "not reserved" if x not in owner else "")
                    for x in mine]
-            bad = [b for b in bad if b[1]]
+            bad = [b for b in bad if b[1] and (i not in released or b[1].startswith("row") or b[1] == "twice in the batch")]
             seen.update(mine)
             if bad:
                 self._violation("spec_window_slots_wrong", "first_spec_window_slots_violation",
@@ -252,6 +267,12 @@ class SpecBooks:
 
 
 MAX_WINDOW_REQS = 256  # the requests whose windows are kept (the newest): the run's, not the server's life
+
+
+def _released(req) -> bool:
+    """Finished (its result processed) or retracted, while still a row of the batch being launched."""
+    fin = getattr(req, "finished", None)
+    return bool(getattr(req, "is_retracted", False) or (callable(fin) and fin()))
 
 
 def _crc(ids) -> str:

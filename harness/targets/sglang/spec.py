@@ -98,6 +98,9 @@ RELAY_LEN_WRONG = ("spec_relay_len_wrong", "windows not starting at the length t
                    "published (its start plus its accepted tokens: the relay's new_seq_lens)")
 RELAY_TOKENS_WRONG = ("spec_relay_tokens_wrong", "windows whose drafter spliced from the relay other tokens than "
                       "the request's previous step added (the agent's first: first_spec_relay_tokens_violation)")
+CONTEXT_TWICE = ("spec_context_twice", "windows drafted from a context holding the previous step's tokens twice: "
+                 "spliced from the relay although that step's result was already in the request's tokens (the "
+                 "agent's first: first_spec_context_twice)")
 SLOTS_WRONG = ("spec_window_slots_wrong", "windows writing their drafts' K/V to a slot not reserved for the "
                "request: free, slot 0, another request's, or twice (the agent's first: "
                "first_spec_window_slots_violation)")
@@ -128,6 +131,9 @@ SPEC_ROWS = [
     PathRow("spec_relay_reuse", "a request's first window on a req-pool row (the relay's entry) that a "
             "finished request used before: nothing of the old request's reaches it", ("path_spec_relay_reuse",),
             violations=RELAY_TOKENS_WRONG),
+    PathRow("spec_draft_context", "overlap on: a decode window whose previous step's result was already taken "
+            "(another batch, a prefill, ran between its two decode steps): the drafter must not splice that "
+            "step's tokens from the relay again", ("path_spec_prev_processed",), arm="on", violations=CONTEXT_TWICE),
     PathRow("spec_window_slots", "each window writes its drafts' K/V only to slots reserved for its request "
             "(out_cache_loc: none free, none slot 0, none another request's, none twice)",
             ("path_spec_window_slots",), violations=SLOTS_WRONG),
