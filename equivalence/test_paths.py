@@ -474,6 +474,15 @@ def test_sglang_books_at_idle(sglang_path_run, record_property):
             bad.append(f"overlap {arm}: {e['req_rows_held']} req_to_token row(s) held at idle, {e['pool_leaks']} "
                        f"pool leak(s): {bk.get('first_leak', '')}")
     record_property("books", "; ".join(lines))
+    on, off = sglang_path_run.counts_on, sglang_path_run.counts_off
+    if on.get("spec_verify_steps", 0) or off.get("spec_verify_steps", 0):  # a drafter: every decode step verifies
+        record_property("books", f"with drafts in flight (overlap on): {on.get('path_abort_in_flight', 0)} abort(s), "
+                        f"{on.get('path_retraction', 0)} retraction(s), {on.get('path_finish_in_flight', 0)} finish(es) "
+                        f"with a verify step in flight; {on.get('path_spec_window_released', 0)} window(s) of requests "
+                        "released before their launch")
+        if not (on.get("spec_verify_steps", 0) and off.get("spec_verify_steps", 0)):
+            outcome.not_exercised("not exercised: books with drafts in flight: a verify step on one arm only",
+                                  "books.not_in_flight")
     for what in ("path_abort_in_flight", "path_retraction"):
         if sglang_path_run.counts_on.get(what, 0) <= 0:
             outcome.not_exercised(f"not exercised: {what} (overlap on) before the books were read",
