@@ -35,6 +35,16 @@ def test_the_verdict_names_the_drafter_and_the_cpu_adaptations(tmp_path, monkeyp
     line = t.overlap_summary()
     assert "drafter: NGRAM" in line and "CPU adaptations: overlap kept on" in line
     assert "_disable_overlap_schedule_for_cpu" in line and "target-verify" in line
+    # the accepted lengths of each arm, from the scheduler's facts
+    import json
+    d = t.facts_dir(True)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "sglang-scheduler-1.json").write_text(json.dumps({
+        "role": "sglang-scheduler", "pid": 1, "spec_verify_steps": 2, "spec_drafts_proposed": 12,
+        "spec_drafts_accepted": 3, "path_spec_reservation": 4, "spec_accept_hist": {"1": 2, "2": 1, "3": 1}}))
+    line = t.overlap_summary()
+    assert "acceptance (overlap on): 3 of 12 drafts accepted (25%)" in line
+    assert "accept lengths {1: 2, 2: 1, 3: 1}" in line and "acceptance (overlap off): no draft proposed" in line
 
 
 def test_unknown_config_is_one_line(tmp_path):

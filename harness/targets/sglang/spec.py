@@ -215,6 +215,16 @@ def overlap_line(counts: dict) -> tuple[bool | None, str]:
     return old / judged < MIN_SPEC_SHARE, line
 
 
+def accept_lengths_line(facts: list[dict], arm: str) -> str:
+    """The server's accepted lengths over its life (the scheduler's facts): for the gate's verdict."""
+    from harness.targets.vllm.paths import counts
+    c, hist = counts(facts), {}
+    for f in facts:
+        for k, n in (f.get("spec_accept_hist") or {}).items():
+            hist[int(k)] = hist.get(int(k), 0) + int(n)
+    return acceptance_line(c, arm) + (f"; accept lengths {dict(sorted(hist.items()))}" if hist else "")
+
+
 def windows_of(facts: list[dict]) -> dict:
     """rid -> (request key, [[window signature, accepted signature], ...]) from the scheduler's facts."""
     out = {}

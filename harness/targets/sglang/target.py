@@ -273,7 +273,15 @@ class SglangTarget(EnginePair):
         line += f"\ndrafter: {self.spec.drafter}"
         if self.device == "cpu":
             line += "\nCPU adaptations: " + "; ".join(sglang_spec.CPU_ADAPTATIONS)
-        return line
+        return line + "".join("\n" + sglang_spec.accept_lengths_line(self._facts_of(ov), "on" if ov else "off")
+                               for ov in (True, False))
+
+    def _facts_of(self, overlap: bool) -> list:
+        from harness.agents import plan as planmod
+        try:
+            return planmod.read_facts(str(self.facts_dir(overlap)))
+        except OSError:
+            return []
 
     def overlap_verdict(self, facts, before=None):
         """Judged by the host's order of events (harness.agents.host_order), as on vLLM: each
