@@ -110,6 +110,13 @@ def test_stress_on_sglang_claims_the_known_penalty_divergence_only_with_its_mech
         assert (len(v.known), len(v.new)) == ((1, 0) if known else (0, 1))
         if known:
             assert v.known[0][0] == "sglang-penalty-one-step-old"
+    # a drafter's judgement that is a known stock bug (its counter is its evidence): claimed too
+    from harness.targets.sglang.spec import violation_lines
+    v = Verdict()
+    v.counts_on = {"spec_context_twice": 2}
+    v.new = [Finding("spec", line, ("spec", c), c) for c, line in violation_lines(v.counts_on, {})]
+    claim_sglang(v, NS(requests=[r]), NS(summary={}))
+    assert not v.new and v.known[0][0] == "sglang-ngram-context-twice"
 
 
 def test_the_context_twice_entry_claims_only_its_own_counter():

@@ -213,11 +213,13 @@ def claim_sglang(v: Verdict, case: ServedCase, on_run) -> None:
     evidence = sglang_upstream.evidence_for(case.requests, sglang_upstream.stale_by_request(
         s.get("facts") or [], s.get("facts_before") or []))
     rows = sorted({k.row for k in sglang_upstream.KNOWN})
+    both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
     keep = []
     for f in v.new:
         hit = None
         for row in rows:
-            _, seen, _ = vllm_upstream.classify(row, [f.as_finding()], known=sglang_upstream.KNOWN, evidence=evidence)
+            _, seen, _ = vllm_upstream.classify(row, [f.as_finding()], known=sglang_upstream.KNOWN, counts=both,
+                                                evidence=evidence)
             hit = next((kid for kid, _ in seen), None)
             if hit:
                 break
