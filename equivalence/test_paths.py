@@ -428,20 +428,9 @@ def test_sglang_path(target, row, record_property, request):
 
 
 def _judge_acceptance(row, pr, record_property) -> None:
-    """A drafter's windows on vs off (harness.oracles.spec_steps.compare): while both arms built a
-    request the same windows (start, drafts), the same tokens accepted; the requests whose tokens
-    diverge are left to the token oracle (a near tie decided otherwise changes the windows after)."""
-    from harness.agents.vllm.steps import request_key
-    from harness.targets.sglang.spec import same_windows
-    diverged = {d.rid.split("#")[0] for _, _, divs in divergences(pr.off, pr.on) for d in divs}
-    keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in pr.reqs
-            if r.rid not in diverged and not getattr(r, "abort_after", None)]
-    on, off = pr.spec.get(True, {}), pr.spec.get(False, {})
-    found, compared, parted = spec_steps.compare(on, off, keys)
-    alike = same_windows(on, off, keys)
-    line = (f"spec_acceptance: {alike} window(s) built alike on both arms judged, over {compared} request(s) "
-            f"({len(diverged)} with diverging tokens left out); {parted} request(s) whose windows part between the "
-            f"arms (other drafts: the n-gram trie's state depends on timing)")
+    """A drafter's windows on vs off (harness.targets.sglang.spec.acceptance_verdict)."""
+    from harness.targets.sglang.spec import acceptance_verdict
+    line, found, alike = acceptance_verdict(pr.reqs, pr.off, pr.on, pr.spec.get(True, {}), pr.spec.get(False, {}))
     record_property("spec", line)
     print(line)
     if found:

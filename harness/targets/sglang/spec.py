@@ -246,6 +246,25 @@ def speed_line(counts: dict, wall_s: float, arm: str) -> str:
             f"({steps / wall_s:.2f} steps/s)" if wall_s > 0 else f"speed (overlap {arm}): not timed")
 
 
+def acceptance_verdict(reqs, off_run, on_run, on: dict, off: dict) -> tuple[str, list, int]:
+    """(line, findings, windows judged) of a drafter's windows on vs off (harness.oracles.spec_steps
+    .compare): while both arms built a request the same windows (start, drafts), the same tokens
+    accepted. Requests whose tokens diverge are the token oracle's (a near tie decided otherwise changes
+    the windows after it); aborted ones stop wherever their abort lands."""
+    from harness.agents.vllm.steps import request_key
+    from harness.oracles import spec_steps
+    from harness.oracles.reference import divergences
+    diverged = {d.rid.split("#")[0] for _, _, divs in divergences(off_run, on_run) for d in divs}
+    keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in reqs
+            if r.rid not in diverged and not getattr(r, "abort_after", None)]
+    found, compared, parted = spec_steps.compare(on, off, keys)
+    alike = same_windows(on, off, keys)
+    line = (f"spec_acceptance: {alike} window(s) built alike on both arms judged, over {compared} request(s) "
+            f"({len(diverged)} with diverging tokens left out); {parted} request(s) whose windows part between the "
+            f"arms (other drafts: the n-gram trie's state depends on timing)")
+    return line, found, alike
+
+
 def same_windows(on: dict, off: dict, keys) -> int:
     """How many windows both arms built alike (same start, same drafts), request by request from the
     first until they part: what the acceptance comparison judged (0: not exercised)."""
