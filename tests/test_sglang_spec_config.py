@@ -134,3 +134,19 @@ def test_the_context_twice_entry_claims_only_its_own_counter():
     g = Finding("async on: 1 windows writing their drafts' K/V ... (spec_window_slots_wrong)", "spec_window_slots_wrong")
     new, seen, _ = classify("spec_draft_context", [g], known=sglang_upstream.KNOWN, counts={"spec_context_twice": 3})
     assert new == [g] and not seen
+
+
+def test_stress_leaves_out_the_divergence_of_a_request_sglang_cannot_seed():
+    """Found by stress on the ngram pair (09:03): a temperature-1 request diverged at token 0 (its
+    prefill sample: SGLang samples unseeded here, and verifies greedily on a CPU after it). Not a
+    finding; a greedy request's divergence still is."""
+    from types import SimpleNamespace as NS
+    from harness.engine.request import Request
+    from harness.search.served.judge import Finding, drop_unjudged
+    hot, cold = Request(rid="c1r0", prompt_ids=[1], max_new_tokens=1), Request(rid="c1r1", prompt_ids=[2], max_new_tokens=1)
+    hot.temperature, cold.temperature = 1.0, 0.0
+    target = NS(unseeded_sampling="SGLang samples unseeded here", name="sglang")
+    found = [Finding("divergence", f"request {r} diverges at token 0", ("divergence",), "divergence", r) for r in ("c1r0", "c1r1")]
+    left = drop_unjudged(target, NS(requests=[hot, cold]), found)
+    assert [f.rid for f in left] == ["c1r1"]
+    assert len(drop_unjudged(NS(unseeded_sampling=""), NS(requests=[hot, cold]), found)) == 2
