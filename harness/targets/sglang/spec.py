@@ -181,14 +181,6 @@ def tag(reqs, tok) -> list:
         r = path_request(f"s{i}", token_ids(tok, text), 48, list(SPEC_ROW_NAMES), arrival=i % 2)
         r.temperature = 0.0
         reqs.append(r)
-    # aborts later in the run, besides a0 / a1 (after 4 tokens): a drafter's step gives several tokens
-    # at once, so an early abort can land in an iteration whose launch was a prefill of others (no step
-    # of its own in flight): measured 2 then 0 aborts in flight in two gates; these land mid-decode
-    for i, k in enumerate((10, 20)):
-        r = path_request(f"sa{i}", token_ids(tok, texts[i] + " " + texts[i + 2]), 48, ["abort_in_flight"],
-                         arrival=3 + 2 * i, ignore_eos=True)
-        r.temperature, r.abort_after = 0.0, k
-        reqs.append(r)
     return reqs
 
 
