@@ -163,8 +163,8 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
     if row.violations:  # an invariant the agent checks where the path runs (SGLang's entry 0)
         counter, what = row.violations
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
-            if c.get(counter, 0):
-                out.insert(0, f"async {lab}: {c[counter]} {what} ({counter})")
+            if c.get(counter, 0):  # its code: the counter (what a known entry claims it by)
+                out.insert(0, Finding(f"async {lab}: {c[counter]} {what} ({counter})", counter))
     apart = sorted(drafted_apart & rids)
     if apart:
         print(f"{row.name}: {len(apart)} sampled request(s) drafted for differently by the two arms, their tokens "
@@ -389,21 +389,25 @@ def sglang_path_run(target, tok):
     if getattr(target, "spec", None) is not None:  # a drafter: the speculative rows' requests too
         from harness.targets.sglang import spec as sglang_spec
         reqs = sglang_spec.tag(reqs, tok)
-    runs, cnt, books, stepbooks = {}, {}, {}, {}
+    from harness.targets.sglang.spec import windows_of
+    runs, cnt, books, stepbooks, wins, wall = {}, {}, {}, {}, {}, {}
     for overlap in (False, True):
         target.url(overlap)  # a server on other source patches restarts now: its facts are the ones counted
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
-        before, books_before = sp.counts(facts), steps.books_of(facts)
+        before, books_before, wins_before = sp.counts(facts), steps.books_of(facts), windows_of(facts)
+        t0 = time.monotonic()
         runs[overlap] = target.run(reqs, overlap=overlap)
+        wall[overlap] = time.monotonic() - t0
         books[overlap] = target.idle_books(overlap)  # waits for SGLang's own idle check
         time.sleep(0.3)  # the agent flushes its counters every 0.1 s
         facts = planmod.read_facts(str(target.facts_dir(overlap)))
         cnt[overlap] = sp.delta(before, sp.counts(facts))
         stepbooks[overlap] = steps.new_since(books_before, steps.books_of(facts))
+        wins[overlap] = spec_steps.new_since(wins_before, windows_of(facts))  # a drafter's windows (rids are new)
     on = runs[True].summary  # the per-request evidence of the known entries (overlap on)
     stale = sglang_upstream.stale_by_request(on.get("facts") or [], on.get("facts_before") or [])
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], books=books,
-                      release=target.version, steps=stepbooks, controls={"stale": stale})
+                      release=target.version, steps=stepbooks, controls={"stale": stale, "wall": wall}, spec=wins)
 
 
 def _sglang_rows():
@@ -438,13 +442,38 @@ def test_sglang_path(target, row, record_property, request):
                 if first:
                     record_property("spec", f"async {'on' if overlap else 'off'}: first: {first}")
                     print(f"{row.name}: async {'on' if overlap else 'off'}: first: {first}")
-    if row.name == "spec_verify":  # the drafter's acceptance on each arm, in the gate's report
-        from harness.targets.sglang.spec import acceptance_line
-        for arm, c in (("on", pr.counts_on), ("off", pr.counts_off)):
-            record_property("spec", acceptance_line(c, arm))
-            print(acceptance_line(c, arm))
+                for v in f.get("spec_violations") or ():  # the next few, for the diagnosis (JUnit keeps them)
+                    record_property("spec", f"async {'on' if overlap else 'off'}: {v}")
+    if row.name == "spec_verify":  # the drafter's acceptance and speed on each arm, in the gate's report
+        from harness.targets.sglang.spec import acceptance_line, speed_line
+        for arm, c, ov in (("on", pr.counts_on, True), ("off", pr.counts_off, False)):
+            for line in (acceptance_line(c, arm), speed_line(c, pr.controls.get("wall", {}).get(ov, 0.0), arm)):
+                record_property("spec", line)
+                print(line)
+    if row.name == "spec_overlap":  # overlap judged on the verify steps alone
+        from harness.targets.sglang.spec import overlap_line
+        lost, line = overlap_line(pr.counts_on)
+        record_property("spec", line)
+        print(line)
+        if lost:
+            outcome.fail(f"spec_overlap: overlap lost on the speculative steps: {line}", "overlap.lost")
+    if row.name == "spec_acceptance":
+        _judge_acceptance(row, pr, record_property)
     judge(row, pr, record_property, known=sglang_upstream.KNOWN,
           evidence=sglang_upstream.evidence_for(pr.reqs, pr.controls.get("stale", {})))
+
+
+def _judge_acceptance(row, pr, record_property) -> None:
+    """A drafter's windows on vs off (harness.targets.sglang.spec.acceptance_verdict)."""
+    from harness.targets.sglang.spec import acceptance_verdict
+    line, found, alike = acceptance_verdict(pr.reqs, pr.off, pr.on, pr.spec.get(True, {}), pr.spec.get(False, {}))
+    record_property("spec", line)
+    print(line)
+    if found:
+        outcome.fail(f"spec_acceptance: {found[0]}" + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""),
+                     "spec.acceptance")
+    if not alike:
+        outcome.not_exercised(f"not exercised: {line}", "path.not_run")
 
 
 def test_sglang_steps(target, sglang_path_run, record_property):
@@ -474,6 +503,15 @@ def test_sglang_books_at_idle(sglang_path_run, record_property):
                 bad.append(f"overlap {arm}: {who}{p['req_rows_held']} req_to_token row(s) held at idle, "
                            f"{p['pool_leaks']} pool leak(s): {p.get('first_leak', '')}")
     record_property("books", "; ".join(lines))
+    on, off = sglang_path_run.counts_on, sglang_path_run.counts_off
+    if on.get("spec_verify_steps", 0) or off.get("spec_verify_steps", 0):  # a drafter: every decode step verifies
+        record_property("books", f"with drafts in flight (overlap on): {on.get('path_abort_in_flight', 0)} abort(s), "
+                        f"{on.get('path_retraction', 0)} retraction(s), {on.get('path_finish_in_flight', 0)} finish(es) "
+                        f"with a verify step in flight; {on.get('path_spec_window_released', 0)} window(s) of requests "
+                        "released before their launch")
+        if not (on.get("spec_verify_steps", 0) and off.get("spec_verify_steps", 0)):
+            outcome.not_exercised("not exercised: books with drafts in flight: a verify step on one arm only",
+                                  "books.not_in_flight")
     for what in ("path_abort_in_flight", "path_retraction"):
         if sglang_path_run.counts_on.get(what, 0) <= 0:
             outcome.not_exercised(f"not exercised: {what} (overlap on) before the books were read",

@@ -35,14 +35,24 @@ def test_the_verdict_names_the_drafter_and_the_cpu_adaptations(tmp_path, monkeyp
     line = t.overlap_summary()
     assert "drafter: NGRAM" in line and "CPU adaptations: overlap kept on" in line
     assert "_disable_overlap_schedule_for_cpu" in line and "target-verify" in line
+    # the accepted lengths of each arm, from the scheduler's facts
+    import json
+    d = t.facts_dir(True)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "sglang-scheduler-1.json").write_text(json.dumps({
+        "role": "sglang-scheduler", "pid": 1, "spec_verify_steps": 2, "spec_drafts_proposed": 12,
+        "spec_drafts_accepted": 3, "path_spec_reservation": 4, "spec_accept_hist": {"1": 2, "2": 1, "3": 1}}))
+    line = t.overlap_summary()
+    assert "acceptance (overlap on): 3 of 12 drafts accepted (25%)" in line
+    assert "accept lengths {1: 2, 2: 1, 3: 1}" in line and "acceptance (overlap off): no draft proposed" in line
 
 
 def test_unknown_config_is_one_line(tmp_path):
-    with pytest.raises(ValueError, match="unknown SGLang server configuration 'eagle'; known: ngram"):
+    with pytest.raises(ValueError, match="unknown SGLang server configuration 'eagle'; known: ngram, ngram-chain"):
         make(tmp_path, config="eagle")
     with pytest.raises(SystemExit):
         sglang_spec.parse("bogus", lambda m: SystemExit(m))
-    assert sglang_spec.parse("all", ValueError) == ["ngram"]
+    assert sglang_spec.parse("all", ValueError) == ["ngram", "ngram-chain", "ngram-wide"]
 
 
 def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypatch):
@@ -54,3 +64,89 @@ def test_mutants_list_the_spec_patches_with_the_command_that_runs_them(monkeypat
     assert ran == [()]  # only the correct engine: neither patch runs on the plain pair
     assert m["not_here"]["sglang_spec_bonus_stride"] == ("needs the ngram configuration: check --target sglang "
                                                          "--configs ngram --fault sglang_spec_bonus_stride")
+
+
+def test_stress_draws_the_drafters_as_configurations():
+    """stress --target sglang --configs: default and each drafter's shape (window, tree breadth), one
+    pair a segment; a name it does not know is one line."""
+    from types import SimpleNamespace as NS
+    from harness.commands.stress_served import config_order
+
+    class Bad(Exception):
+        pass
+    names = config_order(NS(target="sglang", configs="all", seed=3), Bad)
+    assert names[0] == "default" and sorted(names[1:]) == sorted(sglang_spec.CONFIGS)
+    assert config_order(NS(target="sglang", configs="ngram,ngram-chain", seed=0), Bad) == ["ngram", "ngram-chain"]
+    assert config_order(NS(target="sglang", configs="all,-default", seed=0), Bad)[0] != "default"
+    assert config_order(NS(target="sglang", configs=None, seed=0), Bad) == []
+    with pytest.raises(Bad, match="unknown SGLang server configuration 'eagle'; known: default, ngram"):
+        config_order(NS(target="sglang", configs="ngram,eagle", seed=0), Bad)
+    chain = sglang_spec.CONFIGS["ngram-chain"]
+    assert "--speculative-num-draft-tokens 3 --speculative-ngram-max-bfs-breadth 1" in chain.flags()
+
+
+def test_a_fired_judgement_is_a_stress_finding():
+    lines = sglang_spec.violation_lines({"spec_past_reservation": 3, "spec_bonus_wrong": 0}, {"spec_relay_len_wrong": 1})
+    assert [c for c, _ in lines] == ["spec_past_reservation", "spec_relay_len_wrong"]
+    assert lines[0][1].startswith("overlap on: 3 verify windows running past")
+    assert sglang_spec.violation_lines({}, {}) == []
+
+
+def test_stress_on_sglang_claims_the_known_penalty_divergence_only_with_its_mechanism():
+    """A drafter's penalised requests diverge on stock (sglang-penalty-one-step-old): stress on SGLang
+    reports it KNOWN where the agent counted the stale penalty token for that request, new where not."""
+    from types import SimpleNamespace as NS
+    from harness.agents.vllm.steps import request_key
+    from harness.engine.request import Request
+    from harness.search.served.judge import Finding, Verdict, claim_sglang
+    r = Request(rid="c0r0", prompt_ids=[1, 2, 3], max_new_tokens=8)
+    key = request_key(r.prompt_ids, 8)
+    for stale, known in ((2, True), (0, False)):
+        v = Verdict()
+        v.new = [Finding("divergence", "request c0r0 diverges at token 3 (clear winner): off [1] vs on [2]",
+                         ("divergence",), "divergence", "c0r0")]
+        run = NS(summary={"facts": [{"penalty_stale_by_req": {key: stale}}], "facts_before": []})
+        claim_sglang(v, NS(requests=[r]), run)
+        assert (len(v.known), len(v.new)) == ((1, 0) if known else (0, 1))
+        if known:
+            assert v.known[0][0] == "sglang-penalty-one-step-old"
+    # a drafter's judgement that is a known stock bug (its counter is its evidence): claimed too
+    from harness.targets.sglang.spec import violation_lines
+    v = Verdict()
+    v.counts_on = {"spec_context_twice": 2}
+    v.new = [Finding("spec", line, ("spec", c), c) for c, line in violation_lines(v.counts_on, {})]
+    claim_sglang(v, NS(requests=[r]), NS(summary={}))
+    assert not v.new and v.known[0][0] == "sglang-ngram-context-twice"
+
+
+def test_the_context_twice_entry_claims_only_its_own_counter():
+    """sglang-ngram-context-twice (stock 0.5.23, reported by us) claims the spec_draft_context row's
+    finding by its code, with the agent's counter above 0; another counter's finding stays new."""
+    import os
+    from harness.targets.sglang import upstream as sglang_upstream
+    from harness.targets.vllm.upstream import classify
+    from harness.verdict import Finding
+    entry = next(k for k in sglang_upstream.KNOWN if k.id == "sglang-ngram-context-twice")
+    assert os.path.isfile(entry.reproducer)
+    f = Finding("async on: 3 windows drafted from a context holding ... (spec_context_twice)", "spec_context_twice")
+    new, seen, _ = classify("spec_draft_context", [f], known=sglang_upstream.KNOWN, counts={"spec_context_twice": 3})
+    assert not new and seen[0][0] == "sglang-ngram-context-twice"
+    g = Finding("async on: 1 windows writing their drafts' K/V ... (spec_window_slots_wrong)", "spec_window_slots_wrong")
+    new, seen, _ = classify("spec_draft_context", [g], known=sglang_upstream.KNOWN, counts={"spec_context_twice": 3})
+    assert new == [g] and not seen
+
+
+def test_stress_leaves_out_the_divergence_of_a_request_sglang_cannot_seed():
+    """Found by stress on the ngram pair (09:03): a temperature-1 request diverged at token 0 (its
+    prefill sample: SGLang samples unseeded here, and verifies greedily on a CPU after it). Not a
+    finding; a greedy request's divergence still is."""
+    from types import SimpleNamespace as NS
+    from harness.engine.request import Request
+    from harness.search.served.judge import Finding, drop_unjudged
+    hot, cold = Request(rid="c1r0", prompt_ids=[1], max_new_tokens=1), Request(rid="c1r1", prompt_ids=[2], max_new_tokens=1)
+    hot.temperature, cold.temperature = 1.0, 0.0
+    target = NS(unseeded_sampling="SGLang samples unseeded here", name="sglang")
+    found = [Finding("divergence", f"request {r} diverges at token 0", ("divergence",), "divergence", r) for r in ("c1r0", "c1r1")]
+    left = drop_unjudged(target, NS(requests=[hot, cold]), found)
+    assert [f.rid for f in left] == ["c1r1"]
+    assert len(drop_unjudged(NS(unseeded_sampling=""), NS(requests=[hot, cold]), found)) == 2

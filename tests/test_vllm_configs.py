@@ -115,7 +115,7 @@ def test_names_parse_pin_exclude_and_refuse_in_one_line():
     (["stress", "--target", "vllm", "--config-minutes", "0"], "--config-minutes must be a positive number"),
     (["stress", "--configs", "one-seq"], "--configs applies to a served target"),
     (["stress", "--target", "openai", "--url", "a", "--url-off", "b", "--configs", "one-seq"],
-     "--configs applies to --target vllm only"),
+     "--configs applies to --target vllm or sglang only"),
     (["check", "--target", "vllm", "--configs", "nope"], "unknown server configuration 'nope'"),
     (["check", "--configs", "all"], "--configs applies to --target vllm or sglang"),
 ])

@@ -66,9 +66,17 @@ def config_order(a, bad) -> list[str]:
     import random
     from harness.targets.vllm import configs as vllm_configs
     spec = getattr(a, "configs", None)
+    if a.target == "sglang" and spec:  # SGLang's: default and its drafters (harness/targets/sglang/spec.py)
+        from harness.targets.sglang import spec as sglang_spec
+        names = sglang_spec.stress_order(spec, bad)
+        if spec.strip() == "all" or spec.strip().startswith(("-", "all,")):
+            rest = [n for n in names if n != "default"]
+            random.Random(a.seed).shuffle(rest)
+            names = [n for n in names if n == "default"] + rest
+        return names
     if a.target != "vllm":
         if spec:
-            raise bad(f"--configs applies to --target vllm only (not {a.target})")
+            raise bad(f"--configs applies to --target vllm or sglang only (not {a.target})")
         return []
     rng = random.Random(getattr(a, "seed", 0))  # replay has no --seed: it pins its configuration
     if spec and spec.strip() == "spec":  # drafters only: a drafter and its k drawn for each of them
@@ -106,7 +114,7 @@ def make_served(a, bad, pairs):
             return t, t.tokenizer(), t.version
         if a.target == "sglang":  # SGLang 0.5.23 (CPU backend here): judged black-box, as an OpenAI pair
             from harness.agents.sglang.points import WRITTEN_AGAINST
-            t = pairs.get("sglang", frozenset(a.fault))
+            t = pairs.get("sglang", frozenset(a.fault), config=(config_order(a, bad) or [None])[0])
             t.start()
             return t, t.tokenizer(), WRITTEN_AGAINST
         from harness.targets.openai_pair import OpenAIPair
@@ -144,7 +152,7 @@ def cmd_stress_served(a, bad, term) -> int:
           + f", {a.minutes:g} min, {a.cases_per_run} case(s) a run, faults {', '.join(sorted(a.fault)) or 'none'}"
           + (f", vLLM {a.vllm_version}" if a.vllm_version else "")
           + (f", server configurations {', '.join(config_order(a, bad))} (a segment of {a.config_minutes:g} min each)"
-             if a.target == "vllm" else "") + f", out {a.out}; starting the servers",
+             if config_order(a, bad) else "") + f", out {a.out}; starting the servers",
           file=sys.stderr, flush=True)
     s = None
     pairs = served_pairs(a, bad, vllm)
@@ -155,13 +163,13 @@ def cmd_stress_served(a, bad, term) -> int:
 
         def switch(name):  # one pair alive at a time: the last configuration's servers stop first
             pairs.close()
-            nt = pairs.get("vllm", frozenset(a.fault), config=name)
+            nt = pairs.get(a.target, frozenset(a.fault), config=name)
             nt.start()
             return nt
         s = ServedStress(t, tok, seconds=a.minutes * 60, seed=a.seed, shard=shard, cases=a.cases_per_run,
                          shrink_seconds=a.shrink_minutes * 60, out=a.out, version=version, agent=agent,
                          vllm=agent, max_findings=a.max_findings, patches=a.fault, progress=_printer(),
-                         configs=configs, switch=switch if agent else None,
+                         configs=configs, switch=switch if agent or a.target == "sglang" else None,
                          segment_seconds=getattr(a, "config_minutes", 2.0) * 60)
         try:
             res = s.run()
@@ -211,7 +219,10 @@ def cmd_replay_served(a, bad) -> int:
     cfg = h.get("config") or vllm_configs.DEFAULT
     if a.target == "vllm" and not vllm_configs.known(cfg):
         raise bad(f"bad reproducer: {a.file} names server configuration {cfg!r}; known: {', '.join(vllm_configs.CONFIGS)}")
-    a.configs = cfg if a.target == "vllm" else None
+    a.configs = cfg if a.target == "vllm" else h.get("config") if a.target == "sglang" else None
+    if a.target == "sglang" and a.configs:  # the drafter it was found with (shrinking kept it)
+        from harness.targets.sglang import spec as sglang_spec
+        sglang_spec.stress_order(a.configs, lambda m: bad(f"bad reproducer: {a.file}: {m}"))
     bisecting = bool(getattr(a, "vllm_python", None))  # the vLLM is the checkout's, at whatever commit
     if not bisecting:
         a.vllm_version = a.vllm_version or h.get("vllm_version")
@@ -292,7 +303,8 @@ def add_flags(s) -> None:
                    help="vllm: the server configurations to draw, one per segment of runs (harness/targets/"
                         "vllm/configs.py, docs/vllm-configs.md): NAME,... pins them, all,-NAME,... excludes them "
                         "(default all, the default configuration first); spec: drafters only, each segment's "
-                        "drafter and num_speculative_tokens drawn (spec-<drafter>-k<k>)")
+                        "drafter and num_speculative_tokens drawn (spec-<drafter>-k<k>); sglang: default and its "
+                        "drafters (harness/targets/sglang/spec.py: ngram, ngram-chain, ngram-wide; default: none)")
     s.add_argument("--config-minutes", type=float, default=2.0,
                    help="vllm: minutes of runs per configuration before the next is drawn (default 2; a "
                         "pair takes about a minute to start)")

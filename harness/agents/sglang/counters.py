@@ -102,11 +102,17 @@ def penalty_cumulate(agent, orig):
         # with a penalty that reads token ids uses it (issue 44: a request batched with a penalised
         # one is not evidence), so only those are counted
         try:
-            seq = [int(x) for x in self.seq_lens_cpu.tolist()]
-            for r, n in zip(self.reqs, seq):
-                if not reads_token_penalties(r):
-                    continue
-                if len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n:
+            spec = getattr(agent, "spec", None)
+            if spec is not None:
+                # a drafter's batch (a step adds 1..n tokens; spec v2's host lengths are the CPU's
+                # count): its books know whose latest step is still in flight (agents/sglang/spec.py)
+                stale = [spec.unprocessed(r) for r in self.reqs]
+            else:
+                seq = [int(x) for x in self.seq_lens_cpu.tolist()]
+                stale = [len(getattr(r, "origin_input_ids", ()) or ()) + len(getattr(r, "output_ids", ())) <= n
+                         for r, n in zip(self.reqs, seq)]
+            for r, old in zip(self.reqs, stale):
+                if old and reads_token_penalties(r):
                     facts.add("penalty_stale_tokens")
                     key = client_key(r)
                     if key:

@@ -131,8 +131,11 @@ def result_wait(agent, orig):
         done = getattr(result, "copy_done", None)
         if step is not None:
             host.wait_start(step)
-            if agent.last_step is not None and agent.last_step > step:
+            old = agent.last_step is not None and agent.last_step > step
+            if old:
                 facts.add("path_one_step_old")  # step N's result taken after N+1 was launched
+            if getattr(agent, "spec", None) is not None:
+                _spec_result(facts, batch, old)
             if done is not None:  # the wait ends when the copy-done event is passed
                 result.copy_done = _TimedDone(done, host, step)
         try:
@@ -146,6 +149,20 @@ def result_wait(agent, orig):
             if agent.steps is not None:
                 agent.steps.processed(reqs)
     return process_batch_result
+
+
+def _spec_result(facts, batch, old: bool) -> None:
+    """A drafter's verify result taken: one step old (after the next step's launch) or not; a
+    grammar batch's counted apart (NGRAM syncs on it by design: is_disable_overlap_for_batch)."""
+    try:
+        if batch.spec_algorithm.is_none() or not batch.forward_mode.is_decode():
+            return
+        sync = batch.grammar_needs_sync()
+    except AttributeError:
+        return
+    facts.add("spec_results_sync" if sync else "spec_results")
+    if old and not sync:
+        facts.add("path_spec_one_step_old")
 
 
 class _TimedDone:

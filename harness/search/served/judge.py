@@ -117,7 +117,9 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
         # a server lost in an earlier case (or on other source patches) starts here, not inside
         # the run's bound, and before its facts are read: those of a stopped server count nothing
         target.url(overlap)
-        facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent else []
+        # a drafter's judgements (SGLang's agent, harness/agents/sglang/spec.py) are read with or without the rest
+        spec = bool(getattr(target, "spec", None)) and hasattr(target, "facts_dir")
+        facts = planmod.read_facts(str(target.facts_dir(overlap))) if agent or spec else []
         before, books_before = vp.counts(facts), steps.books_of(facts)
         spec_before, verified_before = spec_steps.accepted_of(facts), spec_steps.verified_of(facts)
         if case.controls:
@@ -134,6 +136,9 @@ def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict
     except TargetHang as e:
         return {"error": Finding("hang", f"async {arm}: {e}"[:400], ("hang", arm))}
     out = {"run": run, "controls": got}
+    if spec and not agent:
+        time.sleep(0.3)  # the agent flushes its counters every 0.1 s
+        out["counts"] = vp.delta(before, vp.counts(planmod.read_facts(str(target.facts_dir(overlap)))))
     if agent:
         out["books"] = target.idle_books(overlap)
         time.sleep(0.1)  # the agent flushes its counters every 0.1 s
@@ -188,6 +193,11 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         arms = {False: {**arms[False], "run": off_run, "cut": cut}, True: {**arms[True], "run": on_run, "cut": cut}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
         v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
+        v.new = drop_unjudged(target, case, v.new)
+        if getattr(target, "spec", None):  # a drafter's invariants, judged inside the scheduler
+            from harness.targets.sglang.spec import violation_lines
+            v.new += [Finding("spec", line, ("spec", counter), counter)
+                      for counter, line in violation_lines(arms[True].get("counts", {}), arms[False].get("counts", {}))]
         if agent:
             v.feature_overlap, v.overlap_total = feature_overlap(case, arms[True].get("steps") or {})
         v.effects = _effects(target, case, raw_off, cut, v) if claims else {}
@@ -197,6 +207,8 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         for a in arms.values():
             if "counts" in a:
                 v.counts_on = a["counts"]
+    if getattr(target, "name", "") == "sglang" and not errors:
+        claim_sglang(v, case, arms[True]["run"])
     runner = getattr(target, "runner", None)
     _classify(v, version, runner)
     if claims and v.claimed:
@@ -204,6 +216,43 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         served_claims.test(lambda c: judge(target, c, version, agent, claims=False), case, v, version, runner)
     v.seconds = time.monotonic() - t0
     return v
+
+
+def drop_unjudged(target, case: ServedCase, found: list) -> list:
+    """The divergences of requests whose tokens this target cannot compare across the arms (SGLang
+    samples a temperature > 0 request unseeded here: harness.oracles.reference.unjudged) are not
+    findings; their records are still judged. (On a CPU with a drafter SGLang verifies greedily, so
+    only such a request's first token is sampled: the one it diverged on, found by stress.)"""
+    from harness.oracles.reference import unjudged
+    rids, _ = unjudged(target, case.requests)
+    return [f for f in found if not (f.kind == "divergence" and f.rid in rids)]
+
+
+def claim_sglang(v: Verdict, case: ServedCase, on_run) -> None:
+    """SGLang's known-upstream entries (harness.targets.sglang.upstream) claim a finding only with
+    their mechanism counted for its request in this run, overlap on (the agent's facts the Run keeps)."""
+    from harness.targets.sglang import upstream as sglang_upstream
+    from harness.targets.vllm import upstream as vllm_upstream
+    s = getattr(on_run, "summary", None) or {}
+    evidence = sglang_upstream.evidence_for(case.requests, sglang_upstream.stale_by_request(
+        s.get("facts") or [], s.get("facts_before") or []))
+    rows = sorted({k.row for k in sglang_upstream.KNOWN})
+    both = {k: v.counts_on.get(k, 0) + v.counts_off.get(k, 0) for k in set(v.counts_on) | set(v.counts_off)}
+    keep = []
+    for f in v.new:
+        hit = None
+        for row in rows:
+            _, seen, _ = vllm_upstream.classify(row, [f.as_finding()], known=sglang_upstream.KNOWN, counts=both,
+                                                evidence=evidence)
+            hit = next((kid for kid, _ in seen), None)
+            if hit:
+                break
+        if hit:
+            v.known.append((hit, f.summary))
+            v.claimed.append((hit, f))  # tested without its trigger too (harness.search.served.claims)
+        else:
+            keep.append(f)
+    v.new = keep
 
 
 def _effects(target, case, off_run, cut, v: Verdict) -> dict:

@@ -39,12 +39,27 @@ BFS_BREADTH = 2
 GRAPH_RUNNER_REFUSES = ("SGLang's CPU graph runner refuses a drafter (model_executor/cpu_graph_runner.py:663 "
                         "asserts spec_algorithm.is_none()): no decode batch is padded, so no padded row reads entry 0")
 
+# measured 0/0 in the gate (07:58): NGRAM has no grammar overlap, so no delayed sample
+GRAMMAR_SYNC = ("NGRAM takes a grammar batch synchronously (speculative/spec_info.py supports_grammar_overlap is "
+                "False for it, so Scheduler.is_disable_overlap_for_batch processes the previous result first): no "
+                "step is launched before the previous token reached the grammar")
+
+
+def _ngram(name: str, tokens: int, breadth: int, why: str) -> SglangConfig:
+    return SglangConfig(name, f"NGRAM (SGLang's n-gram trie, no draft model; window {tokens}: the bonus token and "
+                        f"{tokens - 1} drafts, tree breadth {breadth}{why}; greedy verify: SGLang verifies greedily on "
+                        "a CPU whatever the temperature, eagle_utils._verify_uses_greedy)",
+                        ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(tokens),
+                         "--speculative-ngram-max-bfs-breadth", str(breadth)),
+                        absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES), ("grammar_delayed_sample", GRAMMAR_SYNC)))
+
+
+# the drafter's shape is part of the configuration stress draws (one pair start each): the gate's
+# window of 4 in a tree of breadth 2; a chain of 3 (breadth 1: one window = 3 slots); a wide tree of 8
 CONFIGS = {c.name: c for c in [
-    SglangConfig("ngram", f"NGRAM (SGLang's n-gram trie, no draft model; window {DRAFT_TOKENS}: the bonus token and "
-                 f"{DRAFT_TOKENS - 1} drafts, tree breadth {BFS_BREADTH}; greedy verify)",
-                 ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(DRAFT_TOKENS),
-                  "--speculative-ngram-max-bfs-breadth", str(BFS_BREADTH)),
-                 absent=(("relay_entry_0", GRAPH_RUNNER_REFUSES),)),
+    _ngram("ngram", DRAFT_TOKENS, BFS_BREADTH, ""),
+    _ngram("ngram-chain", 3, 1, " (a chain)"),
+    _ngram("ngram-wide", 8, 4, ""),
     # beyond one worker (issue 45): a scheduler process per rank, each with its own pool and rows;
     # no drafter ("" drafter). One core per rank: SGLang's CPU backend binds each rank's OpenMP
     # threads to the cores SGLANG_CPU_OMP_THREADS_BIND names, "|" between ranks
@@ -52,6 +67,24 @@ CONFIGS = {c.name: c for c in [
                                                     "runner (a torch.compile per rank): no batch is padded"),),
                  env=("SGLANG_CPU_OMP_THREADS_BIND=0|1",), model="split"),
 ]}
+
+
+def stress_order(spec: str, error) -> list[str]:
+    """stress's --configs for SGLang: NAME,...|all|all,-NAME,...; NAME: default (no drafter) or a
+    drafter's configuration."""
+    known = ["default", *CONFIGS]
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if parts and (parts[0] == "all" or parts[0].startswith("-")):
+        drop = {p[1:] for p in parts if p.startswith("-")}
+        # all: default and the drafters; a configuration of several ranks (tp2) only when named
+        names = [n for n in known if n not in drop and (n == "default" or CONFIGS[n].drafter)]
+        bad = [p for p in parts[1 if parts[0] == "all" else 0:] if not p.startswith("-")] + sorted(drop - set(known))
+    else:
+        names, bad = parts, [p for p in parts if p not in known]
+    if bad or not names:
+        raise error(f"unknown SGLang server configuration {', '.join(bad) or spec!r}; known: {', '.join(known)}")
+    return names
+
 
 CPU_ADAPTATIONS = (
     "overlap kept on with a drafter (SGLang 0.5.23 turns it off on CPU: "
@@ -79,6 +112,17 @@ PAST_RESERVATION = ("spec_past_reservation", "verify windows running past the sl
 BONUS_WRONG = ("spec_bonus_wrong", "windows whose first token is not the last token the previous step "
                "accepted for that request (the agent's first: first_spec_bonus_violation)")
 
+RELAY_LEN_WRONG = ("spec_relay_len_wrong", "windows not starting at the length the request's previous step "
+                   "published (its start plus its accepted tokens: the relay's new_seq_lens)")
+RELAY_TOKENS_WRONG = ("spec_relay_tokens_wrong", "windows whose drafter spliced from the relay other tokens than "
+                      "the request's previous step added (the agent's first: first_spec_relay_tokens_violation)")
+CONTEXT_TWICE = ("spec_context_twice", "windows drafted from a context holding the previous step's tokens twice: "
+                 "spliced from the relay although that step's result was already in the request's tokens (the "
+                 "agent's first: first_spec_context_twice)")
+SLOTS_WRONG = ("spec_window_slots_wrong", "windows writing their drafts' K/V to a slot not reserved for the "
+               "request: free, slot 0, another request's, or twice (the agent's first: "
+               "first_spec_window_slots_violation)")
+
 SPEC_ROWS = [
     PathRow("spec_verify", "decode steps verify a window of drafts a request (the drafter's verify pass)",
             ("spec_verify_steps",)),
@@ -96,8 +140,43 @@ SPEC_ROWS = [
             ("path_spec_bonus",), violations=BONUS_WRONG),
     PathRow("spec_bonus_batched", "the same, for the rows after the first of a batch of several (where a "
             "stride error shows)", ("path_spec_bonus_batched",), violations=BONUS_WRONG),
+    PathRow("spec_relay_len", "each window starts at the length the request's previous step published (the "
+            "relay's new_seq_lens: its start plus its accepted tokens; after a prefill, the prefill's length)",
+            ("path_spec_relay_len",), violations=RELAY_LEN_WRONG),
+    PathRow("spec_relay_tokens", "overlap on: the drafter splices the previous step's accepted tokens from the "
+            "relay (FutureMap's NGRAM rows, by req-pool row), not yet in the request's tokens: they must be "
+            "exactly what that step added", ("path_spec_relay_tokens",), arm="on", violations=RELAY_TOKENS_WRONG),
+    PathRow("spec_relay_reuse", "a request's first window on a req-pool row (the relay's entry) that a "
+            "finished request used before: nothing of the old request's reaches it", ("path_spec_relay_reuse",),
+            violations=RELAY_TOKENS_WRONG),
+    PathRow("spec_draft_context", "overlap on: a decode window whose previous step's result was already taken "
+            "(another batch, a prefill, ran between its two decode steps): the drafter must not splice that "
+            "step's tokens from the relay again", ("path_spec_prev_processed",), arm="on", violations=CONTEXT_TWICE),
+    PathRow("spec_window_slots", "each window writes its drafts' K/V only to slots reserved for its request "
+            "(out_cache_loc: none free, none slot 0, none another request's, none twice)",
+            ("path_spec_window_slots",), violations=SLOTS_WRONG),
+    PathRow("spec_retraction", "the pool cannot keep two windows reserved for every running request: SGLang "
+            "retracts (check_decode_mem counts the spec reservation) and no window runs past what is left",
+            ("path_retraction",), violations=PAST_RESERVATION),
+    PathRow("spec_overlap", "overlap on: each verify step's result is taken after the next step was launched "
+            "(grammar batches apart: NGRAM syncs on them by design); judged on its share",
+            ("path_spec_one_step_old",), arm="on"),
+    PathRow("spec_acceptance", "a request's windows, on vs off: where both arms built the same window (start, "
+            "drafts), it accepts the same tokens (requests whose tokens diverge are the token oracle's)",
+            ("spec_verify_steps",)),
 ]
 SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
+
+
+def violation_lines(on: dict, off: dict) -> list[tuple[str, str]]:
+    """(counter, line) for each speculative judgement of the agent that fired on either arm (counter
+    deltas of a run): what stress reports as a finding of a drafter's configuration."""
+    out = []
+    for counter, what in dict.fromkeys(r.violations for r in SPEC_ROWS if r.violations):
+        for arm, c in (("on", on), ("off", off)):
+            if c.get(counter, 0) > 0:
+                out.append((counter, f"overlap {arm}: {c[counter]} {what}"))
+    return out
 
 
 def tag(reqs, tok) -> list:
@@ -134,3 +213,83 @@ def acceptance_line(counts: dict, arm: str) -> str:
 STEPS_WITH_DRAFTER = ("the steps oracle counts one token a step; a drafter's step gives 1 to n tokens a request and "
                       "the accepted lengths differ between the arms (the n-gram trie's state depends on timing), so "
                       "step counts are not comparable")
+
+
+# overlap on the speculative steps: below this share of verify results taken one step old (after the
+# next launch), over at least MIN_SPEC_RESULTS of them, the overlap is lost there (the tail of a run,
+# where no next step exists, and grammar batches are the only ones SGLang takes at once)
+MIN_SPEC_SHARE = 0.5
+MIN_SPEC_RESULTS = 20
+
+
+def overlap_line(counts: dict) -> tuple[bool | None, str]:
+    """(lost?, line) for the speculative steps of the overlap-on arm; None: too few to judge."""
+    judged, old = counts.get("spec_results", 0), counts.get("path_spec_one_step_old", 0)
+    sync = counts.get("spec_results_sync", 0)
+    line = (f"overlap on the speculative steps: {old} of {judged} verify results taken after the next launch"
+            + (f" ({old / judged:.0%})" if judged else "") + f"; {sync} grammar batches taken at once (by design)")
+    if judged < MIN_SPEC_RESULTS:
+        return None, line + f": too few to judge (< {MIN_SPEC_RESULTS})"
+    return old / judged < MIN_SPEC_SHARE, line
+
+
+def accept_lengths_line(facts: list[dict], arm: str) -> str:
+    """The server's accepted lengths over its life (the scheduler's facts): for the gate's verdict."""
+    from harness.targets.vllm.paths import counts
+    c, hist = counts(facts), {}
+    for f in facts:
+        for k, n in (f.get("spec_accept_hist") or {}).items():
+            hist[int(k)] = hist.get(int(k), 0) + int(n)
+    return acceptance_line(c, arm) + (f"; accept lengths {dict(sorted(hist.items()))}" if hist else "")
+
+
+def windows_of(facts: list[dict]) -> dict:
+    """rid -> (request key, [[window signature, accepted signature], ...]) from the scheduler's facts."""
+    out = {}
+    for f in facts:
+        for rid, (key, wins) in (f.get("spec_windows") or {}).items():
+            out[rid] = (key, [tuple(w) for w in wins])
+    return out
+
+
+def speed_line(counts: dict, wall_s: float, arm: str) -> str:
+    steps = counts.get("spec_verify_steps", 0)
+    return (f"speed (overlap {arm}): {steps} verify steps in {wall_s:.1f} s of the path workload "
+            f"({steps / wall_s:.2f} steps/s)" if wall_s > 0 else f"speed (overlap {arm}): not timed")
+
+
+def acceptance_verdict(reqs, off_run, on_run, on: dict, off: dict) -> tuple[str, list, int]:
+    """(line, findings, windows judged) of a drafter's windows on vs off (harness.oracles.spec_steps
+    .compare): while both arms built a request the same windows (start, drafts), the same tokens
+    accepted. Requests whose tokens diverge are the token oracle's (a near tie decided otherwise changes
+    the windows after it); aborted ones stop wherever their abort lands."""
+    from harness.agents.vllm.steps import request_key
+    from harness.oracles import spec_steps
+    from harness.oracles.reference import divergences
+    diverged = {d.rid.split("#")[0] for _, _, divs in divergences(off_run, on_run) for d in divs}
+    keys = [request_key(r.prompt_ids, r.max_new_tokens) for r in reqs
+            if r.rid not in diverged and not getattr(r, "abort_after", None)]
+    found, compared, parted = spec_steps.compare(on, off, keys)
+    alike = same_windows(on, off, keys)
+    line = (f"spec_acceptance: {alike} window(s) built alike on both arms judged, over {compared} request(s) "
+            f"({len(diverged)} with diverging tokens left out); {parted} request(s) whose windows part between the "
+            f"arms (other drafts: the n-gram trie's state depends on timing)")
+    return line, found, alike
+
+
+def same_windows(on: dict, off: dict, keys) -> int:
+    """How many windows both arms built alike (same start, same drafts), request by request from the
+    first until they part: what the acceptance comparison judged (0: not exercised)."""
+    def by_key(acc):
+        out: dict = {}
+        for key, wins in acc.values():
+            out.setdefault(key, []).append(wins)
+        return {k: sorted(v) for k, v in out.items()}
+    a, b, n = by_key(on), by_key(off), 0
+    for key in set(keys):
+        for w_on, w_off in zip(a.get(key, ()), b.get(key, ())):
+            for (k, _), (k2, _) in zip(w_on, w_off):
+                if k != k2:
+                    break
+                n += 1
+    return n

@@ -121,6 +121,7 @@ class SglangTarget(EnginePair):
                     model, self.paths = c.model, True  # SmolLM2's tokenizer: the path workload runs on it
             if cpu_graphs is None:
                 cpu_graphs = False  # see sglang_spec.CONFIGS: the CPU graph runner and a verify pass
+        self.config = self.spec  # what stress and its reproducers name (harness.search.served: .config.name)
         # the CPU graph runner (padding, entry 0): the path pair's by default (its relay_entry_0 row)
         self.cpu_graphs = (self.paths and self.device == "cpu") if cpu_graphs is None else cpu_graphs
         if self.paths or self.arith:
@@ -281,7 +282,15 @@ class SglangTarget(EnginePair):
         line += f"\ndrafter: {self.spec.drafter}"
         if self.device == "cpu":
             line += "\nCPU adaptations: " + "; ".join(sglang_spec.CPU_ADAPTATIONS)
-        return line
+        return line + "".join("\n" + sglang_spec.accept_lengths_line(self._facts_of(ov), "on" if ov else "off")
+                               for ov in (True, False))
+
+    def _facts_of(self, overlap: bool) -> list:
+        from harness.agents import plan as planmod
+        try:
+            return planmod.read_facts(str(self.facts_dir(overlap)))
+        except OSError:
+            return []
 
     def overlap_verdict(self, facts, before=None):
         """Judged by the host's order of events (harness.agents.host_order), as on vLLM: each

@@ -32,6 +32,22 @@ KNOWN: list[KnownUpstream] = [
         "fixtures/sglang_upstream/penalty_one_step_old.json",
         codes=("divergence",), request_evidence=PENALTY_STALE,
         cause=Trigger(fields=(("repetition_penalty", 1.0), ("frequency_penalty", None), ("presence_penalty", None)))),
+    # read in 0.5.23's source: ngram_worker._prepare_draft_tokens splices the relay's accepted tokens
+    # whenever the overlap is on and the batch needs no grammar sync; the relay row of a request keeps
+    # its last step's tokens until its next step writes it, so when that result was processed before
+    # the draft (another batch ran between the request's two steps) they are in output_ids already
+    KnownUpstream(
+        "sglang-ngram-context-twice", "spec_draft_context",
+        "SGLang's NGRAM drafter, overlap on: before each decode step it appends the previous step's accepted "
+        "tokens, read from the relay (FutureMap), to the request's tokens, assuming that step's result is "
+        "not processed yet; when another batch (a prefill of newer requests) ran between the request's two "
+        "steps, the result was processed and the tokens are already there: the drafter looks up and inserts "
+        "into its trie a context with that run twice (drafts worse; the verified tokens stay right)",
+        "none found (searched sgl-project/sglang's issues and pull requests: the splice came with "
+        "sgl-project/sglang#17260, NGRAM on spec v2; sgl-project/sglang#22332, open, reworks NGRAM's drafts); "
+        "to report, with fixtures/sglang_upstream/ngram_context_twice.json",
+        "fixtures/sglang_upstream/ngram_context_twice.json",
+        codes=("spec_context_twice",), evidence="spec_context_twice"),
 ]
 
 
