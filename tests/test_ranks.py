@@ -215,7 +215,10 @@ def test_the_multi_worker_configurations_are_named_only():
         vc.resolve("pp2-v1")  # vLLM's own refusal, one line
     assert vc.resolve("pp2-v1", faults={"v1_pp_async_allowed"}).name == "pp2-v1"  # lifted by its patch only
     from harness.targets.sglang import spec as sglang_spec
-    assert sglang_spec.parse("all", ValueError) == ["ngram"] and sglang_spec.parse("tp2", ValueError) == ["tp2"]
+    every = sglang_spec.parse("all", ValueError)
+    assert "tp2" not in every and every and all(sglang_spec.CONFIGS[n].drafter for n in every)  # the drafters
+    assert sglang_spec.parse("tp2", ValueError) == ["tp2"]
+    assert "tp2" not in sglang_spec.stress_order("all", ValueError) and sglang_spec.stress_order("tp2", ValueError) == ["tp2"]
 
 
 def test_each_multi_worker_patch_names_its_configuration():
