@@ -101,6 +101,31 @@ def _by_key(acc: dict) -> dict:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def compare(on: dict, off: dict, keys) -> tuple[list[str], int, int]:
+    """(findings, requests compared, requests whose draft counts part between the arms) over the
+    request keys `keys` (the greedy requests). Window by window from the first: while both arms gave
+    the request the same number of drafts and accepted the same so far, the accepted lengths must
+    match; the first window with other draft counts ends the comparable part (the schedules parted:
+    the token budget trimmed drafts, a preemption recomputed). Sound where the drafter's drafts
+    follow from the tokens alone (SGLang's NGRAM: a trie lookup; harness.targets.sglang.spec); a
+    draft model's batched argmax may flip at near ties between the arms, so vLLM's windows are
+    judged per arm instead (verify_findings)."""
+    findings, compared, parted = [], 0, 0
+    for key, w_on, w_off in _pairs(on, off, keys):
+        compared += 1
+        for i, ((k, x), (k2, y)) in enumerate(zip(w_on, w_off)):
+            if k != k2:
+                parted += 1
+                break
+            if x != y:
+                findings.append(f"request {key}: window {i} ({k} drafts) accepted {x} async on, {y} off "
+                                f"(on {[x for _, x in w_on][:12]}, off {[y for _, y in w_off][:12]})")
+                break
+    return findings, compared, parted
+
+
+
+
 def parted_keys(on: dict, off: dict) -> set:
     """The request keys whose windows differ between the arms, in draft counts or accepted
     lengths: their steps (and a sampled request's draws) may differ by design, the steps oracle

@@ -47,7 +47,8 @@ KNOWN: list[KnownUpstream] = [
         "sgl-project/sglang#17260, NGRAM on spec v2; sgl-project/sglang#22332, open, reworks NGRAM's drafts); "
         "to report, with fixtures/sglang_upstream/ngram_context_twice.json",
         "fixtures/sglang_upstream/ngram_context_twice.json",
-        codes=("spec_context_twice",), evidence="spec_context_twice"),
+        codes=("spec_context_twice",), evidence="spec_context_twice",
+        cause=Trigger(config="default")),  # no drafter, no drafts to look up: SGLang without one
 ]
 
 
