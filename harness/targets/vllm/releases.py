@@ -335,6 +335,11 @@ PATCH_SINCE = {
     # issue 43 (speculative decoding; read from every cached wheel, as the rest): the draft-aware
     # max_tokens guard's text from 0.12.0, the placeholder repair's loop over accepted tokens from 0.19.0
     "spec_max_tokens_guard_ignores_drafts": "0.12.0", "spec_placeholders_repair_last_only": "0.19.0",
+    # issue 45 (beyond one worker; read from every cached wheel, as the rest): the runner's finished-
+    # request removal and the preemption's stale count from 0.27.0; V1's PP refusal and the async
+    # scheduler's decode stagger from 0.31.0
+    "rank_keeps_finished_state": "0.27.0", "preempt_stales_one_frame": "0.27.0",
+    "v1_pp_async_allowed": "0.31.0", "pp_decode_no_stagger": "0.31.0",
 }
 
 
