@@ -13,7 +13,7 @@ import itertools
 import random
 
 from harness.engine.request import Request
-from harness.workloads.covering import CoveringArray, pairwise
+from harness.workloads.covering import CoveringArray, on_off_plan, planned_pairs  # noqa: F401 (planned_pairs: this module's API too)
 from harness.workloads.presets import SYSTEM, WORDS
 
 # feature -> what the engine's counts show for one request (the rule for "it ran")
@@ -51,18 +51,10 @@ def _ids(tok, text: str) -> list[int]:
     return [tok.bos_id] + tok.encode(text) if getattr(tok, "add_bos", False) else tok.encode(text)
 
 
-def allowed(row: dict) -> bool:
-    return not any(all(row[f] for f in pair) for pair in EXCLUSIVE)
-
-
 def plan(features=tuple(FEATURES)) -> CoveringArray:
-    """The rows: every pair of feature values (on/off) meets in one of them."""
-    return pairwise({f: (False, True) for f in features}, allowed)
+    """The rows: every pair of feature values (on/off) meets in one of them (workloads.covering)."""
+    return on_off_plan(features, EXCLUSIVE)
 
-
-def planned_pairs(arr: CoveringArray) -> set[tuple[str, str]]:
-    """The pairs of features some row turns on together (those must meet on a request)."""
-    return {(a, b) for row in arr.rows for a, b in itertools.combinations(arr.factors, 2) if row[a] and row[b]}
 
 
 def mix(tok, row: dict, seed: int = 0) -> tuple[list[Request], dict, dict]:

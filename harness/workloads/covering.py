@@ -74,3 +74,15 @@ def pairwise(factors: dict, allowed: Callable[[dict], bool] = lambda row: True, 
         todo.difference_update(row_pairs(best, names))
     impossible = tuple(sorted(all_pairs(factors) - coverable, key=str))
     return CoveringArray(names, tuple(rows), impossible)
+
+
+def on_off_plan(features, exclusive=()) -> CoveringArray:
+    """The rows over on/off features: every pair of feature values meets in one of them, and no row
+    turns on both features of an `exclusive` pair (the ref engine's combos and vLLM's share this)."""
+    return pairwise({f: (False, True) for f in features},
+                    lambda row: not any(all(row[f] for f in pair) for pair in exclusive))
+
+
+def planned_pairs(arr: CoveringArray) -> set[tuple[str, str]]:
+    """The pairs of features some row turns on together (those must meet on a request)."""
+    return {(a, b) for row in arr.rows for a, b in itertools.combinations(arr.factors, 2) if row[a] and row[b]}

@@ -15,7 +15,7 @@ import itertools
 import random
 
 from harness.engine.request import Request
-from harness.workloads.covering import CoveringArray, pairwise
+from harness.workloads.covering import CoveringArray, on_off_plan, planned_pairs  # noqa: F401 (planned_pairs: this module's API too)
 
 FEATURES = {
     "abort": "the client disconnected after its first tokens and the abort reached the scheduler (finish "
@@ -47,16 +47,10 @@ RESET_AFTER_S = 0.15  # a preemption row's reset, seconds after its featured req
 REGEX = "( [a-z]{2,6}){12,16}[.]"
 
 
-def allowed(row: dict) -> bool:
-    return not any(all(row[f] for f in pair) for pair in EXCLUSIVE)
-
-
 def plan(features=tuple(FEATURES)) -> CoveringArray:
-    return pairwise({f: (False, True) for f in features}, allowed)
+    """The rows: every pair of feature values (on/off) meets in one of them (workloads.covering)."""
+    return on_off_plan(features, EXCLUSIVE)
 
-
-def planned_pairs(arr: CoveringArray) -> set[tuple[str, str]]:
-    return {(a, b) for row in arr.rows for a, b in itertools.combinations(arr.factors, 2) if row[a] and row[b]}
 
 
 def mix(tok, row: dict, i: int, seed: int = 0) -> tuple[list[Request], list]:
