@@ -80,3 +80,18 @@ def pair_fixtures(engine: str, scope: str, **kw):
 
 
 vllm_pair, vllm, tok = pair_fixtures("vllm", "session")
+
+
+@pytest.fixture(scope="module", name="pairs")
+def own_vllm_pairs():
+    """A module's own served pairs (harness.targets.Pairs) for tests whose servers are their own
+    (a configuration or a patch no other test shares), closed after the module; a skip with the
+    reason without the vLLM setup."""
+    from harness import targets
+    from harness.targets.vllm import setup
+    why = setup.ready()
+    if why:
+        pytest.skip(why)
+    p = targets.Pairs()
+    yield p
+    p.close()

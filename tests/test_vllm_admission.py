@@ -25,6 +25,7 @@ from harness.agents import plan as planmod
 from harness.oracles import steps
 from harness.targets.vllm import workload as vllm_workload
 from harness.verdict import code_of
+from tests.served_pair import own_vllm_pairs  # noqa: F401 (the module's `pairs` fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.own_servers, pytest.mark.scheduled, pytest.mark.slow]
 PATCH = "finished_slot_held_a_schedule"
@@ -53,18 +54,6 @@ def figures(books) -> dict:
     per = [v.admit_waits for v in books.per_key.values()]
     return {"admit_waits": sum(per), "requests_waited": sum(1 for n in per if n), "max_per_request": max(per or [0]),
             "scheduled": sum(v.scheduled for v in books.per_key.values())}
-
-
-@pytest.fixture(scope="module")
-def pairs():
-    from harness import targets
-    from harness.targets.vllm import setup
-    why = setup.ready()
-    if why:
-        pytest.skip(why)
-    p = targets.Pairs()
-    yield p
-    p.close()
 
 
 def test_admission_behind_slots_only_in_flight_tokens_hold(pairs):

@@ -20,22 +20,11 @@ from harness.oracles import steps
 from harness.search.served.case import ServedCase
 from harness.search.served.judge import run_arm
 from harness.targets.vllm import combos
+from tests.served_pair import own_vllm_pairs  # noqa: F401 (the module's `pairs` fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.own_servers, pytest.mark.scheduled, pytest.mark.slow]
 PATCH = "abort_shared_prefix_double_ref"
 ARRAY = combos.plan()
-
-
-@pytest.fixture(scope="module")
-def pairs():
-    from harness import targets
-    from harness.targets.vllm import setup
-    why = setup.ready()
-    if why:
-        pytest.skip(why)
-    p = targets.Pairs()
-    yield p
-    p.close()
 
 
 def run_row(t, tok, row: dict, i: int, arms=(False, True)) -> dict:
