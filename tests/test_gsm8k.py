@@ -60,6 +60,32 @@ def test_runs_with_different_question_sets_are_refused(tmp_path, capsys):
     assert "question sets differ" in line
 
 
+def test_the_arms_and_a_rerun_ask_the_same_few_shot_prompts(tmp_path, synthetic):
+    """lm-eval's task samples its few-shot examples from an unseeded, stateful generator: each arm
+    (and each rerun) must draw from the same seed, or the paired test compares different prompts."""
+    from fixtures.arith import problems
+    from harness.evals.gsm8k import make_task, resolve_data, run_side
+    from harness.evals.lm import OverlapRefLM
+    train = tmp_path / "train.jsonl"
+    problems.write_jsonl(train, problems.heldout(40))
+    task = make_task(resolve_data(str(synthetic), str(train), 3), 3)
+    lm = OverlapRefLM(model="tiny", max_context=1024, max_gen_toks=2)
+    runs = [run_side(lm, task, 4, f"arm {i}") for i in range(2)] + [run_side(lm, task, 4, "seed 7", fewshot_seed=7)]
+    asked = [[r["phash"] for r in side.records] for side in runs]
+    assert None not in asked[0] and asked[0] == asked[1]  # the same task object, two arms: the same prompts
+    assert asked[2] != asked[0]  # the seed is what picks them
+
+
+def test_runs_asked_with_different_prompts_are_refused(tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    rec = {"response": "x", "correct": True}
+    a.write_text("".join(json.dumps({**rec, "qhash": h, "phash": "p" + h}) + "\n" for h in ("1", "2")))
+    b.write_text("".join(json.dumps({**rec, "qhash": h, "phash": "p" + h + "x" * (h == "2")}) + "\n"
+                         for h in ("1", "2")))
+    line = one_line_error(capsys, 2, "gsm8k", "--judge", str(a), str(b))
+    assert "1 of 2 questions with different prompts" in line
+
+
 @pytest.mark.parametrize("content,why", [
     (None, "does not exist"),
     ("{not json\n", "not JSON"),
@@ -199,8 +225,13 @@ def test_smollm2_smoke_on_real_gsm8k(tmp_path):
     # (the exit code says so: 0 or 4), and on a CPU whose float32 kernels are not batch-invariant
     # (AMX here) one answer can flip between the arms when the batches differ in timing
     assert out["n"] == 2 and out["num_fewshot"] == 1 and out["stats"]["losses"] <= 1, out["stats"]
-    answers = [json.loads(x)["response"] for x in (tmp_path / "runs" / "on.jsonl").read_text().splitlines()]
-    assert any(a.strip() for a in answers)  # real text came back
+    # the engine generated for each question (an answer may still be empty: SmolLM2 may end at
+    # once, and the stop strings cut what it says after "Question:"), and both arms saw one prompt
+    assert out["summary"]["on"]["generated_tokens"] >= 2 and out["fewshot_seed"] == 1234
+    runs = {arm: [json.loads(x) for x in (tmp_path / "runs" / f"{arm}.jsonl").read_text().splitlines()]
+            for arm in ("on", "off")}
+    assert [r["phash"] for r in runs["on"]] == [r["phash"] for r in runs["off"]]
+    assert all(isinstance(r["response"], str) for r in runs["on"] + runs["off"])
 
 
 def test_engine_crash_in_process_is_a_failure_not_a_loss(monkeypatch, capsys, synthetic):

@@ -48,3 +48,19 @@ def test_disabled_cache_never_matches():
     c = PrefixCache(pool, enabled=False)
     assert c.insert([1, 2, 3], pool.alloc(3), 0) == ([], [])
     assert c.match([1, 2, 3, 4]) == []
+
+
+def test_a_prompt_longer_than_the_recursion_limit_is_one_chain_the_books_can_count():
+    """One-slot pages make a long prompt a chain as deep as it is long (a 5-shot GSM8K prompt is
+    about 1000 tokens): counting and evicting it must not recurse once per node."""
+    import sys
+    n = sys.getrecursionlimit() + 500
+    pool = KVPool(2 * n + 4, 1)
+    c = PrefixCache(pool)
+    toks = list(range(1, n + 1))
+    nodes, _ = c.insert(toks, pool.alloc(n), 0)
+    assert c.pages == n and c.evictable() == n
+    c.lock(nodes[: n // 2])  # a request still reading the first half keeps it
+    assert c.evictable() == n - n // 2
+    c.unlock(nodes[: n // 2])
+    assert c.evict(n) == n and c.pages == 0 and c.evictable() == 0

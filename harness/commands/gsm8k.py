@@ -146,7 +146,8 @@ def cmd_gsm8k(a) -> int:
     from harness.evals.gsm8k import EvalError, RunFailure, resolve_data
     from harness.evals.run import GateOptions, run_gate, validate
     o = GateOptions(target=a.target, data=a.data, train=a.train, limit=a.limit, num_fewshot=nshot,
-                    alpha=a.alpha, min_effect=a.min_effect / 100, engine=_engine_kw(a, cfg), url_on=a.url,
+                    fewshot_seed=a.fewshot_seed, alpha=a.alpha, min_effect=a.min_effect / 100,
+                    engine=_engine_kw(a, cfg), url_on=a.url,
                     url_off=a.url_off, model_name=a.served_model, concurrency=a.concurrency,
                     max_gen_toks=a.max_gen_toks, progress=None if a.quiet else _progress(),
                     truth_model=a.truth_model or None)
@@ -170,10 +171,10 @@ def cmd_gsm8k(a) -> int:
         return EXIT_FAILED
     if a.save_runs:
         d = Path(a.save_runs)
-        _write_jsonl(d / "on.jsonl", ({"qhash": p["qhash"], "question": p["question"], "gold": p["gold"],
-                                       "response": p["on"], "correct": p["correct_on"]} for p in r["pairs"]))
-        _write_jsonl(d / "off.jsonl", ({"qhash": p["qhash"], "question": p["question"], "gold": p["gold"],
-                                        "response": p["off"], "correct": p["correct_off"]} for p in r["pairs"]))
+        for arm in ("on", "off"):  # phash: the prompt asked, so --judge can refuse runs asked differently
+            _write_jsonl(d / f"{arm}.jsonl", ({"qhash": p["qhash"], "phash": p["phash"], "question": p["question"],
+                                              "gold": p["gold"], "response": p[arm], "correct": p[f"correct_{arm}"]}
+                                             for p in r["pairs"]))
     if a.history:
         from harness.evals.history import append_history, plot_trend, read_history
         try:
@@ -209,6 +210,9 @@ def add_commands(sub) -> None:
     g.add_argument("--limit", type=int, default=None, help="first N questions only")
     g.add_argument("--num-fewshot", type=int, default=None,
                    help="few-shot examples per prompt (default: 0 for the arith/tiny fixtures, else lm-eval's 5)")
+    g.add_argument("--fewshot-seed", type=int, default=1234, metavar="N",
+                   help="seed of the few-shot draw, the same for both arms and the truth run (default 1234, "
+                        "lm-eval's)")
     g.add_argument("--background", type=int, default=0, metavar="N",
                    help="ref target: N short requests from other clients after each question (same on both "
                         "sides, not scored); they make rows turn over as in the article's Figure 9")

@@ -207,19 +207,12 @@ class PrefixCache:
         return freed
 
     def evictable(self) -> int:
-        """Pages that evict() could free (nodes no request locks, whose subtree is unlocked too)."""
-        def count(n: _Node) -> tuple[int, bool]:
-            total, free_sub = 0, True
-            for c in n.children.values():
-                t, f = count(c)
-                total += t
-                free_sub = free_sub and f
-            if n is self.root:
-                return total, free_sub
-            if n.refs == 0 and free_sub:
-                return total + 1, True
-            return total, False
-        return count(self.root)[0]
+        """Pages that evict() could free (nodes no request locks, whose subtree is unlocked too).
+        Iterative: with one-slot pages a long prompt is a chain as deep as it is long."""
+        free: dict[int, bool] = {}
+        for n in reversed(list(self._walk())):  # the walk yields parents first: children come first here
+            free[id(n)] = n.refs == 0 and all(free[id(c)] for c in n.children.values())
+        return sum(free.values())
 
     def nodes(self) -> list[_Node]:
         return list(self._walk())

@@ -7,6 +7,7 @@ local file is handed to lm-eval as a `json` dataset, the rest of the task config
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from harness.evals.data import HUB, DataError, default_train_path, gold_answer, question_hash, read_jsonl
 
+FEWSHOT_SEED = 1234  # lm-eval's own default (--fewshot_random_seed); every arm draws its examples from it
 PRIMARY = "strict-match"  # lm-eval's gsm8k headline filter ("#### N"); flexible-extract is kept too
 FILTERS = ("strict-match", "flexible-extract")
 
@@ -160,9 +162,13 @@ def _refusals():
         log.propagate = saved[1]
 
 
-def run_side(lm, task, limit: int | None, label: str) -> SideResult:
+def run_side(lm, task, limit: int | None, label: str, fewshot_seed: int = FEWSHOT_SEED) -> SideResult:
     from lm_eval.evaluator import evaluate
     _quiet_lm_eval()
+    # the task's sampler is built unseeded and is stateful: without a seed set before each arm, the
+    # arms (and the truth run) would draw different few-shot examples and a "paired" test would
+    # compare different prompts
+    task.set_fewshot_seed(fewshot_seed)
     t = time.perf_counter()
     task_dict = {"tasks": {"gsm8k": task}, "groups": {}}
     try:
@@ -207,7 +213,8 @@ def records_from_samples(samples: list[dict]) -> list[dict]:
         d = s["doc"]
         rec = by_doc.setdefault(s["doc_id"], {
             "doc_id": s["doc_id"], "qhash": question_hash(d["question"]), "question": d["question"],
-            "gold": gold_answer(d["answer"]), "response": (s.get("resps") or [[""]])[0][0]})
+            "gold": gold_answer(d["answer"]), "response": (s.get("resps") or [[""]])[0][0],
+            "phash": prompt_hash(s)})
         f = s.get("filter")
         fr = s.get("filtered_resps")
         rec[f"extracted[{f}]"] = fr[0] if isinstance(fr, list) and fr else fr
@@ -219,8 +226,19 @@ def records_from_samples(samples: list[dict]) -> list[dict]:
     return out
 
 
+def prompt_hash(sample: dict) -> str | None:
+    """A hash of the prompt lm-eval sent for a logged sample (its context, few-shot examples
+    included); None where the sample does not carry it."""
+    try:
+        ctx = sample["arguments"][0][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return hashlib.sha256(str(ctx).encode()).hexdigest()[:16]
+
+
 def pair_records(on: list[dict], off: list[dict]) -> tuple[list[bool], list[bool], list[dict]]:
-    """Align two runs by question; different question sets are an error."""
+    """Align two runs by question; different question sets, or the same question asked with
+    different prompts (where both runs recorded theirs), are an error."""
     a = {r["qhash"]: r for r in on}
     b = {r["qhash"]: r for r in off}
     if len(a) != len(on) or len(b) != len(off):
@@ -230,8 +248,12 @@ def pair_records(on: list[dict], off: list[dict]) -> tuple[list[bool], list[bool
         raise EvalError(f"the two runs' question sets differ ({only_a} questions only in the first, "
                         f"{only_b} only in the second): a paired test needs the same questions")
     keys = [r["qhash"] for r in off]
+    moved = [k for k in keys if a[k].get("phash") and b[k].get("phash") and a[k]["phash"] != b[k]["phash"]]
+    if moved:
+        raise EvalError(f"the two runs asked {len(moved)} of {len(keys)} questions with different prompts "
+                        f"(other few-shot examples?): a paired test needs the same prompt on both sides")
     pairs = [{"qhash": k, "question": b[k]["question"], "gold": b[k]["gold"],
-              "off": b[k]["response"], "on": a[k]["response"],
+              "phash": b[k].get("phash"), "off": b[k]["response"], "on": a[k]["response"],
               "correct_off": b[k]["correct"], "correct_on": a[k]["correct"]} for k in keys]
     return [b[k]["correct"] for k in keys], [a[k]["correct"] for k in keys], pairs
 

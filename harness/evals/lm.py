@@ -173,6 +173,7 @@ class OverlapRefLM(LM):
         from harness.device.timeline import step_summary
         try:
             self.last_summary = step_summary(eng.dev)
+            self.last_summary["generated_tokens"] = sum(len(r.output_ids) for r in reqs)
             if eng.spec is not None:  # the run was speculative: say how well it drafted
                 acc = eng.spec.accept_lens
                 self.last_summary.update(spec=self.cfg.spec, spec_k=self.cfg.spec_k,

@@ -8,8 +8,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from harness.evals.gsm8k import (EvalError, RunFailure, check_errors, make_task, pair_records, resolve_data,
-                                 run_side)
+from harness.evals.gsm8k import (FEWSHOT_SEED, EvalError, RunFailure, check_errors, make_task, pair_records,
+                                 resolve_data, run_side)
 
 
 @dataclass
@@ -19,6 +19,7 @@ class GateOptions:
     train: str | None = None
     limit: int | None = None
     num_fewshot: int = 0
+    fewshot_seed: int = FEWSHOT_SEED  # both arms and the truth run draw the same few-shot examples
     alpha: float = 0.05
     min_effect: float = 0.03
     # ref target
@@ -127,7 +128,7 @@ def run_gate(o: GateOptions) -> dict:
             lm = make_lm(o, overlap, label)
         except EvalError as e:  # validate() passed: anything now is the run failing
             raise RunFailure(str(e)) from None
-        side = run_side(lm, task, o.limit, label)
+        side = run_side(lm, task, o.limit, label, o.fewshot_seed)
         check_errors(side)
         sides[label] = side
     off, on = sides["overlap off"], sides["overlap on"]
@@ -141,7 +142,7 @@ def run_gate(o: GateOptions) -> dict:
     n = len(pairs)
     return {
         "verdict": v.verdict, "stats": v.to_dict(), "n": n, "target": o.target, "data": ds.describe(),
-        "limit": o.limit, "num_fewshot": o.num_fewshot,
+        "limit": o.limit, "num_fewshot": o.num_fewshot, "fewshot_seed": o.fewshot_seed,
         "engine": {k: (sorted(x) if isinstance(x, (set, frozenset)) else x) for k, x in o.engine.items()}
         if o.target == "ref" else {"url_on": o.url_on, "url_off": o.url_off},
         "accuracy": {"off": off.accuracy, "on": on.accuracy},
@@ -160,7 +161,7 @@ def run_truth(o: GateOptions, task, pairs) -> dict:
     batch-invariant): which questions it answers right, per question hash."""
     from harness.evals.lm import OverlapRefLM
     lm = OverlapRefLM(model=o.truth_model, overlap=False, max_running=1, max_gen_toks=o.max_gen_toks)
-    side = run_side(lm, task, o.limit, "truth")
+    side = run_side(lm, task, o.limit, "truth", o.fewshot_seed)
     got = {r["qhash"]: r["correct"] for r in side.records}
     missing = [p["qhash"] for p in pairs if p["qhash"] not in got]
     if missing:
