@@ -150,3 +150,68 @@ def test_stress_leaves_out_the_divergence_of_a_request_sglang_cannot_seed():
     left = drop_unjudged(target, NS(requests=[hot, cold]), found)
     assert [f.rid for f in left] == ["c1r1"]
     assert len(drop_unjudged(NS(unseeded_sampling=""), NS(requests=[hot, cold]), found)) == 2
+
+
+class _NoRun:
+    """The gate's `request` where a row must not need the pair's run (its verdict comes first)."""
+    def getfixturevalue(self, name):
+        raise AssertionError(f"the row asked for {name}: a row with no path here needs no run")
+
+
+class _Run:
+    def __init__(self, pr):
+        self.pr = pr
+
+    def getfixturevalue(self, name):
+        assert name == "sglang_path_run"
+        return self.pr
+
+
+def _verdict(target, row_name, request):
+    """The status, finding code and line the gate's SGLang path case ends with (verdict data)."""
+    from equivalence.test_paths import test_sglang_path
+    from harness.verdict import outcome
+    row = next(r for r in sglang_spec.SPEC_ROWS if r.name == row_name)
+    try:
+        test_sglang_path(target, row, lambda k, v: None, request)
+    except BaseException as exc:  # noqa: BLE001 - a verdict is an exception (harness.verdict.outcome)
+        v = outcome.verdict_of(exc)
+        assert v is not None, exc
+        return v[0], v[1], str(exc)
+    return "pass", "", ""
+
+
+@pytest.mark.parametrize("config", [None, "tp2"])
+def test_a_drafters_rows_read_na_where_the_pair_has_no_drafter(tmp_path, config):
+    """The default pair (and tp2) runs no drafter: every speculative row is n/a with one line, listed
+    apart by the gate (code row.absent), never `not exercised`; the plain rows stay judged."""
+    from harness.verdict import Status
+    t = make(tmp_path, **({"config": config} if config else {}))
+    for name in sglang_spec.SPEC_ROW_NAMES:
+        status, code, line = _verdict(t, name, _NoRun())
+        assert (status, code) == (Status.NA, "row.absent"), (name, status, line)
+        assert line.count("\n") == 0 and f"n/a in configuration {config or 'default'}: {name}: no drafter" in line
+    assert sglang_spec.row_absent("relay_decode", None) == ""
+    assert sglang_spec.row_absent("spec_verify", sglang_spec.CONFIGS["ngram"]) == ""
+
+
+@pytest.mark.parametrize("row_name", ["spec_verify", "spec_reservation", "spec_relay_tokens"])
+def test_a_configured_drafter_whose_path_never_ran_is_not_exercised(tmp_path, row_name):
+    """With a drafter configured the same rows are judged: a path the run never counted (0 windows on
+    an arm) fails as `not exercised`, not n/a and never a pass; counted, the row passes."""
+    from harness.targets.vllm import paths as vp
+    from harness.verdict import Status
+    t = make(tmp_path, config="ngram")
+    row = next(r for r in sglang_spec.SPEC_ROWS if r.name == row_name)
+    never = vp.PathRun([], None, None, {}, {})
+    status, code, line = _verdict(t, row_name, _Run(never))
+    assert (status, code) == (Status.NOT_EXERCISED, "path.not_run"), line
+    assert f"{row_name} ran 0 times (async on" in line
+    from harness.targets.base import Run
+    from harness.targets.vllm import workload as vllm_workload
+    req = vllm_workload.path_request("s0", [1, 2, 3], 4, [row_name])
+    arms = [Run([("s0", [5, 6, 7, 8], "length")]) for _ in range(2)]
+    for r in arms:
+        r.logprobs = {}
+    ran = {k: 5 for k in row.counters}
+    assert _verdict(t, row_name, _Run(vp.PathRun([req], arms[0], arms[1], dict(ran), dict(ran))))[0] == "pass"

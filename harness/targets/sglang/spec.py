@@ -168,6 +168,18 @@ SPEC_ROWS = [
 SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
 
 
+def row_absent(row: str, config: SglangConfig | None) -> str:
+    """"n/a in configuration X: why" for a drafter's row where the pair runs no drafter (`config`:
+    the pair's configuration, None for the default one): that path does not exist there, so it is
+    neither a pass nor a failure to exercise. With a drafter configured "" : a drafter's row that
+    then never runs is the row's own `not exercised` (its count stays 0)."""
+    if row not in SPEC_ROW_NAMES or (config is not None and config.drafter):
+        return ""
+    drafters = ", ".join(n for n, c in CONFIGS.items() if c.drafter)
+    return (f"n/a in configuration {config.name if config is not None else 'default'}: {row}: no drafter "
+            f"(a drafter's row; the configurations {drafters} run one: check --target sglang --configs ngram)")
+
+
 def violation_lines(on: dict, off: dict) -> list[tuple[str, str]]:
     """(counter, line) for each speculative judgement of the agent that fired on either arm (counter
     deltas of a run): what stress reports as a finding of a drafter's configuration."""
