@@ -44,8 +44,9 @@ KNOWN: list[KnownUpstream] = [
         "steps, the result was processed and the tokens are already there: the drafter looks up and inserts "
         "into its trie a context with that run twice (drafts worse; the verified tokens stay right)",
         "none found (searched sgl-project/sglang's issues and pull requests: the splice came with "
-        "sgl-project/sglang#17260, NGRAM on spec v2; sgl-project/sglang#22332, open, reworks NGRAM's drafts); "
-        "to report, with fixtures/sglang_upstream/ngram_context_twice.json",
+        "sgl-project/sglang#17260, NGRAM on spec v2; #32353 and #35207 keep the per-batch splice condition; "
+        "sgl-project/sglang#22332, open, reworks NGRAM's drafts); the report, ready to file: "
+        "docs/results/2026-12-07-sglang-ngram-context-twice.md",
         "fixtures/sglang_upstream/ngram_context_twice.json",
         codes=("spec_context_twice",), evidence="spec_context_twice",
         cause=Trigger(config="default")),  # no drafter, no drafts to look up: SGLang without one
