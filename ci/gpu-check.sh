@@ -28,8 +28,9 @@
 #  11. speculative decoding with the overlap on (issue 43, docs/vllm-spec.md, docs/sglang-spec.md):
 #      the same vLLM's gate with its drafters, `check --target vllm --vllm-python PY --configs
 #      spec-draft,spec-same` (draft-model windows, on a CUDA build: none of our CPU workarounds),
-#      and, where sglang is installed, `check --target sglang --configs ngram` (SGLang's own
-#      spec-v2 overlap loop, which its CUDA build keeps on).
+#      and, where sglang is installed, `check --target sglang --configs ngram,standalone` (SGLang's
+#      own spec-v2 overlap loop, which its CUDA build keeps on: NGRAM, and STANDALONE, a draft model,
+#      which cannot start on our CPUs: harness/targets/sglang/spec.py STANDALONE_CPU).
 # It ends with one line per step (PASS / FAIL / SKIP and why) and a verdict; exits non-zero if
 # any step fails. Everything is also logged to ${OUT:-/tmp/gpu-check}/gpu-check.log.
 # Steps 1-5 take 1-3 minutes on an H200 with a system CUDA torch (no downloads); 6 several more.
@@ -254,7 +255,7 @@ else
 fi
 
 # -- 11. speculative decoding with the overlap on ----------------------------------------------------
-step "speculative decoding with the overlap on (vLLM drafters; SGLang NGRAM)"
+step "speculative decoding with the overlap on (vLLM drafters; SGLang NGRAM, STANDALONE)"
 spec_fail=""
 if [ -z "$VLLM_PY" ]; then
   echo "gpu-check: no vLLM here (step 9): its drafters not run"
@@ -263,15 +264,15 @@ elif ! timeout 2400 "${OH[@]}" check --target vllm --vllm-python "$VLLM_PY" --co
   spec_fail="check --target vllm --configs spec-draft,spec-same (exit $?; $OUTDIR/vllm-spec-*.json)"
 fi
 if "$VPY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("sglang") is None)' 2>/dev/null; then
-  if ! timeout 1800 "${OH[@]}" check --target sglang --configs ngram --json "$OUTDIR/sglang-spec.json" \
+  if ! timeout 2400 "${OH[@]}" check --target sglang --configs ngram,standalone --json "$OUTDIR/sglang-spec.json" \
          --out "$OUTDIR/sglang-spec-out"; then
-    spec_fail="${spec_fail:+$spec_fail; }check --target sglang --configs ngram (exit $?)"
+    spec_fail="${spec_fail:+$spec_fail; }check --target sglang --configs ngram,standalone (exit $?; $OUTDIR/sglang-spec-*.json)"
   fi
 else
-  echo "gpu-check: sglang is not installed in $VENV: its NGRAM drafter not run"
+  echo "gpu-check: sglang is not installed in $VENV: its drafters (NGRAM, STANDALONE) not run"
 fi
 if [ -n "$spec_fail" ]; then fail "$spec_fail"
 elif [ -z "$VLLM_PY" ] && ! "$VPY" -c 'import sglang' >/dev/null 2>&1; then skip "neither vLLM nor SGLang here"
-else pass "$OUTDIR/vllm-spec-*.json $OUTDIR/sglang-spec.json"; fi
+else pass "$OUTDIR/vllm-spec-*.json $OUTDIR/sglang-spec-*.json"; fi
 
 finish

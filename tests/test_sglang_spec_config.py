@@ -10,7 +10,8 @@ from harness.targets.sglang.target import SglangTarget
 
 
 def make(tmp_path, **kw):
-    return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), device="cpu", **kw)
+    kw.setdefault("device", "cpu")
+    return SglangTarget(model="/models/m", check_env=False, workdir=str(tmp_path), **kw)
 
 
 def test_ngram_flags_on_both_arms_and_no_cpu_graphs(tmp_path):
@@ -75,7 +76,8 @@ def test_stress_draws_the_drafters_as_configurations():
     class Bad(Exception):
         pass
     names = config_order(NS(target="sglang", configs="all", seed=3), Bad)
-    assert names[0] == "default" and sorted(names[1:]) == sorted(n for n, c in sglang_spec.CONFIGS.items() if c.drafter)
+    assert names[0] == "default" and sorted(names[1:]) == sorted(n for n, c in sglang_spec.CONFIGS.items()
+                                                                  if sglang_spec.runs_in_all(c))
     assert config_order(NS(target="sglang", configs="ngram,ngram-chain", seed=0), Bad) == ["ngram", "ngram-chain"]
     assert config_order(NS(target="sglang", configs="all,-default", seed=0), Bad)[0] != "default"
     assert config_order(NS(target="sglang", configs=None, seed=0), Bad) == []
@@ -215,3 +217,33 @@ def test_a_configured_drafter_whose_path_never_ran_is_not_exercised(tmp_path, ro
         r.logprobs = {}
     ran = {k: 5 for k in row.counters}
     assert _verdict(t, row_name, _Run(vp.PathRun([req], arms[0], arms[1], dict(ran), dict(ran))))[0] == "pass"
+
+
+def test_standalone_is_refused_on_a_cpu_in_one_line_from_the_code(tmp_path):
+    """A draft model (STANDALONE) cannot start on this CPU (measured: the scheduler dies at init in
+    DraftBackendFactory): the configuration says so in one line naming SGLang's file and function,
+    before any server starts; `all` leaves it out (it runs only when named, on a GPU)."""
+    from harness.targets.base import TargetUnavailable
+    with pytest.raises(TargetUnavailable) as e:
+        make(tmp_path, config="standalone")
+    line = str(e.value)
+    assert "\n" not in line and "cannot run on a CPU" in line
+    assert "speculative/draft_utils.py:64 DraftBackendFactory._create_backend" in line and "gpu-check.sh" in line
+    assert "standalone" not in sglang_spec.parse("all", ValueError)
+    assert "standalone" not in sglang_spec.stress_order("all", ValueError)
+    assert sglang_spec.parse("standalone", ValueError) == ["standalone"]
+
+
+def test_standalone_on_a_gpu_drafts_with_the_served_model_and_says_what_the_agent_skips(tmp_path):
+    """On a GPU: the served model's own path as the draft model, on both servers; the speculative rows,
+    which the agent counts for NGRAM's worker only, read `not exercised` with that reason (a declared
+    limit, reported apart), never n/a and never a pass."""
+    from harness.verdict import Status
+    t = make(tmp_path, config="standalone", device="cuda")
+    for overlap in (True, False):
+        cmd = t.server_command(overlap, 1234)
+        assert cmd[cmd.index("--speculative-algorithm") + 1] == "STANDALONE"
+        assert cmd[cmd.index("--speculative-draft-model-path") + 1] == t.model == "/models/m"
+        assert sglang_spec.TARGET_MODEL not in cmd
+    status, code, line = _verdict(t, "spec_verify", _NoRun())
+    assert (status, code) == (Status.NOT_EXERCISED, "drafter_absent") and "NGRAMWorker" in line

@@ -24,6 +24,8 @@ class SglangConfig:
     absent: tuple[tuple[str, str], ...] = ()
     env: tuple[str, ...] = ()  # "VAR=value" for both servers
     model: str = ""  # "split": the model two ranks divide (harness.targets.split_model)
+    # non-empty: SGLang (this release) cannot run it on a CPU, measured; the line says why, from the code
+    cpu_refused: str = ""
 
     def flags(self) -> str:
         return " ".join([*self.env, *self.args] + ([f"(model {self.model})"] if self.model else []))
@@ -69,6 +71,12 @@ CONFIGS = {c.name: c for c in [
 ]}
 
 
+def runs_in_all(c: SglangConfig) -> bool:
+    """`all` (check, stress): the drafters a CPU runs; several ranks (tp2) and a drafter that needs a
+    GPU (standalone) run only when named."""
+    return bool(c.drafter) and not c.cpu_refused
+
+
 def stress_order(spec: str, error) -> list[str]:
     """stress's --configs for SGLang: NAME,...|all|all,-NAME,...; NAME: default (no drafter) or a
     drafter's configuration."""
@@ -77,7 +85,7 @@ def stress_order(spec: str, error) -> list[str]:
     if parts and (parts[0] == "all" or parts[0].startswith("-")):
         drop = {p[1:] for p in parts if p.startswith("-")}
         # all: default and the drafters; a configuration of several ranks (tp2) only when named
-        names = [n for n in known if n not in drop and (n == "default" or CONFIGS[n].drafter)]
+        names = [n for n in known if n not in drop and (n == "default" or runs_in_all(CONFIGS[n]))]
         bad = [p for p in parts[1 if parts[0] == "all" else 0:] if not p.startswith("-")] + sorted(drop - set(known))
     else:
         names, bad = parts, [p for p in parts if p not in known]
@@ -99,7 +107,7 @@ CPU_ADAPTATIONS = (
 def parse(spec: str, error) -> list[str]:
     """NAME,...|all: the configurations asked for, in order."""
     # all: the drafters; a configuration of several ranks (tp2) runs only when named, as vLLM's do
-    names = [n for n, c in CONFIGS.items() if c.drafter] if spec.strip() == "all" else \
+    names = [n for n, c in CONFIGS.items() if runs_in_all(c)] if spec.strip() == "all" else \
         [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
@@ -166,6 +174,24 @@ SPEC_ROWS = [
             ("spec_verify_steps",)),
 ]
 SPEC_ROW_NAMES = tuple(r.name for r in SPEC_ROWS)
+
+# STANDALONE: a draft model (SGLang's EAGLE-v2 worker, eagle_worker_v2 / standalone_worker_v2). On this
+# CPU the scheduler died at init, measured 2026-12-07 (/work/cache-sspec3/probe): the draft model's
+# attention backends come from DraftBackendFactory, whose maps have no torch_native entry
+STANDALONE_CPU = ("SGLang 0.5.23's draft-model worker needs a draft attention backend torch_native lacks: "
+                  "speculative/draft_utils.py:64 DraftBackendFactory._create_backend raises \"EAGLE is not "
+                  "supported in decode attention backend torch_native\" at scheduler init (measured; the maps' only "
+                  "CPU entry, intel_amx, runs torch.ops.sgl_kernel CPU kernels that no PyPI build has); run it on a "
+                  "GPU (ci/gpu-check.sh step 11)")
+TARGET_MODEL = "{target-model}"  # the server's own model path, filled in by the target (a drafter for itself)
+_NGRAM_ONLY = ("the agent judges NGRAM's windows only (harness/agents/sglang/spec.py wraps NGRAMWorker); a draft "
+               "model's EAGLE-v2 worker is not wrapped")
+CONFIGS["standalone"] = SglangConfig(
+    "standalone", "STANDALONE (a draft model: the served model drafting for itself, SGLang's EAGLE-v2 worker; "
+    "2 draft steps, topk 1, a window of 3)",
+    ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", TARGET_MODEL,
+     "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"),
+    absent=tuple((r, _NGRAM_ONLY) for r in SPEC_ROW_NAMES), cpu_refused=STANDALONE_CPU)
 
 
 def row_absent(row: str, config: SglangConfig | None) -> str:

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from harness.agents.sglang.points import BARRIER_BLOCK_MS, MAX_STOP_COUNT
+from harness.targets.sglang.spec import TARGET_MODEL
 from harness.targets.base import TargetError, TargetUnavailable
 from harness.targets.served.engine_pair import EnginePair
 from harness.targets.served.pair import TOP_LOGPROBS
@@ -112,6 +113,8 @@ class SglangTarget(EnginePair):
             if config not in sglang_spec.CONFIGS:
                 raise ValueError(f"unknown SGLang server configuration {config!r}; known: {', '.join(sglang_spec.CONFIGS)}")
             c = sglang_spec.CONFIGS[config]
+            if c.cpu_refused and self.device == "cpu":
+                raise TargetUnavailable(f"SGLang configuration {config} cannot run on a CPU: {c.cpu_refused}")
             extra_args = [*c.args, *extra_args]
             if c.drafter:
                 self.spec = c
@@ -223,7 +226,8 @@ class SglangTarget(EnginePair):
             cmd.append("--enable-deterministic-inference")
         if not overlap:
             cmd.append("--disable-overlap-schedule")
-        return cmd + self.extra_args
+        # a drafter that is the served model itself (spec.TARGET_MODEL): the path is known only now
+        return cmd + [self.model if a == TARGET_MODEL else a for a in self.extra_args]
 
     def limits(self) -> dict:
         """The pool and batch flags: the path setting for the default model, room for 64 arith
