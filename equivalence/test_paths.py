@@ -426,10 +426,8 @@ def test_sglang_path(target, row, record_property, request):
     spec = getattr(target, "spec", None)  # the drafter's configuration (harness.targets.sglang.spec)
     from harness.targets.sglang.spec import SPEC_ROW_NAMES, row_absent
     cfg = spec or getattr(target, "multi", None)  # a drafter's or several ranks' configuration
-    absent = row_absent(row.name, cfg)
-    if absent:  # a drafter's row on a pair with none: the path does not exist here (its count, were it
-        # judged, would be 0: the "not exercised" a drafter that never ran its path gets, from judge)
-        outcome.na(absent)
+    if row_absent(row.name, cfg):  # a drafter's row, no drafter: no such path (with one, a 0 count fails in judge)
+        outcome.na(row_absent(row.name, cfg))
     why = dict(cfg.absent).get(row.name) if cfg is not None else None
     if why:
         outcome.not_exercised(f"not exercised: {row.name} with {cfg.name}: {why}",
