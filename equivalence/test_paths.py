@@ -32,6 +32,7 @@ from harness.oracles import surface
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
+from harness.targets.vllm import acting
 from harness.targets.vllm import paths as vp
 from harness.targets.sglang import upstream as sglang_upstream
 from harness.targets.vllm import upstream as vllm_upstream
@@ -48,7 +49,8 @@ def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs = vllm_workload.build(tok, seed=0)
-    try:
+    try:  # each parameter row's inputs fitted to the model served (a probe on both servers first)
+        print("\n".join(acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     except TargetCrash:
         # a live known bug killed the async-on engine and its trigger is now left out of every
@@ -115,6 +117,7 @@ def bare_run(target, tok, oh_options):
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
     reqs = [r for r in vllm_workload.build(tok, seed=0) if getattr(r, "phase", "main") in vllm_workload.BARE_PHASES]
+    print("\n".join(acting.fit(t, tok, reqs, vllm_workload.repeating_prompts(tok))))  # as its twins are
     runs, cnt = {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
