@@ -50,7 +50,7 @@ def path_run(target, tok, oh_options):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs = vllm_workload.build(tok, seed=0)
     try:  # each parameter row's inputs fitted to the model served (a probe on both servers first)
-        print("\n".join(acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))))
+        fitted = acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     except TargetCrash:
         # a live known bug killed the async-on engine and its trigger is now left out of every
@@ -70,7 +70,7 @@ def path_run(target, tok, oh_options):
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out), spec=spec,
-                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
+                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []), fitted=fitted)
     return pr
 
 
@@ -117,7 +117,7 @@ def bare_run(target, tok, oh_options):
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
     reqs = [r for r in vllm_workload.build(tok, seed=0) if getattr(r, "phase", "main") in vllm_workload.BARE_PHASES]
-    print("\n".join(acting.fit(t, tok, reqs, vllm_workload.repeating_prompts(tok))))  # as its twins are
+    fitted = acting.fit(t, tok, reqs, vllm_workload.repeating_prompts(tok))  # as its twins are
     runs, cnt = {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
@@ -125,7 +125,7 @@ def bare_run(target, tok, oh_options):
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
-                      release=t.version, runner=t.runner, left_out=dict(t.left_out))
+                      release=t.version, runner=t.runner, left_out=dict(t.left_out), fitted=fitted)
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[str]:
@@ -250,6 +250,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
         if c <= 0 and not crash:
             outcome.not_exercised(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                                   f"{', '.join(row.counters)})", "path.not_run")
+    if row.name in pr.fitted and record_property is not None:  # harness.targets.vllm.acting: said in the verdict
+        record_property("fitted", pr.fitted[row.name])
     if pr.effects is not None and not crash:  # the bare pair's rows: their twins on the main pair judge it
         exercised, line = effects.row_verdict(row.name, pr.reqs, pr.effects)
         if exercised is False:  # a parameter that changed nothing: its path was not attacked

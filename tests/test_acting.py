@@ -65,7 +65,7 @@ def test_inputs_that_act_are_kept_as_built():
             **{f"{r}~no-vllm_xargs": " blue blue red" for r in ("lpc1", "lpe2", "lpb0", "lpbc0", "lpe3", "lpb1")}}
     lines = acting.choose(tok, reqs, _probe_outputs(tok, reqs, said, cands), cands)
     assert [(r.rid, r.prompt_ids, r.extra) for r in reqs] == before
-    assert all(" as built" in line for line in lines) and len(lines) == len(acting.ROWS), lines
+    assert all(line.endswith(" as built") for line in lines.values()) and set(lines) == set(acting.ROWS), lines
 
 
 def test_inputs_that_change_nothing_are_fitted_from_the_models_own_output():
@@ -83,7 +83,7 @@ def test_inputs_that_change_nothing_are_fitted_from_the_models_own_output():
     for rid in ("lpc1", "lpe2", "lpe3"):  # the rows' last requests move to the prompt that repeats
         assert by[rid].prompt_ids == cands[1], rid
     assert by["lpe0"].prompt_ids != cands[1]  # only the row's last request is moved
-    assert any("lpe2 takes candidate prompt 1, whose output repeats at position 3" in line for line in lines), lines
+    assert "lpe2 takes candidate prompt 1, whose output repeats at position 3" in lines["logits_processor_entry_point"]
 
 
 def test_a_row_nothing_acts_on_is_left_as_built_and_says_so():
@@ -93,8 +93,8 @@ def test_a_row_nothing_acts_on_is_left_as_built_and_says_so():
     # one token said once: no pair to read a word from, no repeat (and not a bad word of the workload's)
     outs = {k: v[:1] for k, v in _probe_outputs(tok, reqs, {}, cands, default=" ,").items()}
     lines = acting.choose(tok, reqs, outs, cands)
-    assert any(line.startswith("fitted bad_words: nothing found") for line in lines), lines
-    assert any(line.startswith("fitted logits_processor_entry_point: nothing found") for line in lines), lines
+    assert lines["bad_words"].startswith("fitted bad_words: nothing found"), lines
+    assert lines["logits_processor_entry_point"].startswith("fitted logits_processor_entry_point: nothing found")
     assert vllm_workload.build(tok, 0)[0].prompt_ids == reqs[0].prompt_ids
 
 
@@ -125,3 +125,12 @@ def test_a_word_read_from_smollm2_tokens_tokenizes_back_as_vllm_reads_it():
     assert word is not None and acting.bans_at(acting.bad_word_ids(tok, word), said) == 1
     # SmolLM2's own words act on what it says after "one two three ... one"
     assert acting.bans_at(acting.bad_word_ids(tok, " two three"), tok.encode(" two three one two three")) == 1
+
+
+def test_the_verdict_lists_the_rows_whose_inputs_were_changed():
+    from harness.gate import GateResult, path_lines
+    res = GateResult()
+    res.fitted = ["fitted bad_words: acts on bw0, bw1 as built",
+                  "fitted logits_processor_entry_point: the model repeats no token on its prompts; lpe2 takes ..."]
+    lines = path_lines(res)
+    assert res.fitted[1] in lines and res.fitted[0] not in lines

@@ -119,10 +119,10 @@ def probes(reqs, candidates) -> list:
     return out
 
 
-def choose(tok, reqs, outputs: dict, candidates) -> list[str]:
-    """Fit each row's requests in place from the probe's outputs (rid -> ids, async off); one
-    line a fitted row saying what acts, on which request, and why."""
-    lines = []
+def choose(tok, reqs, outputs: dict, candidates) -> dict[str, str]:
+    """Fit each row's requests in place from the probe's outputs (rid -> ids, async off); row ->
+    one line saying what acts, on which request, and why."""
+    lines = {}
     for row in ROWS:
         mine = _setters(row, reqs)
         if not mine:
@@ -130,7 +130,7 @@ def choose(tok, reqs, outputs: dict, candidates) -> list[str]:
         param = ROWS[row]
         acting = [r.rid for r in mine if _acts(tok, r, param, outputs.get(f"{r.rid}~no-{param}", []))]
         if acting:
-            lines.append(f"fitted {row}: acts on {', '.join(acting)} as built")
+            lines[row] = f"fitted {row}: acts on {', '.join(acting)} as built"
             continue
         last = mine[-1]
         said = outputs.get(f"{last.rid}~no-{param}", [])
@@ -138,8 +138,8 @@ def choose(tok, reqs, outputs: dict, candidates) -> list[str]:
             word = word_from(tok, said)
             if word is not None:
                 last.extra[BAD_WORDS] = list(last.extra[BAD_WORDS]) + [word]
-                lines.append(f"fitted {row}: none of its bad words is in the model's output; {last.rid} also "
-                             f"bans {word!r}, which its output says at position {bans_at(bad_word_ids(tok, word), said)}")
+                lines[row] = (f"fitted {row}: none of its bad words is in the model's output; {last.rid} also "
+                              f"bans {word!r}, which its output says at position {bans_at(bad_word_ids(tok, word), said)}")
                 continue
             why = "its output has no pair of tokens that tokenizes back as a word"
         else:
@@ -147,20 +147,19 @@ def choose(tok, reqs, outputs: dict, candidates) -> list[str]:
             hit = next((i for i, o in enumerate(said_on) if repeats_at(o) is not None), None)
             if hit is not None:
                 last.prompt_ids = list(candidates[hit])
-                lines.append(f"fitted {row}: the model repeats no token on its prompts; {last.rid} takes candidate "
-                             f"prompt {hit}, whose output repeats at position "
-                             f"{repeats_at(said_on[hit])}")
+                lines[row] = (f"fitted {row}: the model repeats no token on its prompts; {last.rid} takes candidate "
+                              f"prompt {hit}, whose output repeats at position {repeats_at(said_on[hit])}")
                 continue
             why = f"the model repeats no token at once on any of {len(candidates)} candidate prompts"
-        lines.append(f"fitted {row}: nothing found that the parameter acts on ({why}): left as built")
+        lines[row] = f"fitted {row}: nothing found that the parameter acts on ({why}): left as built"
     return lines
 
 
-def fit(target, tok, reqs, candidates) -> list[str]:
+def fit(target, tok, reqs, candidates) -> dict[str, str]:
     """Probe both servers of `target` (off first: its output decides), then fit `reqs` in place."""
     ps = probes(reqs, candidates)
     if not ps:
-        return []
+        return {}
     off = target.run(ps, overlap=False)
     target.run(ps, overlap=True)  # the same requests: neither arm starts with a warmer prefix cache
     return choose(tok, reqs, {rid: list(ids) for rid, ids, *_ in off.outputs}, candidates)
