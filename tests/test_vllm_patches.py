@@ -108,6 +108,11 @@ UNREACHABLE_FROM = {"preempt_stales_one_frame": (
     ("config/vllm.py", "            if pp_size <= 1:\n                return 2\n        return pp_size\n"),  # V1's
     ("v1/engine/core.py", "                if len(batch_queue) < self.batch_queue_size and ("),  # full: it blocks
     ("v1/core/sched/scheduler.py", "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"),
+), "v1_pp_async_allowed": (
+    ("v1/worker/gpu_model_runner.py", "        assert self.intermediate_tensors is not None\n"),  # read every forward
+    ("v1/worker/gpu_model_runner.py", "                if self.intermediate_tensors is None:\n"),  # made in _dummy_run only
+    ("v1/worker/cpu_model_runner.py", "        if self.vllm_config.compilation_config.mode == CompilationMode.NONE:\n"
+                                      "            return\n"),  # no warm-up (no _dummy_run) under --enforce-eager
 )}
 
 

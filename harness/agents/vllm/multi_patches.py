@@ -92,9 +92,12 @@ UNREACHABLE = {
         "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
         "counts the preemptions that met two frames"),
     "v1_pp_async_allowed": (
-        "not judged on vLLM 0.32.0 here: its pair's quiet arm, stock V1 with PP=2 and async off, dies under "
-        "the path workload (KeyError at Scheduler.update_from_output's model_runner_output."
-        "req_id_to_index[req_id]: a request the step scheduled is missing from the last stage's output, "
-        "which 0.32.0 does not guard: the open vllm#32701 / #46263 family, guards #46285, #50621, #53799 "
-        "unmerged), so no async-off answer exists to compare the lifted refusal with"),
+        "not judged on vLLM 0.32.0 here: its pair's quiet arm, stock V1 with PP=2 and async off, dies on its "
+        "first step: the V1 runner allocates a later stage's receive buffer (intermediate_tensors) only in "
+        "_dummy_run, which vLLM's CPU worker never calls under --enforce-eager (CPUModelRunner."
+        "warming_up_model returns at compilation mode NONE), so stage 1 asserts in "
+        "sync_and_gather_intermediate_tensors and the engine core dies with a KeyError at "
+        "Scheduler.update_from_output (the vllm#32701 / #46263 symptom, another cause); reproduced without "
+        "our agent: fixtures/vllm_upstream/cpu_v1_pp_eager_no_intermediate.py. Nothing compares the lifted "
+        "refusal with an async-off answer until a workaround allocates the buffer"),
 }
