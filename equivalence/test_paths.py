@@ -48,7 +48,7 @@ from harness.verdict import Finding, code_of
 def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
-    reqs = vllm_workload.build(tok, seed=0)
+    reqs, fitted = vllm_workload.build(tok, seed=0), None
     try:  # each parameter row's inputs fitted to the model served (a probe on both servers first)
         fitted = acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
@@ -59,6 +59,8 @@ def path_run(target, tok, oh_options):
         if not target.crashes or target.crashes[-1].get("known") not in ServedTarget.proven_crashes:
             raise
         target.restart_after_death()
+        if fitted is None:  # the death came in the probe: fitted on the pair started again
+            fitted = acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     # every parameter had an effect (issue 36, item 3): each request that sets one, again without
     # it, async off; after the counts were read, so the path counters are the workload's alone
