@@ -32,6 +32,7 @@ from harness.oracles import surface
 from harness.oracles import steps
 from harness.oracles.divergence import record_problems, run_logprobs
 from harness.oracles.reference import divergences
+from harness.targets.vllm import acting
 from harness.targets.vllm import paths as vp
 from harness.targets.sglang import upstream as sglang_upstream
 from harness.targets.vllm import upstream as vllm_upstream
@@ -47,8 +48,9 @@ from harness.verdict import Finding, code_of
 def path_run(target, tok, oh_options):
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
-    reqs = vllm_workload.build(tok, seed=0)
-    try:
+    reqs, fitted = vllm_workload.build(tok, seed=0), None
+    try:  # each parameter row's inputs fitted to the model served (a probe on both servers first)
+        fitted = acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     except TargetCrash:
         # a live known bug killed the async-on engine and its trigger is now left out of every
@@ -57,6 +59,8 @@ def path_run(target, tok, oh_options):
         if not target.crashes or target.crashes[-1].get("known") not in ServedTarget.proven_crashes:
             raise
         target.restart_after_death()
+        if fitted is None:  # the death came in the probe: fitted on the pair started again
+            fitted = acting.fit(target, tok, reqs, vllm_workload.repeating_prompts(tok))
         runs, cnt, ctl, books, stepbooks, spec = _both_arms(target, reqs)
     # every parameter had an effect (issue 36, item 3): each request that sets one, again without
     # it, async off; after the counts were read, so the path counters are the workload's alone
@@ -68,7 +72,7 @@ def path_run(target, tok, oh_options):
                       surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out), spec=spec,
-                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
+                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []), fitted=fitted)
     return pr
 
 
@@ -115,6 +119,7 @@ def bare_run(target, tok, oh_options):
     except (TargetUnavailable, TargetError) as e:
         pytest.fail(f"the bare vLLM pair (no --logits-processors) did not start: {e}", pytrace=False)
     reqs = [r for r in vllm_workload.build(tok, seed=0) if getattr(r, "phase", "main") in vllm_workload.BARE_PHASES]
+    fitted = acting.fit(t, tok, reqs, vllm_workload.repeating_prompts(tok))  # as its twins are
     runs, cnt = {}, {}
     for overlap in (False, True):
         before = vp.counts(planmod.read_facts(str(t.facts_dir(overlap))))
@@ -122,7 +127,7 @@ def bare_run(target, tok, oh_options):
         time.sleep(0.4)  # the agent flushes its counters every 0.1 s
         cnt[overlap] = vp.delta(before, vp.counts(planmod.read_facts(str(t.facts_dir(overlap)))))
     return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], installed=t.installed_logits_processors(),
-                      release=t.version, runner=t.runner, left_out=dict(t.left_out))
+                      release=t.version, runner=t.runner, left_out=dict(t.left_out), fitted=fitted)
 
 
 def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[str]:
@@ -247,6 +252,8 @@ def judge(row: vp.PathRow, pr: vp.PathRun, record_property=None, known=None, ver
         if c <= 0 and not crash:
             outcome.not_exercised(f"not exercised: {row.name} ran 0 times (async {lab}; counters "
                                   f"{', '.join(row.counters)})", "path.not_run")
+    if row.name in pr.fitted and record_property is not None:  # harness.targets.vllm.acting: said in the verdict
+        record_property("fitted", pr.fitted[row.name])
     if pr.effects is not None and not crash:  # the bare pair's rows: their twins on the main pair judge it
         exercised, line = effects.row_verdict(row.name, pr.reqs, pr.effects)
         if exercised is False:  # a parameter that changed nothing: its path was not attacked

@@ -230,6 +230,25 @@ def test_each_multi_worker_patch_names_its_configuration():
         assert PATCHES[name].upstream, name
 
 
+def test_a_patch_no_configuration_reaches_is_listed_with_its_reason_and_not_run(monkeypatch, capsys):
+    """The kill matrix lists it with the reason read from the release's code (never counted missed
+    or caught); `faults` prints it; one that is reachable runs (its configuration's command)."""
+    from harness.cli import main
+    from harness.gate import matrix
+    ran = []
+    monkeypatch.setattr(matrix, "run_suites", lambda *a, **k: ran.append(a[1]) or
+                        type("R", (), {"interrupted": False, "suites": {}})())
+    m = matrix.kill_matrix(faults=["preempt_stales_one_frame", "v1_pp_async_allowed", "pp_decode_no_stagger"],
+                           target="vllm")
+    assert ran == [()]
+    assert m["not_here"]["preempt_stales_one_frame"].startswith("not reachable on vLLM 0.32.0: ")
+    assert "decode_stagger" in m["not_here"]["preempt_stales_one_frame"]
+    assert "KeyError" in m["not_here"]["v1_pp_async_allowed"]
+    assert m["not_here"]["pp_decode_no_stagger"].startswith("needs the pp2 configuration")
+    assert main(["faults", "--target", "vllm"]) == 0
+    assert "not reachable on vLLM 0.32.0: the patched count" in capsys.readouterr().out
+
+
 def test_sglang_idle_books_read_every_ranks_scheduler(tmp_path):
     """SglangTarget.idle_books waits for every rank's own idle check and keeps each rank's counts."""
     import json

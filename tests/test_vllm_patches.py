@@ -97,3 +97,29 @@ def test_faults_lists_every_patch_with_its_upstream_issue(capsys):
     for p in PATCHES.values():
         assert p.name in out and f"patch of vllm/{p.file}, on the {p.path} path" in out
         assert ", ".join(p.upstream) in out
+
+
+# the code a patch's "unreachable" reason is read from (harness.agents.vllm.multi_patches.UNREACHABLE):
+# where the installed vLLM no longer has it, the reason is stale and must be read again
+UNREACHABLE_FROM = {"preempt_stales_one_frame": (
+    ("v1/core/sched/async_scheduler.py", "self.decode_stagger = self.pp_size\n"),  # pp_size steps between decodes
+    ("v1/core/sched/async_scheduler.py", "self.current_step + self.decode_stagger"),
+    ("config/vllm.py", "            if self.use_v2_model_runner:\n                return pp_size + 1\n"),  # V2 queue
+    ("config/vllm.py", "            if pp_size <= 1:\n                return 2\n        return pp_size\n"),  # V1's
+    ("v1/engine/core.py", "                if len(batch_queue) < self.batch_queue_size and ("),  # full: it blocks
+    ("v1/core/sched/scheduler.py", "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"),
+), "v1_pp_async_allowed": (
+    ("v1/worker/gpu_model_runner.py", "        assert self.intermediate_tensors is not None\n"),  # read every forward
+    ("v1/worker/gpu_model_runner.py", "                if self.intermediate_tensors is None:\n"),  # made in _dummy_run only
+    ("v1/worker/cpu_model_runner.py", "        if self.vllm_config.compilation_config.mode == CompilationMode.NONE:\n"
+                                      "            return\n"),  # no warm-up (no _dummy_run) under --enforce-eager
+)}
+
+
+def test_each_unreachable_reason_still_holds_in_the_installed_source(pkg):
+    from harness.agents.vllm.multi_patches import UNREACHABLE
+    assert set(UNREACHABLE) <= set(PATCHES) and all(PATCHES[n].unreachable == why for n, why in UNREACHABLE.items())
+    for name, facts in UNREACHABLE_FROM.items():
+        assert name in UNREACHABLE
+        for rel, text in facts:
+            assert text in (pkg / rel).read_text(), f"{name}: {rel} no longer has {text.strip()!r}"

@@ -32,6 +32,9 @@ class SourcePatch:
     device_only: str = ""  # non-empty: why the CPU build cannot show the bug (mutants skip it there)
     path: str = ""  # the row of the engine's path table whose workload exercises the bug, if one
     config: str = ""  # non-empty: the server configuration it needs (a drafter's), where its path exists
+    # non-empty: why no configuration reaches (or no pair can judge) it on the release written against,
+    # read from that release's code; `mutants` lists it with the reason, `check --fault` prints it
+    unreachable: str = ""
 
     @property
     def edits(self) -> tuple[tuple[str, str], ...]:

@@ -65,6 +65,11 @@ def cmd_check(a) -> int:
           file=sys.stderr)
     if a.target != "ref":
         check_out_dir(a.out, UsageError)
+        from harness.targets import fault_catalogue
+        for name in a.fault:  # a patch no configuration reaches on its release: its pass means that, said
+            why = getattr(fault_catalogue(a.target).get(name), "unreachable", "")
+            if why:
+                print(f"fault {name}: {why}")
     configs = check_configs(a, UsageError)
     if configs:
         return run_matrix(a, configs, workers, vllm)
@@ -267,6 +272,8 @@ def cmd_faults(a) -> int:
             print(f"{'':22} patch of {engine}/{f.file}" + (f", on the {f.path} path" if getattr(f, "path", "") else ""))
             if getattr(f, "device_only", ""):  # `mutants` lists it and does not run it on vLLM's CPU build
                 print(f"{'':22} needs a device: {f.device_only}")
+            if getattr(f, "unreachable", ""):  # `mutants` lists it with the reason and does not run it
+                print(f"{'':22} {f.unreachable}")
         if f.upstream:  # real bugs of the same class
             print(f"{'':22} upstream: {', '.join(f.upstream)}")
     return 0

@@ -52,6 +52,7 @@ class GateResult:
     known_gone: list = field(default_factory=list)  # known upstream ids that did not reproduce
     claims: list = field(default_factory=list)  # "case: id: held|refuted|not tested" (harness.gate.claims)
     installed: list = field(default_factory=list)  # "name = module:attr": the target's vllm.logits_processors
+    fitted: list = field(default_factory=list)  # a parameter row's inputs fitted to the model (harness.targets.vllm.acting)
     spec: list = field(default_factory=list)  # a drafter's windows per arm: acceptance, accepted lengths (test_paths)
     hangs: list = field(default_factory=list)  # "HANG: ..." of the ref engine's watchdog (its cases failed)
     na: list = field(default_factory=list)  # "n/a in V: ...": a row whose feature the release lacks
@@ -100,7 +101,7 @@ class _Collector:
         suite = Path(str(report.fspath)).stem
         for k, v in report.user_properties:
             if k in ("path_count", "path_overlap", "known_gone", "installed", "not_exercised", "pairs_met", "spec",
-                     "claim_test"):
+                     "claim_test", "fitted"):
                 self.extra.append((report.nodeid, k, v))
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         msg, step = ("", None) if outcome != "failed" else (
@@ -139,7 +140,7 @@ class _Collector:
         res.collected = len(self.order)
         slot = {"path_count": res.paths, "path_overlap": res.path_overlap, "pairs_met": res.pairs, "known": res.known,
                 "known_gone": res.known_gone, "installed": res.installed, "na": res.na,
-                "not_exercised": res.not_exercised, "spec": res.spec, "claim_test": res.claims}
+                "not_exercised": res.not_exercised, "spec": res.spec, "claim_test": res.claims, "fitted": res.fitted}
         for nid, k, v in sorted(self.extra, key=lambda e: self.order.get(e[0], last)):
             if v not in slot[k]:
                 slot[k].append(v)
@@ -371,6 +372,8 @@ def path_lines(res: GateResult) -> list[str]:
     if res.installed:
         out.append("logits processors installed in the target (vllm.logits_processors, each run async on vs off "
                    "with the placeholder repair on and off): " + ", ".join(res.installed))
+    # a row's inputs changed to act on the model served (one built for SmolLM2 acts as built: not listed)
+    out += [x for x in res.fitted if not x.endswith(" as built")]
     out += [f"speculative windows: {x}" for x in res.spec]
     out += [k for k in res.known]
     out += [f"known upstream {k}: no longer reproduces" for k in res.known_gone]

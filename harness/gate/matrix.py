@@ -18,6 +18,9 @@ def kill_matrix(seeds: int | None = None, faults=None, progress=None, intended_o
     # a bug that only a device shows (vLLM's CPU build runs each forward inline) is listed with
     # its reason, never run and counted as missed or caught
     out["not_here"] = {n: catalogue[n].device_only for n in names if getattr(catalogue[n], "device_only", "")}
+    # ... and one that no configuration reaches on the release its text was written against (the reason)
+    out["not_here"].update({n: catalogue[n].unreachable for n in names
+                            if getattr(catalogue[n], "unreachable", "") and n not in out["not_here"]})
     # a source patch that needs another server configuration (a drafter's): listed with the command
     # that runs it, never run on this pair, where its path does not exist
     out["not_here"].update({n: f"needs the {catalogue[n].config} configuration: check --target {target} --configs "

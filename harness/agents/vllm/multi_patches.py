@@ -75,3 +75,29 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
 # the configuration each patch needs (harness.targets.vllm.configs): the bug exists only there
 CONFIG = {"rank_keeps_finished_state": "tp2", "pp_decode_no_stagger": "pp2", "v1_pp_async_allowed": "pp2-v1",
           "preempt_stales_one_frame": "pp2"}
+
+# why a patch cannot be shown on the release its text was copied from (0.32.0), read from that
+# release's code (issue 45, item 4): `mutants` lists it with the reason, `check --fault` prints it
+UNREACHABLE = {
+    "preempt_stales_one_frame": (
+        "not reachable on vLLM 0.32.0: the patched count differs from stock only for a request with two "
+        "or more output placeholders when it is preempted; with V2 + PP + async the scheduler lets a "
+        "request decode again only pipeline-size steps later (AsyncScheduler.decode_stagger = pp_size, "
+        "next_decode_eligible_step: vllm#32359's constraint) and the batch queue holds pipeline size + 1 "
+        "steps, so the queue is full from the moment a request's second decode is scheduled until its "
+        "first is processed (EngineCore.step_with_batch_queue blocks there): schedule(), the only place a "
+        "request is preempted for KV, and reset_prefix_cache, run between steps, never see two of its "
+        "frames in flight. V1 has no stagger but refuses PP with async (vllm#45014), and with the refusal "
+        "lifted its batch queue holds pipeline size steps (VllmConfig.max_concurrent_batches), one in "
+        "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
+        "counts the preemptions that met two frames"),
+    "v1_pp_async_allowed": (
+        "not judged on vLLM 0.32.0 here: its pair's quiet arm, stock V1 with PP=2 and async off, dies on its "
+        "first step: the V1 runner allocates a later stage's receive buffer (intermediate_tensors) only in "
+        "_dummy_run, which vLLM's CPU worker never calls under --enforce-eager (CPUModelRunner."
+        "warming_up_model returns at compilation mode NONE), so stage 1 asserts in "
+        "sync_and_gather_intermediate_tensors and the engine core dies with a KeyError at "
+        "Scheduler.update_from_output (the vllm#32701 / #46263 symptom, another cause); reproduced without "
+        "our agent: fixtures/vllm_upstream/cpu_v1_pp_eager_no_intermediate.py. Nothing compares the lifted "
+        "refusal with an async-off answer until a workaround allocates the buffer"),
+}

@@ -27,11 +27,11 @@ SAMPLER = "v1/sample/sampler.py"
 
 def VllmPatch(name: str, description: str, path: str, suite: str, file: str, search: str, replace: str,
               upstream: tuple[str, ...] = (), also: tuple[tuple[str, str], ...] = (),
-              device_only: str = "", config: str = "") -> SourcePatch:
+              device_only: str = "", config: str = "", unreachable: str = "") -> SourcePatch:
     """A source patch of vLLM, in the order the table below writes it: the path row (of
     harness.targets.vllm.paths.PATHS) whose workload exercises the bug comes before the suite."""
     return SourcePatch("vllm", "vLLM", WRITTEN_AGAINST, name, description, suite, file, search, replace,
-                       upstream, also, device_only, path, config)
+                       upstream, also, device_only, path, config, unreachable)
 
 
 # the per-path suite: one row per path of harness.targets.vllm.paths.PATHS, each failing "not
@@ -478,9 +478,9 @@ _v2_patches()
 
 def _multi_patches() -> None:
     """The bugs beyond one worker (harness.agents.vllm.multi_patches, data) join the one registry."""
-    from harness.agents.vllm.multi_patches import CONFIG, SPECS
+    from harness.agents.vllm.multi_patches import CONFIG, SPECS, UNREACHABLE
     for spec in SPECS:  # each needs its configuration (the kill matrix lists it with the command that runs it)
-        PATCHES[spec["name"]] = VllmPatch(**spec, config=CONFIG[spec["name"]])
+        PATCHES[spec["name"]] = VllmPatch(**spec, config=CONFIG[spec["name"]], unreachable=UNREACHABLE.get(spec["name"], ""))
 
 
 _multi_patches()

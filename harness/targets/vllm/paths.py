@@ -266,6 +266,7 @@ class PathRun:
     absent: dict = field(default_factory=dict)  # row -> "n/a in ...: why" (a release or server configuration without it)
     left_out: dict = field(default_factory=dict)  # rid -> (known id, fields, case): a known crash's trigger not sent
     in_flight: int = 2  # the steps the async-on engine may keep in flight (its batch queue: harness.oracles.steps)
+    fitted: dict = field(default_factory=dict)  # row -> how its inputs were fitted to the model (harness.targets.vllm.acting)
 
 
 def bare_rows() -> list[PathRow]:

@@ -432,6 +432,10 @@ class VllmTarget(EnginePair):
         if ho.get("max_in_flight"):  # k steps in flight (issue 45): what the batch queue allows, what ran
             evidence += (f"; up to {ho['max_in_flight']} step(s) in flight of the {e.get('batch_queue_size', 1)} "
                          "the batch queue holds")
+            if e.get("batch_queue_size", 1) > 2:  # where vllm#48245 lived: did a preemption meet two frames?
+                evidence += (f"; preemptions with two or more output placeholders (two decode frames) in "
+                             f"flight: {e.get('preempted_two_frames', 0)} of {e.get('preempted_in_flight', 0)} "
+                             "with a step in flight")
         if inline:
             evidence += ("; the forward runs inline on the engine core's thread (UniProcExecutor), so only the "
                          "order is judged, not time")

@@ -17,6 +17,10 @@ PREFIX = ("You are a careful assistant that answers questions about schedulers. 
           "freed row from being written while a step still reads it. When memory runs short the scheduler "
           "retracts the newest request, returns its pages to the pool and later recomputes its prompt, so "
           "every answer must come out the same as it would without the overlap. ")
+# prompts whose greedy continuation repeats (SmolLM2's): the bad-word and no-repeat rows' requests
+COUNT = "one two three one two three one two three one two three one"
+COLOURS = "red green blue red green blue red green blue red green blue red"
+ECHO = ("ha ha ha ha ha ha ha ha ha ha ha ha", "0 0 0 0 0 0 0 0 0 0 0 0 0 0")
 WORDS = "slot table relay fence window step stream token prefix cache batch entry row page copy event".split()
 
 
@@ -116,11 +120,10 @@ def build(tok, seed: int = 0) -> list[Request]:
         reqs += [a, path_request(f"ab{i}full", list(prompt), 24, ["abort"], arrival=4 + i, ignore_eos=True)]
     # last: prompts whose greedy continuation repeats, so the two-token bad word is what the model
     # would say next at once, and the no-repeat processor bans a token it wants
-    count = token_ids(tok, "one two three one two three one two three one two three one")
-    colours = token_ids(tok, "red green blue red green blue red green blue red green blue red")
+    count, colours = token_ids(tok, COUNT), token_ids(tok, COLOURS)
     # prompts whose greedy continuation repeats a token at once: a no-repeat processor (a team's
     # installed one acts on every request) changes them, so a placeholder read shows as tokens
-    echo = (token_ids(tok, "ha ha ha ha ha ha ha ha ha ha ha ha"), token_ids(tok, "0 0 0 0 0 0 0 0 0 0 0 0 0 0"))
+    echo = tuple(token_ids(tok, t) for t in ECHO)
     # prompt logprobs in a batch of its own too (on lb0, in the main run, async on returned 1 entry of 5
     # once in 5 runs on stock 0.32.0: not understood yet, see docs/vllm-paths.md "The request surface")
     for r in (path_request("bw1", count, 16, ["bad_words"], bad_words=[" two three", " three one"], ignore_eos=True,
@@ -165,6 +168,12 @@ def build_bare(tok, count, colours, echo) -> list[Request]:
     for r in out:
         r.phase = "bare"
     return out + [bw]
+
+
+def repeating_prompts(tok) -> list[list[int]]:
+    """The prompts the no-repeat rows may take when the model served repeats no token on theirs
+    (harness.targets.vllm.acting): the workload's own repeating prompts, the ones it uses first."""
+    return [token_ids(tok, t) for t in (COLOURS, *ECHO, COUNT)]
 
 
 BARE_PHASES = ("bare", "bare_words")
