@@ -207,6 +207,40 @@ def test_the_children_of_an_n_request_are_paired_by_their_index():
     assert spec_steps.sampled_apart([r], {True: on, False: same}) == set()
 
 
+def test_a_decode_step_without_drafts_is_a_window_and_parts_a_sampled_request(monkeypatch):
+    """The stock spec-draft gate's s1 (seeded, 2026-12-07): async on, its token 1 came from a decode
+    step without drafts (the token budget), async off from a window of three; both arms' next windows
+    drafted [365, 216, 28], so aligned window by window the request looked drafted alike and its
+    tokens were compared (a false divergence: the draws follow the windows). The worker records a
+    decode step without drafts as a window with none (not a prefill's sample), and the arms part there."""
+    import types
+
+    import numpy as np
+    import torch
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.steps import request_key
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(agent_spec, "_VERIFIED", type(agent_spec._VERIFIED)())
+    batch = SimpleNamespace(req_ids=["a", "b", "c"], num_computed_tokens_cpu=np.array([9, 9, 2]),
+                            num_prompt_tokens=np.array([5, 5, 5]))
+    reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, 3, 4, 5], sampling_params=SimpleNamespace(max_tokens=8))
+            for r in "abc"}
+    runner = SimpleNamespace(input_batch=batch, requests=reqs)
+    md = SimpleNamespace(num_draft_tokens=[2, 0, 0], draft_token_ids=torch.tensor([7, 8]))
+    out = SimpleNamespace(sampled_token_ids=torch.tensor([[7, 3, -1], [4, -1, -1], [6, -1, -1]]))
+    agent_spec._record(runner, md, out)
+    got = state.facts("spec_verify").data["verified"]
+    assert got["a"][1] == [[[7, 8], [7, 3]]] and got["b"][1] == [[[], [4]]] and "c" not in got  # c: a prefill chunk
+    r = SimpleNamespace(rid="s1", prompt_ids=[9], max_new_tokens=16, temperature=0.9)
+    k = request_key(r.prompt_ids, r.max_new_tokens)
+    on = {"x": (k, [([], [198]), ([365, 216, 28], [19])])}
+    off = {"y": (k, [([365, 216, 28], [472]), ([360, 30, 365], [351])])}
+    assert spec_steps.sampled_apart([r], {True: on, False: off}) == {"s1"}
+    assert spec_steps.verify_findings(on, [k], "on") == ([], 2)  # no drafts: one token, the rule holds
+
+
 def test_the_verify_rule_is_checked_window_by_window_on_greedy_requests():
     """Greedy: the sampled ids are the drafts' accepted prefix, then a token that is not the next
     draft (or the bonus after a whole window). A match rejected or a mismatch accepted is found on
