@@ -212,10 +212,10 @@ def test_a_decode_step_without_drafts_is_a_window_and_parts_a_sampled_request(mo
     step without drafts (the token budget), async off from a window of three; both arms' next windows
     drafted [365, 216, 28], so aligned window by window the request looked drafted alike and its
     tokens were compared (a false divergence: the draws follow the windows). The worker records a
-    decode step without drafts as a window with none (not a prefill's sample), and the arms part there."""
+    later sample without drafts as a window with none (a decode step the budget left one position, a
+    resumed request's recompute; not its first token), and the arms part there."""
     import types
 
-    import numpy as np
     import torch
 
     from harness.agents.vllm import state
@@ -223,16 +223,17 @@ def test_a_decode_step_without_drafts_is_a_window_and_parts_a_sampled_request(mo
     monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
     monkeypatch.setattr(state, "FACTS", {})
     monkeypatch.setattr(agent_spec, "_VERIFIED", type(agent_spec._VERIFIED)())
-    batch = SimpleNamespace(req_ids=["a", "b", "c"], num_computed_tokens_cpu=np.array([9, 9, 2]),
-                            num_prompt_tokens=np.array([5, 5, 5]))
-    reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, 3, 4, 5], sampling_params=SimpleNamespace(max_tokens=8))
-            for r in "abc"}
+    batch = SimpleNamespace(req_ids=["a", "b", "c", "d"])
+    reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, 3, 4, 5], sampling_params=SimpleNamespace(max_tokens=8),
+                               output_token_ids=out) for r, out in zip("abcd", ([6, -1], [6, 7, -1], [], [6, 7]))}
     runner = SimpleNamespace(input_batch=batch, requests=reqs)
-    md = SimpleNamespace(num_draft_tokens=[2, 0, 0], draft_token_ids=torch.tensor([7, 8]))
-    out = SimpleNamespace(sampled_token_ids=torch.tensor([[7, 3, -1], [4, -1, -1], [6, -1, -1]]))
+    md = SimpleNamespace(num_draft_tokens=[2, 0, 0, 0], draft_token_ids=torch.tensor([7, 8]))
+    out = SimpleNamespace(sampled_token_ids=torch.tensor([[7, 3, -1], [4, -1, -1], [6, -1, -1], [5, -1, -1]]))
     agent_spec._record(runner, md, out)
     got = state.facts("spec_verify").data["verified"]
-    assert got["a"][1] == [[[7, 8], [7, 3]]] and got["b"][1] == [[[], [4]]] and "c" not in got  # c: a prefill chunk
+    # b: a decode step without drafts; c: its first token (no window); d: a resumed request's recompute
+    assert got["a"][1] == [[[7, 8], [7, 3]]] and got["b"][1] == [[[], [4]]] and "c" not in got
+    assert got["d"][1] == [[[], [5]]]
     r = SimpleNamespace(rid="s1", prompt_ids=[9], max_new_tokens=16, temperature=0.9)
     k = request_key(r.prompt_ids, r.max_new_tokens)
     on = {"x": (k, [([], [198]), ([365, 216, 28], [19])])}

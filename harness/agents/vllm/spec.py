@@ -21,7 +21,7 @@ placeholder left there is read as a token (vllm#30122: only the last accepted to
 placeholder ids read in the rows a penalty or bad words apply to (a violation: > 0 fails its
 row; the other rows may hold -1 by vLLM's design, counted apart). After the rejection sampler
 (GPUModelRunner._sample) the worker records each request's drafts as it verified them and the
-ids it sampled, per window (role "spec_verify"; a decode step without drafts is a window with none):
+ids it sampled, per window (role "spec_verify"; a later sample without drafts is a window with none):
 the verify rule is checked on them (harness.oracles.spec_steps.verify_findings).
 """
 from __future__ import annotations
@@ -242,31 +242,30 @@ def sample(orig):
     return _sample
 
 
-def _decoding(batch, i: int) -> bool:
-    """Row i decodes (its prompt computed before this step). A decode step without drafts (the
-    token budget left the request one position, or it re-entered the batch) is kept as a window with
-    no drafts: its sample draws from a seeded request's generator otherwise than a window does (no
-    uniforms, no recovered-token noise), so two arms whose windows part there must be seen to part
-    (spec_steps.sampled_apart), not aligned window by window as if both had drafted."""
-    try:
-        return int(batch.num_computed_tokens_cpu[i]) >= int(batch.num_prompt_tokens[i])
-    except (AttributeError, IndexError, TypeError):
-        return False
+def _sampled_before(runner, rid) -> bool:
+    """The request has sampled before this step (not its first token). Every later sample without
+    drafts is kept as a window with none: a decode step the token budget left one position, or the
+    recompute of a request resumed after a preemption (a reset, a pause, KV pressure), whose sample
+    is a prefill's. Such a sample draws from a seeded request's generator otherwise than a window
+    does (no uniforms, no recovered-token noise), so two arms whose windows part there must be seen
+    to part (spec_steps.sampled_apart), not aligned window by window as if both had drafted. (A
+    resumed request's discarded chunk is kept too: the arms part, which only leaves it uncompared.)"""
+    st = runner.requests.get(rid)
+    return bool(getattr(st, "output_token_ids", None))
 
 
 def _record(runner, md, out) -> None:
     counts = list(md.num_draft_tokens)
     flat = md.draft_token_ids.tolist()
     sampled = out.sampled_token_ids.tolist()
-    batch = runner.input_batch
-    rids = batch.req_ids
+    rids = runner.input_batch.req_ids
     at = 0
     for i, n in enumerate(counts):
         drafts, at = flat[at:at + n], at + n
         if i >= len(rids) or i >= len(sampled):
             continue
-        if not n and not _decoding(batch, i):
-            continue  # a prefill's sample (its first token, or a chunk's, discarded): no window
+        if not n and not _sampled_before(runner, rids[i]):
+            continue  # the request's first token: no window
         rid = rids[i]
         rec = _VERIFIED.get(rid)
         if rec is None:
