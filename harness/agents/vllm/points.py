@@ -167,6 +167,11 @@ POINTS += [
     Point("spec_sample", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
           "after the rejection sampler: each request's drafts as the worker verified them and the ids sampled",
           since="0.10.2", until="0.34.0", runner="v1"),
+    # FACT cpu_spec_topk_no_drafts, unless the plan lists "cpu_spec_topk" under "stock" (called by
+    # name from RejectionSampler.forward: the module's attribute is the one patched)
+    Point("spec_constraints", "vllm.v1.sample.rejection_sampler", "apply_sampling_constraints",
+          "the rejection sampler's temperature/top-k/top-p over the draft positions: a step with none is "
+          "returned as it is (vLLM's CPU top-k op raises on it)", since="0.11.1", until="0.34.0", runner="v1"),
 ]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")

@@ -21,8 +21,8 @@ placeholder left there is read as a token (vllm#30122: only the last accepted to
 placeholder ids read in the rows a penalty or bad words apply to (a violation: > 0 fails its
 row; the other rows may hold -1 by vLLM's design, counted apart). After the rejection sampler
 (GPUModelRunner._sample) the worker records each request's drafts as it verified them and the
-ids it sampled, per window (role "spec_verify"): the verify rule is checked on them
-(harness.oracles.spec_steps.verify_findings).
+ids it sampled, per window (role "spec_verify"; a later sample without drafts is a window with none):
+the verify rule is checked on them (harness.oracles.spec_steps.verify_findings).
 """
 from __future__ import annotations
 
@@ -126,30 +126,98 @@ def _count_reads(sm, metadata) -> None:
     """`spec_lp_steps`; the placeholders (-1) in the output ids and in the drafts the rejection
     sampler appends to them (spec_token_ids) of the rows it reads (`spec_lp_placeholders`, a
     violation), the first few such rows' tails (`spec_lp_rows`: what was read, to explain a read);
-    the rows that hold -1 without being read are counted apart (`spec_lp_unread_placeholders`)."""
+    the rows that hold -1 without being read are counted apart (`spec_lp_unread_placeholders`), and
+    so are padded drafts (`spec_lp_padded_drafts`, see padded_drafts)."""
     f = state.facts("worker")
     f.add("spec_lp_steps")
     rows = reading_rows(sm)
     outs = sm.output_token_ids or ()
     specs = sm.spec_token_ids or [()] * len(outs)
     drafts = list(getattr(metadata, "num_draft_tokens", None) or ())
-    read = unread = 0
+    verified = _verified_drafts(metadata, drafts)
+    read = unread = padded = 0
     for i, (ids, sp) in enumerate(zip(outs, specs)):
-        n = sum(1 for t in ids if t == -1) + sum(1 for t in sp or () if t == -1)
-        if not n:
-            continue
+        pad = padded_drafts(sp, verified[i] if i < len(verified) else None)
+        n = sum(1 for t in ids if t == -1) + sum(1 for t in sp or () if t == -1) - pad
         if i not in rows:
-            unread += n
+            unread += n + pad
+            continue
+        padded += pad
+        if pad:  # the first few, with what the batch says of them (a padded row was left out of a step)
+            kept = f.data.get("spec_lp_padded_rows") or []
+            if len(kept) < 4:
+                f.set(spec_lp_padded_rows=kept + [{"row": i, "drafts": list(sp or ()), "verified": verified[i],
+                                                   **_explain(i, ids)}])
+        if not n:
             continue
         read += n
         seen = f.data.get("spec_lp_rows") or []
         if len(seen) < 8:
             f.set(spec_lp_rows=seen + [{"row": i, "tail": list(ids[-6:]), "drafts": list(sp or ()),
-                                        "num_drafts": drafts[i] if i < len(drafts) else None}])
+                                        "num_drafts": drafts[i] if i < len(drafts) else None,
+                                        "verified": verified[i] if i < len(verified) else None,
+                                        **_explain(i, ids)}])
     if read:
         f.add("spec_lp_placeholders", read)
     if unread:
         f.add("spec_lp_unread_placeholders", unread)
+    if padded:
+        f.add("spec_lp_padded_drafts", padded)
+
+
+def padded_drafts(sp, verified) -> int:
+    """The -1s of a row's drafts (sampling metadata's spec_token_ids) that are padding, not a draft
+    left unrepaired: the draft the rejection sampler verifies at that position is -1 too. vLLM pads
+    drafts so where it has none to give (a request left out of the previous step is scheduled its
+    placeholder drafts again: the worker has no draft for it, feeds token 0 (`input_ids.clamp_(min=0)`:
+    "Clamp speculative scheduler placeholders (-1)") and verifies -1), and its kernels reject a -1
+    draft ("-1 is used for padded draft token ids that should be rejected"); the penalties read a
+    draft only at the positions after it, so a padded draft's reads are at positions discarded by
+    that rejection and change no token. A -1 where a real draft was verified is a read (the repair
+    of the drafts missed it); without the verified drafts every -1 is one."""
+    if not sp or verified is None:
+        return 0
+    return sum(1 for d, t in enumerate(sp) if t == -1 and d < len(verified) and verified[d] < 0)
+
+
+def _verified_drafts(metadata, counts: list) -> list:
+    """Each row's drafts as the rejection sampler verifies them (SpecDecodeMetadata.draft_token_ids,
+    flat, read before the model's clamp), or [] when the metadata has none."""
+    flat = getattr(metadata, "draft_token_ids", None)
+    if flat is None:
+        return []
+    flat = flat.tolist() if hasattr(flat, "tolist") else list(flat)
+    out, at = [], 0
+    for n in counts:
+        out.append(flat[at:at + n])
+        at += n
+    return out
+
+
+_RUNNER: list = [None]  # the GPUModelRunner whose step the rejection sampler is sampling (set by `sample`)
+
+
+def _explain(i: int, ids) -> dict:
+    """What the runner's batch says about a read row, so a read can be told apart by its cause: the
+    request, where its -1s sit (counted from the end: -1 is the last id), whether it was in the
+    previous step's batch (vLLM repairs only those: InputBatch.update_async_output_token_ids),
+    the draft count that step scheduled for it (prev_num_draft_len: the placeholders _update_states
+    added), whether the repair had the previous step's ids, and those ids."""
+    runner = _RUNNER[0]
+    batch = getattr(runner, "input_batch", None)
+    if batch is None:
+        return {}
+    try:
+        rid = batch.req_ids[i]
+        prev = (batch.prev_req_id_to_index or {}).get(rid)
+        st = runner.requests.get(rid)
+        cpu = batch.sampled_token_ids_cpu
+        return {"rid": rid, "n_out": len(ids), "at": [j - len(ids) for j, t in enumerate(ids) if t == -1],
+                "in_prev_step": prev is not None, "prev_num_draft_len": getattr(st, "prev_num_draft_len", None),
+                "repair_armed": cpu is not None,
+                "prev_sampled": cpu[prev].tolist() if cpu is not None and prev is not None and prev < len(cpu) else None}
+    except Exception as e:  # a diagnosis must never break the engine
+        return {"explain_error": str(e)[:200]}
 
 
 VERIFY_ROLE = "spec_verify"
@@ -163,6 +231,7 @@ def sample(orig):
     placeholders) and the ids it sampled for them, per window (role "spec_verify"): the verify
     rule is then checked window by window (harness.oracles.spec_steps.verify_findings)."""
     def _sample(self, logits, spec_decode_metadata, *a, **kw):
+        _RUNNER[0] = self  # a placeholder read in the rejection sampler is explained from its batch
         out = orig(self, logits, spec_decode_metadata, *a, **kw)
         if spec_decode_metadata is not None:
             try:
@@ -173,6 +242,18 @@ def sample(orig):
     return _sample
 
 
+def _sampled_before(runner, rid) -> bool:
+    """The request has sampled before this step (not its first token). Every later sample without
+    drafts is kept as a window with none: a decode step the token budget left one position, or the
+    recompute of a request resumed after a preemption (a reset, a pause, KV pressure), whose sample
+    is a prefill's. Such a sample draws from a seeded request's generator otherwise than a window
+    does (no uniforms, no recovered-token noise), so two arms whose windows part there must be seen
+    to part (spec_steps.sampled_apart), not aligned window by window as if both had drafted. (A
+    resumed request's discarded chunk is kept too: the arms part, which only leaves it uncompared.)"""
+    st = runner.requests.get(rid)
+    return bool(getattr(st, "output_token_ids", None))
+
+
 def _record(runner, md, out) -> None:
     counts = list(md.num_draft_tokens)
     flat = md.draft_token_ids.tolist()
@@ -181,8 +262,10 @@ def _record(runner, md, out) -> None:
     at = 0
     for i, n in enumerate(counts):
         drafts, at = flat[at:at + n], at + n
-        if not n or i >= len(rids) or i >= len(sampled):
+        if i >= len(rids) or i >= len(sampled):
             continue
+        if not n and not _sampled_before(runner, rids[i]):
+            continue  # the request's first token: no window
         rid = rids[i]
         rec = _VERIFIED.get(rid)
         if rec is None:

@@ -88,6 +88,14 @@ FACTS: dict[str, Since] = {
                                      "sampler's expand kernel writes a temporary: a step with drafts and a "
                                      "non-greedy request samples with uninitialized temperatures "
                                      "(vllm-project/vllm#55005)"),
+    # a step without drafts on a drafter's configuration goes through the rejection sampler, whose
+    # top-k op (the CPU path) raises on its zero draft positions when the batch has top_k and no
+    # top_p (KNOWN_UPSTREAM cpu-spec-topk-no-drafts; found by stress, 2026-12-07): read from every
+    # cached wheel, apply_sampling_constraints and its unguarded call are in 0.11.1 to 0.33.0 (before
+    # 0.11.1 the function had another name: not checked there)
+    "cpu_spec_topk_no_drafts": Since(since="0.11.1", until="0.34.0", why="a step without drafts on a drafter's configuration "
+                                     "passes zero draft positions to the top-k op, which raises on CPU when the "
+                                     "batch has top_k and no top_p"),
     # vLLM's CPU attention decodes with IPEX's kernel until 0.11.0 (0.11.1 has its own kernels)
     "ipex_decode_kernel": Since(until="0.11.1", why="the CPU attention decodes with IPEX's "
                                 "PagedAttention.single_query_cached_kv_attention"),
@@ -161,6 +169,8 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                                         r"if len\(generators\) != logits\.shape\[0\]"),
     "cpu_expand_drops_output": ("utils/cpu_triton_utils.py",
                                 r"def _expand_kernel_impl\([^)]*\):\s*torch\.ops\._C\.expand_kernel_impl\(\s*_ensure_int64\(output\)"),
+    "cpu_spec_topk_no_drafts": ("v1/sample/rejection_sampler.py",
+                                r"def apply_sampling_constraints\([\s\S]*apply_top_k_top_p\(logits, top_k, top_p\)"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
     "cpu_reorder_by_prompt": ("v1/attention/backends/cpu_attn.py",
                               r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),

