@@ -29,12 +29,29 @@ FEATURES = {
     "penalty": "a frequency penalty applied to the tokens it produced",
     "seed": "seeded sampling (temperature > 0) produced its tokens",
 }
+# the path rows (harness.targets.vllm.paths.PATHS) whose mechanism each feature takes: a feature
+# whose row the release, runner or configuration lacks (target.row_absent) leaves the plan, its
+# pairs n/a (equivalence/test_path_pairs.py)
+PATH_ROWS = {
+    "abort": ("abort",),
+    "prefix_hit": ("prefix_cache_hit",),
+    "preempt_in_flight": ("prefix_cache_reset", "preemption_in_flight"),
+    "chunked_prefill": ("chunked_prefill",),
+    "structured_output": ("structured_output",),
+    "prompt_logprobs": ("logprobs",),
+    "penalty": ("penalties",),
+    "seed": ("seeded_reorder",),
+}
 # pairs no request can hold here: the client's disconnect reads a stream, and vLLM's server refuses
 # prompt logprobs on a stream (HTTP 400 "`prompt_logprobs` are not available when `stream=True`",
-# measured on 0.32.0)
+# measured on 0.32.0); a request that asks for prompt logprobs never reads the prefix cache
+# (SamplingParams sets skip_reading_prefix_cache: a cached prefix has no logprobs to give; measured:
+# the first served run met prefix_hit in no request of the row that held both, 0 of 6)
 EXCLUSIVE: dict = {
     frozenset(("abort", "prompt_logprobs")): "a client disconnect needs a stream, and vLLM refuses prompt "
                                              "logprobs with stream=True",
+    frozenset(("prefix_hit", "prompt_logprobs")): "vLLM skips reading the prefix cache for a request that "
+                                                  "asks for prompt logprobs (skip_reading_prefix_cache)",
 }
 FEATURED = 3  # requests per row that carry its features
 # tokens a featured request of an abort row reads before its client disconnects: enough that a
