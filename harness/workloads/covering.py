@@ -80,7 +80,7 @@ def on_off_plan(features, exclusive=()) -> CoveringArray:
     """The rows over on/off features: every pair of feature values meets in one of them, and no row
     turns on both features of an `exclusive` pair (the ref engine's combos and vLLM's share this)."""
     return pairwise({f: (False, True) for f in features},
-                    lambda row: not any(all(row[f] for f in pair) for pair in exclusive))
+                    lambda row: not any(all(row.get(f) for f in pair) for pair in exclusive))
 
 
 def planned_pairs(arr: CoveringArray) -> set[tuple[str, str]]:

@@ -321,13 +321,14 @@ PATCHES.update({p.name: p for p in [
         ("vllm-project/vllm#45257",)),
     # issue 44, item 2: where two mechanisms meet. An abort alone frees its blocks right; a prefix hit
     # alone is counted right; only an aborted request holding cached blocks it shares leaks them
-    # (tests/test_vllm_combos.py names the pair: abort x prefix_hit)
+    # (the gate's equivalence/test_path_pairs.py names the pair: abort x prefix_hit;
+    # tests/test_vllm_combos.py)
     VllmPatch(
         "abort_shared_prefix_double_ref",
         "an aborted request's cached prefix blocks that another request shares are taken once more "
         "before the request is freed: their reference is never given back, so they leak (the books at "
         "idle); a request that was not aborted, or holds no shared cached block, frees right",
-        "abort", PATHS_SUITE, SCHED,
+        "abort", "test_path_pairs", SCHED,
         "            request.status = finished_status\n"
         "            self._free_request(request, delay_free_blocks=delay_free_blocks)\n",
         "            request.status = finished_status\n"

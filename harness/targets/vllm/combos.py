@@ -29,12 +29,29 @@ FEATURES = {
     "penalty": "a frequency penalty applied to the tokens it produced",
     "seed": "seeded sampling (temperature > 0) produced its tokens",
 }
+# the path rows (harness.targets.vllm.paths.PATHS) whose mechanism each feature takes: a feature
+# whose row the release, runner or configuration lacks (target.row_absent) leaves the plan, its
+# pairs n/a (equivalence/test_path_pairs.py)
+PATH_ROWS = {
+    "abort": ("abort",),
+    "prefix_hit": ("prefix_cache_hit",),
+    "preempt_in_flight": ("prefix_cache_reset", "preemption_in_flight"),
+    "chunked_prefill": ("chunked_prefill",),
+    "structured_output": ("structured_output",),
+    "prompt_logprobs": ("logprobs",),
+    "penalty": ("penalties",),
+    "seed": ("seeded_reorder",),
+}
 # pairs no request can hold here: the client's disconnect reads a stream, and vLLM's server refuses
 # prompt logprobs on a stream (HTTP 400 "`prompt_logprobs` are not available when `stream=True`",
-# measured on 0.32.0)
+# measured on 0.32.0); a request that asks for prompt logprobs never reads the prefix cache
+# (SamplingParams sets skip_reading_prefix_cache: a cached prefix has no logprobs to give; measured:
+# the first served run met prefix_hit in no request of the row that held both, 0 of 6)
 EXCLUSIVE: dict = {
     frozenset(("abort", "prompt_logprobs")): "a client disconnect needs a stream, and vLLM refuses prompt "
                                              "logprobs with stream=True",
+    frozenset(("prefix_hit", "prompt_logprobs")): "vLLM skips reading the prefix cache for a request that "
+                                                  "asks for prompt logprobs (skip_reading_prefix_cache)",
 }
 FEATURED = 3  # requests per row that carry its features
 # tokens a featured request of an abort row reads before its client disconnects: enough that a
@@ -42,7 +59,11 @@ FEATURED = 3  # requests per row that carry its features
 ABORT_AFTER = 10
 MAX_TOKENS = 32
 WARM_STEPS = 10  # a prefix row's featured requests arrive this many arrival units after its warm-up
-RESET_AFTER_S = 0.15  # a preemption row's reset, seconds after its featured requests arrive
+# a preemption row's resets, seconds after its featured requests arrive. One at 0.15 s found no
+# request decoding in the row whose requests also prefill in chunks and compile a grammar (measured:
+# preempt_in_flight x seed / structured_output / prefix_hit not met in the first gate run); a reset
+# preempts with a step in flight only a request that decodes, so a few spread over its first second
+RESET_AFTER_S = (0.15, 0.45, 0.9)
 # a grammar that runs past ABORT_AFTER tokens and past the row's reset: 12 to 16 short words
 REGEX = "( [a-z]{2,6}){12,16}[.]"
 
@@ -89,7 +110,7 @@ def mix(tok, row: dict, i: int, seed: int = 0) -> tuple[list[Request], list]:
             r.temperature, r.top_p, r.seed = 0.8, 0.95, rng.randrange(1 << 30)
         reqs.append(r)
     from harness.targets.served.pair import ARRIVAL_MS
-    controls = [(late * ARRIVAL_MS / 1000.0 + RESET_AFTER_S, "reset")] if "preempt_in_flight" in on else []
+    controls = [(late * ARRIVAL_MS / 1000.0 + s, "reset") for s in RESET_AFTER_S] if "preempt_in_flight" in on else []
     return reqs, controls
 
 
