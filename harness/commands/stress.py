@@ -79,7 +79,6 @@ def cmd_stress(a) -> int:
     for flag in ("vllm_version", "vllm_python", "url", "url_off", "served_model", "tokenizer", "configs"):
         if getattr(a, flag, None) is not None:
             raise _usage(f"--{flag.replace('_', '-')} applies to a served target (--target vllm or openai)")
-    from harness.engine.build import ModelUnavailable, load_model
     from harness.faults import CATALOGUE, check_names
     check_names(a.fault, BadInput)
     if not 0 < a.minutes < float("inf"):
@@ -97,6 +96,7 @@ def cmd_stress(a) -> int:
         check_writable(a.out)
     except OSError as e:
         raise _usage(f"cannot write --out {a.out}: {e.strerror or e}") from None
+    from harness.engine.build import ModelUnavailable, load_model  # torch: after the flags' checks
     try:
         load_model(a.model)
     except ModelUnavailable as e:
@@ -194,7 +194,7 @@ def cmd_replay(a) -> int:
 
 
 def add_commands(sub) -> None:
-    from harness.engine.build import MODELS
+    from harness.engine.config import MODELS
     s = sub.add_parser("stress", help="explore workloads x schedule policies; shrink and save the first failure")
     s.add_argument("--minutes", type=float, default=1.0, help="time to explore (default 1)")
     s.add_argument("--seed", type=int, default=0, help="drives the search and the engine (default 0)")
