@@ -14,7 +14,7 @@ from harness.workloads.strategies import POLICY_KINDS, Case, cases
 BURST = 10  # examples per hypothesis search before a fresh seed
 
 
-def _stop_if_asked() -> None:
+def stop_if_asked() -> None:
     """A SIGTERM already noted ends the search at its next schedule. The handler raises
     KeyboardInterrupt once, where the main thread happens to be; inside a callback Python cannot
     raise from (hypothesis's gc callback, measured: "Exception ignored in ... gc_callback") it
@@ -88,7 +88,7 @@ class Stress:
 
     def _condition(self, case: Case) -> bool:
         from hypothesis import reject
-        _stop_if_asked()
+        stop_if_asked()
         now = time.monotonic()
         if now > self._deadline or (self._phase == "explore" and self.schedules is not None
                                     and self.res.runs >= self.schedules):
@@ -125,7 +125,7 @@ class Stress:
         return False
 
     def _same_failure(self, case: Case) -> bool:
-        _stop_if_asked()
+        stop_if_asked()
         try:
             f, _ = check(case, faults=self.faults, seed=self.seed, model=self.model, detect=self.detect)
         except DoesNotFit:
