@@ -35,13 +35,15 @@ EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143  
 
 def _progress_printer(stream=sys.stderr):
     tty = hasattr(stream, "isatty") and stream.isatty()
-    last = [0.0]
+    last = [0.0, ""]
 
     def show(s: Stress, final: bool) -> None:
+        # a new phase shows at once: the first shrinking line came up to 5 s late in a log, often
+        # after shrinking had ended (a SIGTERM test waited for it over up to five searches)
         now = time.monotonic()
-        if not final and now - last[0] < (0.2 if tty else 5.0):
+        if not final and now - last[0] < (0.2 if tty else 5.0) and s.phase == last[1]:
             return
-        last[0] = now
+        last[0], last[1] = now, s.phase
         line = s.status_line()
         if tty:
             stream.write("\r\033[K" + line + ("\n" if final else ""))

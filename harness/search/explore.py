@@ -142,6 +142,11 @@ class Stress:
         if self.progress is not None:
             self.progress(self, final)
 
+    @property
+    def phase(self) -> str:
+        """"explore" (searching), then "shrink" once a failure was found."""
+        return self._phase
+
     def status_line(self) -> str:
         r = self.res
         el = time.monotonic() - self._t0
