@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness.engine.config import MAX_SPEC_K  # noqa: F401 -- its home is config (torch-free)
 from harness.engine.model import pad_rows
 from harness.engine.sampling import sample, uniform
 
