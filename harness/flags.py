@@ -20,7 +20,7 @@ def bool_flag(p, name: str, default: bool, help: str) -> None:
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Every EngineConfig switch, shared by run / serve / gsm8k / check."""
-    from harness.engine.build import MODELS
+    from harness.engine.config import MODELS
     g = p.add_argument_group("engine")
     g.add_argument("--model", default="tiny", choices=MODELS, help="weights to serve (default: tiny)")
     bool_flag(g, "overlap", True, "prepare step N+1 while step N runs (default: on)")

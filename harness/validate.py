@@ -87,7 +87,7 @@ def check_sampling(values: dict, label: Callable[[str], str] = quoted) -> dict:
 
 # -- engine switches: the CLI's flags and a reproducer's "engine" object ----------------------
 def _engine_ranges() -> dict:
-    from harness.engine.spec import MAX_SPEC_K
+    from harness.engine.config import MAX_SPEC_K
     return {"max_running": Range(1, 4096, integer=True), "pool_slots": Range(2, 1 << 22, integer=True),
             "page_size": Range(1, 1 << 16, integer=True), "max_prefill_tokens": Range(1, 1 << 20, integer=True),
             "max_context": Range(8, 1 << 20, integer=True), "threads": Range(1, 1024, integer=True),
@@ -103,7 +103,7 @@ def check_engine(cfg, label: Callable[[str], str] = flag) -> None:
     (ParamError names the first bad one). The model name and the context-dependent page size
     are checked where the model is loaded (cli.build)."""
     from harness.device.policies import ENGINE_STREAMS, PolicyError, parse_policy
-    from harness.engine.build import MODELS
+    from harness.engine.config import MODELS
     from harness.faults import CATALOGUE
     for name, rng in _engine_ranges().items():
         v = getattr(cfg, name)

@@ -57,3 +57,15 @@ def test_malformed_prompts_file(tmp_path):
     p.write_text('[1, 2]\n')
     r = oh("run", "--prompts", str(p))
     assert r.returncode == 2 and "expected an object" in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--prompt", "x", "--max-tokens", "0"], ["run", "--prompt", "x", "--policy", "sometimes"],
+    ["check", "--seeds", "0"], ["stress", "--minutes", "-1"], ["gsm8k", "--limit", "0"], ["serve", "--port", "-3"],
+])
+def test_bad_input_is_reported_before_torch_is_imported(args):
+    """The flags are checked before anything imports torch (about a second of CPU per process): a
+    typo costs its user, and each of this suite's bad-input subprocesses, a tenth of that."""
+    code = "import sys; from harness.cli import main; rc = main(sys.argv[1:]); print(rc, 'torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-2000:])

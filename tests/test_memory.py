@@ -64,3 +64,60 @@ def test_a_prompt_longer_than_the_recursion_limit_is_one_chain_the_books_can_cou
     assert c.evictable() == n - n // 2
     c.unlock(nodes[: n // 2])
     assert c.evict(n) == n and c.pages == 0 and c.evictable() == 0
+
+
+
+def _evict_by_walking(c: PrefixCache, want: int) -> int:
+    """The eviction rule stated over the whole trie (every round: every unlocked node without
+    children, least recently used first, then by page), as evict() did before it kept its leaves."""
+    freed = 0
+    while freed < want:
+        leaves = sorted((n for n in c.nodes() if not n.children and n.refs == 0), key=lambda n: (n.last_use, n.page))
+        if not leaves:
+            break
+        for n in leaves[: want - freed]:
+            del n.parent.children[n.key]
+            c.pool.release([n.page])
+            c.pages -= 1
+            freed += 1
+    return freed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_evict_frees_the_pages_the_whole_tries_rule_names(seed):
+    """evict() reads the leaves it keeps instead of walking the trie: on random prompts sharing
+    prefixes, with locks, unlocks and evictions of random sizes, it frees the same pages in the
+    same order as the rule applied to the whole trie (a twin cache given the same calls)."""
+    import random
+    rng = random.Random(seed)
+    ours, twin = PrefixCache(KVPool(4096, 2)), PrefixCache(KVPool(4096, 2))
+    locked: list[tuple[list, list]] = []
+    evicted = 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.5:  # a prompt: cached, maybe kept locked by a request that still runs
+            toks = rng.choice([[], [1, 2, 3, 4], [1, 2, 5, 6, 7, 8], [9] * 6]) + \
+                [rng.randrange(1, 4) for _ in range(rng.randrange(1, 10))]
+            keep = rng.random() < 0.3
+            got = []
+            for c in (ours, twin):
+                have = c.match(toks)
+                pages = [n.page for n in have] + c.pool.alloc((len(toks) + 1) // 2 - len(have))
+                nodes, dup = c.insert(toks, pages, len(have))
+                c.pool.release([pages[i] for i, _ in dup] + pages[len(nodes):])  # its own copies go back
+                if keep:
+                    c.lock(nodes)
+                got.append(nodes)
+            if keep:
+                locked.append((got[0], got[1]))
+        elif op < 0.7 and locked:  # a request finishes
+            a, b = locked.pop(rng.randrange(len(locked)))
+            ours.unlock(a)
+            twin.unlock(b)
+        else:
+            want = rng.randrange(1, 8)
+            n = ours.evict(want)
+            assert n == _evict_by_walking(twin, want)
+            evicted += n
+        assert ours.pool.free_pages() == twin.pool.free_pages() and ours.pages == twin.pages
+    assert evicted > 50 and ours.evictable() == twin.evictable()

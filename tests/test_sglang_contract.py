@@ -105,3 +105,14 @@ def test_the_agent_is_registered_in_sglangs_plugin_group():
     mod, _, fn = eps["overlap_harness"].partition(":")
     tree = ast.parse((ROOT / Path(*mod.split("."))).with_suffix(".py").read_text())
     assert any(isinstance(n, ast.FunctionDef) and n.name == fn for n in tree.body)
+
+
+def test_a_module_of_the_same_text_is_parsed_once(tmp_path):
+    """Each check copies the source tree and rewrites one module: the modules it left alone are
+    not parsed again (harness.agents.engine_source keeps trees by text); a rewritten one is."""
+    from harness.agents.engine_source import parse_module
+    for d, body in (("a", "def f():\n    return 1\n"), ("b", "def f():\n    return 1\n"), ("c", "def g():\n    pass\n")):
+        (tmp_path / d / "pkg").mkdir(parents=True)
+        (tmp_path / d / "pkg" / "m.py").write_text(body)
+    a, b, c = (parse_module(tmp_path / d, "pkg.m", {}) for d in "abc")
+    assert a is b and c is not a and [n.name for n in c.body] == ["g"]

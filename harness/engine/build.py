@@ -7,12 +7,10 @@ import torch
 from dataclasses import replace
 
 from harness.device import make_device
-from harness.engine.config import TINY, EngineConfig
+from harness.engine.config import MODELS, TINY, EngineConfig
 from harness.engine.loop import Engine
 from harness.engine.model import Model, init_tiny_weights
 from harness.engine.tokenizer import ByteTokenizer
-
-MODELS = ("tiny", "smollm2", "arith")
 
 
 class ModelUnavailable(RuntimeError):

@@ -134,6 +134,9 @@ class PrefixCache:
         self.pages = 0
         self.locks = 0  # the sum of every node's refs
         self._tick = 0
+        # the nodes without children, by id: evict() reads them instead of walking the whole trie
+        # (a walk per eviction was most of a few-shot GSM8K run's CPU: thousands of cached pages)
+        self._leaves: dict[int, _Node] = {}
 
     def _chunks(self, tokens: list[int]):
         ps, la = self.pool.page_size, self.lookahead
@@ -182,6 +185,8 @@ class PrefixCache:
             if child is None:
                 child = _Node(page=pages[i], parent=node, key=key)
                 node.children[key] = child
+                self._leaves.pop(id(node), None)
+                self._leaves[id(child)] = child
                 self.pages += 1
             elif i >= have + self.first_dup and child.page != pages[i]:
                 dup.append((i, child.page))
@@ -193,14 +198,18 @@ class PrefixCache:
         """Free up to `want` pages of cached prompts no request uses, least recently used first."""
         freed = 0
         while freed < want:
-            leaves = [n for n in self._walk() if not n.children and n.refs == 0]
+            # a parent left childless here is a leaf of the next round, as in a walk per round
+            leaves = [n for n in self._leaves.values() if n.refs == 0]
             if not leaves:
                 break
-            leaves.sort(key=lambda n: (n.last_use, n.page))
+            leaves.sort(key=lambda n: (n.last_use, n.page))  # pages are unique: one order
             for n in leaves:
                 if freed >= want:
                     break
                 del n.parent.children[n.key]
+                del self._leaves[id(n)]
+                if n.parent is not self.root and not n.parent.children:
+                    self._leaves[id(n.parent)] = n.parent
                 self.pool.release([n.page])
                 self.pages -= 1
                 freed += 1

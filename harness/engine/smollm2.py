@@ -14,6 +14,7 @@ that from_pretrained itself uses to dequantize GGUF tensors and map them to HF n
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -181,12 +182,39 @@ def _valid(cache: Path, gguf: Path) -> bool:
 def ensure_cache(cache_dir: Path | None = None) -> Path:
     """The converted model folder, converting the GGUF first if needed. The conversion
     writes a temporary sibling folder and renames it into place, so an interrupted run
-    leaves no partial cache."""
+    leaves no partial cache. One process converts at a time (a lock file beside the folder):
+    a cold CI run starts the vLLM and SGLang setups and the first SmolLM2 tests together, and
+    each converted the same GGUF (about 18 s of CPU each) where all but one can wait and read."""
     gguf = find_gguf()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if _valid(cache, gguf):
         return cache
     cache.parent.mkdir(parents=True, exist_ok=True)
+    with _converting(cache):
+        if _valid(cache, gguf):  # another process converted it while this one waited
+            return cache
+        _convert_into(gguf, cache)
+    return cache
+
+
+@contextlib.contextmanager
+def _converting(cache: Path):
+    """Hold the conversion lock of `cache`: a flock on the folder that holds it (no lock file left
+    behind; released when the process dies, so a killed conversion never leaves it held)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: concurrent conversions each write a folder, the last one wins
+        yield
+        return
+    fd = os.open(cache.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor releases the lock
+
+
+def _convert_into(gguf: Path, cache: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -207,7 +235,6 @@ def ensure_cache(cache_dir: Path | None = None) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return cache
 
 
 def load_smollm2(cache_dir: Path | None = None, max_context: int = 512

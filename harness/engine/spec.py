@@ -24,7 +24,6 @@ from harness.engine.model import pad_rows
 from harness.engine.sampling import sample, uniform
 
 DRAFTERS = ("oracle", "mtp", "ngram")
-MAX_SPEC_K = 8
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "mtp"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import stopping
+from harness.gate.session import old_objects_frozen, xdist_args
 from harness.verdict import Status
 
 PASS, FAIL, KNOWN, NA, NOT_EXERCISED, HANG, SKIPPED = (Status.PASS, Status.FAIL, Status.KNOWN, Status.NA,
@@ -272,17 +273,6 @@ def suite_paths(names=None) -> list[str]:
     return out
 
 
-def xdist_args(workers) -> list[str]:
-    """pytest-xdist's arguments for `workers` ("auto": every core; 1: one process, no xdist)."""
-    if workers in (None, 1, "1"):
-        return []
-    import importlib.util
-    if importlib.util.find_spec("xdist") is None:
-        print("overlap-harness: pytest-xdist is not installed: the cases run in one process", file=sys.stderr)
-        return []
-    return ["-n", str(workers)]
-
-
 def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: str | None = None,
                suites=None, progress=None, quiet: bool = True, device: str = "sim", workers=1,
                keyword: str | None = None, pairs=None, maxfail: int | None = None) -> GateResult:
@@ -307,7 +297,7 @@ def run_suites(target: str = "ref", faults=(), seeds: int | None = None, junit: 
     col = _Collector(progress, load_durations() if xd and timed else None)
     t = time.perf_counter()
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext(), old_objects_frozen():
         code = pytest.main(args, plugins=[col] + ([_GivePairs(pairs)] if pairs is not None else []))
     if timed and code in (0, 1):
         save_durations(col.durations)

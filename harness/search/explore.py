@@ -6,11 +6,21 @@ import random
 import time
 from dataclasses import dataclass
 
+from harness import stopping
 from harness.search.case import DoesNotFit, check
 from harness.search.shrink import StopSearch, greedy_shrink
 from harness.workloads.strategies import POLICY_KINDS, Case, cases
 
 BURST = 10  # examples per hypothesis search before a fresh seed
+
+
+def stop_if_asked() -> None:
+    """A SIGTERM already noted ends the search at its next schedule. The handler raises
+    KeyboardInterrupt once, where the main thread happens to be; inside a callback Python cannot
+    raise from (hypothesis's gc callback, measured: "Exception ignored in ... gc_callback") it
+    was swallowed, and the search ran out its minutes and exited 0."""
+    if stopping.requested():
+        raise KeyboardInterrupt
 
 
 @dataclass
@@ -78,6 +88,7 @@ class Stress:
 
     def _condition(self, case: Case) -> bool:
         from hypothesis import reject
+        stop_if_asked()
         now = time.monotonic()
         if now > self._deadline or (self._phase == "explore" and self.schedules is not None
                                     and self.res.runs >= self.schedules):
@@ -114,6 +125,7 @@ class Stress:
         return False
 
     def _same_failure(self, case: Case) -> bool:
+        stop_if_asked()
         try:
             f, _ = check(case, faults=self.faults, seed=self.seed, model=self.model, detect=self.detect)
         except DoesNotFit:
@@ -129,6 +141,11 @@ class Stress:
     def _show(self, final: bool = False) -> None:
         if self.progress is not None:
             self.progress(self, final)
+
+    @property
+    def phase(self) -> str:
+        """"explore" (searching), then "shrink" once a failure was found."""
+        return self._phase
 
     def status_line(self) -> str:
         r = self.res

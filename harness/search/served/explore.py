@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from harness.search.explore import burst_seeds
+from harness.search.explore import burst_seeds, stop_if_asked
 from harness.search.served.case import ServedCase, case_features, features
 from harness.search.served.chat import submissions
 from harness.search.served.judge import judge
@@ -164,6 +164,7 @@ class ServedStress:
 
     def _condition(self, case: ServedCase) -> bool:
         from harness.search.shrink import StopSearch
+        stop_if_asked()  # a SIGTERM whose one KeyboardInterrupt was swallowed (harness/search/explore.py)
         if self._stop or time.monotonic() > self._t0 + self.seconds or (
                 self.max_runs and self.res.runs - self.res.shrink_runs >= self.max_runs):
             raise StopSearch()
