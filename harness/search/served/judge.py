@@ -87,8 +87,9 @@ class Verdict:
 
 def _controls(target, overlap: bool, controls, done: threading.Event, got: list):
     import httpx
+    from harness.targets.served import openai_wire
     base, t0 = target.url(overlap), time.monotonic()
-    with httpx.Client(timeout=30.0) as c:
+    with openai_wire.client(30.0) as c:
         for at, what in controls:
             if done.wait(max(0.0, t0 + at - time.monotonic())):
                 return  # the run ended first

@@ -7,6 +7,17 @@ from __future__ import annotations
 from harness.targets.base import TargetError
 
 TOP_LOGPROBS = 5
+# vLLM and SGLang (uvicorn) close a connection idle for 5 s, httpx's own pool keeps one 5 s: a
+# request sent on a pooled connection as the server closes it is reset (ECONNRESET, seen in CI on a
+# live vLLM server). Our clients drop idle connections well before the server does.
+KEEPALIVE_S = 1.0
+
+
+def client(timeout, max_connections: int | None = None):
+    """An httpx client for an engine's server, whose idle connections expire before the server's."""
+    import httpx
+    return httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=max_connections,
+                                                             keepalive_expiry=KEEPALIVE_S))
 
 
 def error_message(resp) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from harness import stopping
 from harness.agents import plan as planmod
 from harness.targets.base import Run, Target, TargetCrash, TargetError, TargetHang
+from harness.targets.served import openai_wire
 from harness.targets.served.openai_wire import TOP_LOGPROBS
 from harness.targets.served.openai_wire import error_message as _error_message
 from harness.targets.served.openai_wire import ids_and_logprobs as _ids_and_logprobs
@@ -610,8 +611,7 @@ class ServedTarget(Target):
         self.surface = {}
         t0 = time.monotonic()
         try:
-            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0),
-                              limits=httpx.Limits(max_connections=self.concurrency)) as client:
+            with openai_wire.client(httpx.Timeout(600.0, connect=10.0), self.concurrency) as client:
                 pool = ThreadPoolExecutor(max_workers=min(limit, max(1, len(reqs))))
                 try:
                     futs = [pool.submit(self._send, client, base, r, overlap, t0) for r in reqs]

@@ -196,8 +196,8 @@ def run_with_controls(target, reqs, overlap: bool):
     """The workload on one server while a second client pauses and resumes it, and, once the
     first run (see build) has ended, resets the prefix cache with requests running; then the last
     run. Returns (the three runs merged, the control responses)."""
-    import httpx
     from harness.targets.base import Run
+    from harness.targets.served import openai_wire
     base, got = target.url(overlap), []
     phase = {p: [r for r in reqs if getattr(r, "phase", "main") == p] for p in ("first", "main", "last")}  # not "bare"
     runs: dict = {}
@@ -215,7 +215,7 @@ def run_with_controls(target, reqs, overlap: bool):
         t0 = time.monotonic()
         th = threading.Thread(target=lambda: runs.__setitem__("first", target.run(phase["first"], overlap=overlap)))
         th.start()
-        with httpx.Client(timeout=30.0) as c:
+        with openai_wire.client(30.0) as c:
             if pause:
                 time.sleep(max(0.0, t0 + PAUSE_AT - time.monotonic()))
                 post(c, "/pause?mode=keep")
