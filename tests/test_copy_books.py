@@ -17,13 +17,18 @@ class _Output:
         self._sampled_token_ids = ids
 
 
-def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, monkeypatch):
+def _wrapped_output_init(tmp_path, monkeypatch):
+    """A fresh agent state (plan, facts, no copy engine) and the output's __init__ wrapped by it."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
     monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
     monkeypatch.setattr(state, "FACTS", {})
     monkeypatch.setattr(copy_engine, "COPY", None)
-    init = copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
+    return copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
+
+
+def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, monkeypatch):
+    init = _wrapped_output_init(tmp_path, monkeypatch)
     def get_output(self):  # vLLM's reader: it waits on the copy's event, then reads the host ids
         self.async_copy_ready_event.synchronize()
         return self.sampled_token_ids_cpu.flatten().tolist()
@@ -44,12 +49,7 @@ def test_a_rank_whose_outputs_nobody_reads_does_not_block_its_third_step(tmp_pat
     other ranks' unread (multiproc_executor._execute_worker_rpc). Without the buffer going back when
     its output dies, rank 1 blocked on its third step (two buffers) and rank 0 in the all-reduce."""
     import threading
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
-    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
-    monkeypatch.setattr(state, "FACTS", {})
-    monkeypatch.setattr(copy_engine, "COPY", None)
-    init = copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
+    init = _wrapped_output_init(tmp_path, monkeypatch)
 
     def steps():
         for i in range(5):  # each step's output made and dropped unread
