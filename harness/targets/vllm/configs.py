@@ -60,10 +60,14 @@ class ServerConfig:
     lifted_by: str = ""  # a source patch that lifts `refused` (the refusal was vLLM's fix: the patch re-creates the bug)
 
     def flags(self) -> str:
-        spec = [f"--speculative-config draft_model:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
+        spec = [f"--speculative-config {self._method()}:{self.spec[0]},k={self.spec[1]}"] if self.spec else []
         drop = [f"(no --{d})" for d in self.drop]
         more = ([f"(model {self.model})"] if self.model else []) + ([f"(runner {self.runner.upper()})"] if self.runner else [])
         return " ".join([*self.env, *self.args, *spec, *drop, *more]) or "(the path setting)"
+
+    def _method(self) -> str:
+        from harness.targets.vllm.spec import DRAFTERS
+        return DRAFTERS[self.spec[0]].method
 
 
 CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
@@ -130,6 +134,14 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         "the bonus token, the max_tokens guard meets whole windows), penalized, bad-words and sampled "
         "requests' drafts rejected in part (the drafter proposes from unprocessed logits)",
         SPEC_HIDES, since="0.12.0", drop=("logits-processors",), spec=("same", 3)),
+    ServerConfig(
+        "v2-ngram", (),
+        "V2's n-gram drafter (ngram_gpu), 3 drafts a step from the request's own tokens: the drafts live on "
+        "the device (the runner scatters them into the request state, the next step's inputs read them), "
+        "the scheduler holds placeholders and rolls back the rejected ones a step late; accepted where "
+        "the output repeats the prompt or itself, rejected elsewhere (the last sampled token fills a slot "
+        "without a match)",
+        SPEC_HIDES, since="0.32.0", drop=("logits-processors",), spec=("ngram", 3), runner="v2"),
     # beyond one worker (issue 45; docs/multi-worker.md): the split model (SmolLM2 cut to 6 heads over
     # 2 KV heads, 4 layers: harness.targets.split_model), one worker process per rank
     ServerConfig(
@@ -172,15 +184,15 @@ def drafted(name: str) -> ServerConfig | None:
     if m is None or m.group(1) not in DRAFTERS or int(m.group(2)) not in SPEC_KS:
         return None
     d, k = m.group(1), int(m.group(2))
-    return ServerConfig(name, (), f"draft-model speculative decoding, {k} draft(s) a step from drafter {d} "
-                        f"({DRAFTERS[d].what})", SPEC_HIDES, since="0.12.0", drop=("logits-processors",),
-                        spec=(d, k))
+    return ServerConfig(name, (), f"{DRAFTERS[d].method} speculative decoding, {k} draft(s) a step from drafter {d} "
+                        f"({DRAFTERS[d].what})", SPEC_HIDES, since="0.32.0" if DRAFTERS[d].runner else "0.12.0",
+                        drop=("logits-processors",), spec=(d, k), runner=DRAFTERS[d].runner)
 
 
 def draw_drafted(rng) -> str:
     """A drafter and its num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
-    from harness.targets.vllm.spec import DRAFTERS
-    return f"spec-{rng.choice(sorted(DRAFTERS))}-k{rng.choice(SPEC_KS)}"
+    from harness.targets.vllm.spec import DRAWN
+    return f"spec-{rng.choice(DRAWN)}-k{rng.choice(SPEC_KS)}"
 
 
 def known(name: str | None) -> bool:

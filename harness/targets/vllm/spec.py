@@ -31,14 +31,26 @@ STAMP = "harness.json"
 @dataclass(frozen=True)
 class Drafter:
     name: str
-    layers: int  # the target's first `layers` layers; 0: the target's own directory
+    layers: int  # the target's first `layers` layers; 0: the target's own directory (or no model)
     what: str
+    method: str = "draft_model"  # vLLM's speculative method
+    lookup: tuple = ()  # ngram: (prompt_lookup_min, prompt_lookup_max)
+    runner: str = ""  # the model runner the method needs here ("v2"), as a ServerConfig's
 
 
 DRAFTERS = {d.name: d for d in [
     Drafter("cut3", 3, "SmolLM2-135M cut to its first 3 of 30 layers: drafts accepted whole, in part or not at all"),
     Drafter("same", 0, "the target itself: every greedy draft accepted (the bonus token each window)"),
+    # V2's n-gram drafter (no model): drafts the tokens that followed the latest earlier occurrence of
+    # the request's last 1-3 tokens. V1's `ngram` is refused with async scheduling (the
+    # spec_decode_ngram row); V2's `ngram_gpu` is two Triton kernels, ours on a CPU
+    # (harness.agents.vllm.v2.ngram: the interpreter cannot run the second)
+    Drafter("ngram", 0, "V2's n-gram drafter (ngram_gpu, suffixes of 1-3 tokens): accepts where the output repeats "
+            "the prompt or itself", method="ngram_gpu", lookup=(1, 3), runner="v2"),
 ]}
+# the drafters a stress draw takes (`spec-<drafter>-k<k>`): the draft-model ones (V1); the n-gram
+# drafter is V2's, named as its own configuration (v2-ngram, or spec-ngram-k<k>)
+DRAWN = tuple(sorted(n for n, d in DRAFTERS.items() if d.method == "draft_model"))
 
 
 def draft_dir(home: Path, name: str, target: str | Path) -> Path:
@@ -52,6 +64,10 @@ def args(target) -> list[str]:
     if not target.config.spec:
         return []
     name, k = target.config.spec
+    d = DRAFTERS[name]
+    if d.method != "draft_model":
+        return ["--speculative-config", json.dumps({"method": d.method, "num_speculative_tokens": k,
+                                                    "prompt_lookup_min": d.lookup[0], "prompt_lookup_max": d.lookup[1]})]
     model = draft_dir(target.home, name, target.model_path)
     return ["--speculative-config", json.dumps({"method": "draft_model", "model": str(model),
                                                 "num_speculative_tokens": k})]
@@ -60,6 +76,8 @@ def args(target) -> list[str]:
 def missing(target) -> str:
     """Why a VllmTarget's drafter configuration cannot start here (one line), or ""."""
     c = target.config
+    if c.spec and DRAFTERS[c.spec[0]].method != "draft_model":
+        return ""  # no model to look for
     if c.spec and not (draft_dir(target.home, c.spec[0], target.model_path) / "config.json").is_file():
         return (f"configuration {c.name}: no draft model in {draft_dir(target.home, c.spec[0], target.model_path)}: "
                 "run `overlap-harness setup vllm`")
@@ -79,6 +97,12 @@ def payload(config, body: dict) -> dict:
 def adaptations(target) -> list[str]:
     """What a drafter's configuration needs adapted on vLLM's CPU build (the verdict's "adapted")."""
     out = []
+    if target.config.spec and getattr(target, "runner", "v1") == "v2":
+        # V2 has its own rejection sampler (spec_decode/rejection_sampler.py): V1's two CPU fixes do not apply
+        if DRAFTERS[target.config.spec[0]].method == "ngram_gpu":
+            out.append("V2's n-gram drafter's two Triton kernels in our PyTorch (Triton's interpreter cannot run its "
+                       "finalize kernel: \"mask has unsupported dtype\"; harness/agents/vllm/v2/ngram.py)")
+        return out
     if target.config.spec and target.release.has("cpu_expand_drops_output"):
         out.append("the rejection sampler's temperature, top_k and top_p per draft token written at their own dtype "
                    "(vLLM's CPU shim of expand_kernel leaves them uninitialized: vllm#55005)")
@@ -135,7 +159,7 @@ def ensure_drafts(home: Path, src: Path, force: bool = False, log=None) -> list[
     missing or cut from other weights."""
     out = []
     for d in DRAFTERS.values():
-        if not d.layers:
+        if not d.layers or d.method != "draft_model":
             continue
         dest = draft_dir(home, d.name, src)
         if force or not draft_dir_current(dest, src):

@@ -25,7 +25,7 @@ import time
 import weakref
 
 from harness.agents.vllm import ranks
-from harness.agents.vllm.v2 import kernels, shared
+from harness.agents.vllm.v2 import kernels, ngram, shared, spec
 from harness.agents.vllm.points import patch_at
 from harness.agents.vllm.v2.points import POINTS_BY_NAME, points_in
 
@@ -236,6 +236,8 @@ def _add_request(a, kw, out):
     req_id = a[1] if len(a) > 1 else kw["req_id"]
     prompt_len = a[2] if len(a) > 2 else kw["prompt_len"]
     all_ids = a[3] if len(a) > 3 else kw["all_token_ids"]
+    max_tokens = a[5] if len(a) > 5 else kw.get("max_tokens")
+    spec.remember(req_id, list(all_ids)[:prompt_len], max_tokens)  # a window's key (harness.agents.vllm.v2.spec)
     row = self.req_id_to_index.get(req_id)
     reused = row in _ROW_HELD
     _ROW_HELD.add(row)
@@ -263,7 +265,8 @@ COUNTERS = {"v2_penalties": _penalties, "v2_bad_words": _bad_words, "v2_logit_bi
 PATCHES = {"v2_runner_init": _runner_init, "v2_worker_execute": _worker_execute,
            "v2_sample_tokens": _sample_tokens,
            "v2_output_copy": _output_copy, "v2_before_wait": _before_wait,
-           "v2_topk_topp": _topk_topp, "v2_topk_topp_states": _topk_topp, **kernels.PATCHES}
+           "v2_topk_topp": _topk_topp, "v2_topk_topp_states": _topk_topp, **kernels.PATCHES, **ngram.PATCHES,
+           **spec.PATCHES}
 
 
 def install(version: str | None) -> list[str]:

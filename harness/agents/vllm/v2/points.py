@@ -23,6 +23,7 @@ from harness.agents.vllm.points import Point
 RUNNER = "vllm.v1.worker.gpu.model_runner"
 ASYNC = "vllm.v1.worker.gpu.async_utils"
 SAMPLE = "vllm.v1.worker.gpu.sample"
+NGRAM = "vllm.v1.worker.gpu.spec_decode.ngram.speculator"
 
 
 def _p(name, module, qualname, why, since=V2_SINCE, until=""):
@@ -97,6 +98,20 @@ POINTS = [
        "the structured-output bitmask applied to the logits: Triton's interpreter cannot run this kernel "
        "(its store's mask has a dtype the interpreter refuses: the engine died on the first grammar "
        "request, async on and off); our PyTorch under the interpreter"),
+    # a declared CPU adaptation (harness.agents.vllm.v2.ngram): V2's n-gram drafter (ngram_gpu) is two
+    # Triton kernels; the interpreter cannot run the second (its load's mask has a dtype it refuses)
+    _p("v2_ngram_scan", NGRAM, "_ngram_scan_kernel",
+       "the n-gram drafter's scan (each row's best suffix match per block of positions, into a scratch "
+       "row): our PyTorch under the interpreter, the same scratch"),
+    _p("v2_ngram_finalize", NGRAM, "_ngram_finalize_kernel",
+       "the n-gram drafter's drafts (the tokens after each row's best match): Triton's interpreter cannot "
+       "run this kernel (\"mask has unsupported dtype\": the worker died at its first step with drafts); "
+       "our PyTorch under the interpreter"),
+    # speculative decoding's worker side (issue 43; harness.agents.vllm.v2.spec)
+    _p("v2_spec_sample", RUNNER, "GPUModelRunner.sample",
+       "the step's sample (V2's rejection sampler where the batch has drafts): each request's drafts as "
+       "verified (the input ids at its logits rows) and the ids it kept, per window (role spec_verify); "
+       "the steps with drafts where a penalty or bad words apply (spec_lp_steps)"),
     # the CPU platform's V2 runner: a subclass (0.32.0-0.34.0); its streams and events are no-ops
     _p("v2_cpu_runner", "vllm.v1.worker.cpu.model_runner", "CPUModelRunner",
        "the CPU platform's V2 runner (a subclass of GPUModelRunner); cpu/shm.py makes torch.cuda's "
@@ -112,7 +127,7 @@ DELAY_AT = {"worker_execute": "v2_worker_execute", "output_copy": "v2_output_cop
 ATTRIBUTES = {
     "v2_output_copy": ("AsyncOutput", ("sampled_token_ids", "copy_event", "num_sampled_tokens_np",
                                        "model_runner_output")),
-    "v2_runner_init": ("GPUModelRunner", ("req_states", "sampler", "vllm_config", "max_num_reqs")),
+    "v2_runner_init": ("GPUModelRunner", ("req_states", "sampler", "vllm_config", "max_num_reqs", "speculator")),
     "v2_remove_request": ("RequestState", ("req_id_to_index", "index_to_req_id", "free_indices",
                                            "last_sampled_tokens", "max_num_reqs", "prefill_len",
                                            "prompt_len")),
