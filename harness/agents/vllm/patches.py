@@ -485,3 +485,13 @@ def _multi_patches() -> None:
 
 
 _multi_patches()
+
+
+def _spec_patches() -> None:
+    """Speculative frames in flight (harness.agents.vllm.spec_patches, data) join the one registry."""
+    from harness.agents.vllm.spec_patches import CONFIG, SPECS
+    for spec in SPECS:
+        PATCHES[spec["name"]] = VllmPatch(**spec, config=CONFIG[spec["name"]])
+
+
+_spec_patches()

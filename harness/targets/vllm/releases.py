@@ -354,6 +354,15 @@ def _v2_patch_since() -> None:
 _v2_patch_since()
 
 
+def _spec_patch_since() -> None:
+    """The speculative frame-in-flight patches (harness.agents.vllm.spec_patches): read from the wheels."""
+    from harness.agents.vllm.spec_patches import SINCE
+    PATCH_SINCE.update(SINCE)
+
+
+_spec_patch_since()
+
+
 def patch_absent(name: str, version: str) -> str:
     """"n/a in V: why" when source patch `name` does not apply to release V; "" when it does."""
     since = PATCH_SINCE.get(name, "")
