@@ -128,9 +128,13 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.vllm_source
 @pytest.mark.slow
+@pytest.mark.scheduled
 def test_our_scan_writes_the_scratch_vllms_writes_in_the_interpreter():
     """vLLM 0.32.0's `_ngram_scan_kernel` run in Triton's interpreter and ours on the same batches
-    (small vocabulary: many matches, of every length): the scratch rows are equal, exactly."""
+    (small vocabulary: many matches, of every length): the scratch rows are equal, exactly.
+    Scheduled (vLLM's import and the interpreter: 10-17 s here); .ci/run's representative is
+    test_the_drafts_follow_the_longest_rightmost_suffix_match (both kernels against a plain-Python
+    reading, no vLLM)."""
     from harness.targets.vllm import setup as vllm_setup
     home = vllm_setup.vllm_home()
     python = home / "venv" / "bin" / "python"

@@ -191,7 +191,8 @@ PATHS = [
     PathRow("spec_decode_ngram", "ngram speculative decoding", (),
             cpu_reason="vLLM 0.32 refuses it with async scheduling: 'Currently, async scheduling is only "
                        "supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of speculative "
-                       "decoding' (plain ngram), and ngram_gpu needs a GPU"),
+                       "decoding' (plain ngram, V1's); V2's n-gram drafter (ngram_gpu) is the configuration "
+                       "v2-ngram, judged by the spec_* rows"),
     # draft-model speculative decoding (issue 43): only a drafter's configuration (spec-draft,
     # spec-same; harness.targets.vllm.spec) reaches these, n/a in every other one
     PathRow("spec_windows", "the greedy requests on a drafter's configuration: windows of drafts verified; "
