@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.agents.vllm.v2 import ngram
+from harness.agents.vllm.v2 import kernels, ngram
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_outside_the_interpreter_vllms_kernel_runs(monkeypatch):
 VS_VLLM = r"""
 import json, random, torch
 from vllm.v1.worker.gpu.spec_decode.ngram import speculator as S
-from harness.agents.vllm.v2 import ngram
+from harness.agents.vllm.v2 import kernels, ngram
 out = []
 for seed in range(4):
     rng = random.Random(seed)
@@ -149,3 +149,96 @@ def test_our_scan_writes_the_scratch_vllms_writes_in_the_interpreter():
     for theirs, ours in cases:
         assert theirs == ours
     assert any(v > 0 for theirs, _ in cases for row in theirs for v in row)
+
+
+def _resample(logits, cu, step, exp_idx, drafts, temp, seeds, pos, block=8):
+    rows, V = len(cu) - 1, logits.shape[1]
+    blocks = -(-V // block)
+    am = torch.full((rows, blocks), -5, dtype=torch.int64)
+    mx = torch.full((rows, blocks), 7.0)
+    kernels.resample(am, am.stride(0), mx, mx.stride(0), logits, logits.stride(0), step, cu, exp_idx, drafts, temp,
+                     seeds, pos, V, block, rows, blocks)
+    return am, mx
+
+
+def test_the_resample_draws_the_bonus_or_the_correction_without_the_rejected_draft(monkeypatch):
+    """V2's rejection sampler's resample (harness.agents.vllm.v2.kernels.resample): per request, the
+    token after its accepted drafts; the kernel's per-block (max, token) written for it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    V = 20
+    logits = torch.full((6, V), -10.0)
+    logits[:, 3], logits[:, 11] = 5.0, 4.0  # every row's top token is 3, then 11
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    exp_idx = torch.tensor([1, 1, 1, 0, 0, 0], dtype=torch.int32)  # request 0 -> state 1, request 1 -> state 0
+    drafts = torch.tensor([9, 3, 3, 9, 3, 3])
+    seeds, pos = torch.tensor([11, 12]), torch.arange(6)
+    # greedy request 0 rejected at its step 1: no draw (the verify wrote the argmax), untouched
+    am, mx = _resample(logits, cu, torch.tensor([1, 2]), exp_idx, drafts, torch.tensor([0.0, 0.0]), seeds, pos)
+    assert (am[0] == -5).all() and (mx[0] == 7.0).all()
+    # greedy request 1 at its last row: the bonus token, the row's argmax, written per block
+    assert int(am[1][mx[1].argmax()]) == 3 and am[1].tolist() == [3, 11, 16]
+    # sampled (temperature 1), rejected at step 1: the draft there (3) can never be drawn
+    temp = torch.tensor([1.0, 1.0])
+    got = set()
+    for s in range(40):
+        am, mx = _resample(logits, cu, torch.tensor([1, 0]), exp_idx, drafts, temp, torch.tensor([s, s]), pos)
+        got.add(int(am[0][mx[0].argmax()]))
+        again, _ = _resample(logits, cu, torch.tensor([1, 0]), exp_idx, drafts, temp, torch.tensor([s, s]), pos)
+        assert torch.equal(am, again)  # the seed and the position decide the draw
+    assert 3 not in got and 11 in got
+
+
+VS_RESAMPLE = r"""
+import json, torch
+from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as U
+from harness.agents.vllm.v2 import kernels
+g = torch.Generator().manual_seed(3)
+V, K, R = 49152, 3, 6
+nl = R * (K + 1)
+cu = torch.arange(0, nl + 1, K + 1, dtype=torch.int32)
+logits = torch.randn(nl, V, generator=g) * 3
+idx = torch.arange(R, dtype=torch.int32)
+exp_idx = idx.repeat_interleave(K + 1)
+local = torch.arange(K + 1, dtype=torch.int32).repeat(R)
+am = logits.argmax(-1)
+draft = torch.randint(0, V, (nl,), generator=g)
+draft[1], draft[2] = am[0], am[1]   # request 0 accepts two
+draft[5:8] = am[4:7]                # request 1 accepts all three: the bonus token
+pos = torch.arange(nl, dtype=torch.int64) + 10
+temp = torch.tensor([0.0, 0.0, 0.8, 1.0, 0.7, 1.3])
+seed = torch.arange(R, dtype=torch.int64) + 100
+out = {}
+for ours in (False, True):
+    if ours:
+        U._resample_kernel = kernels._ResampleLaunch(U._resample_kernel)
+    s, n = U.rejection_sample(logits.clone(), None, draft, cu, pos, idx, exp_idx, local, temp, seed, K)
+    out[str(ours)] = [s.tolist(), n.tolist()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.vllm_source
+@pytest.mark.slow
+@pytest.mark.scheduled
+def test_our_resample_draws_what_vllms_draws_in_the_interpreter():
+    """vLLM 0.32.0's rejection_sample in Triton's interpreter, with its resample kernel and with
+    ours: the accepted counts equal, the greedy requests' tokens equal, the seeded ones 3 of 4 at
+    least (float rounding of the noise may flip a near-tie on another CPU, as for the Gumbel sample).
+    Scheduled (vLLM's import and the interpreter); .ci/run's representative is
+    test_the_resample_draws_the_bonus_or_the_correction_without_the_rejected_draft."""
+    from harness.targets.vllm import setup as vllm_setup
+    home = vllm_setup.vllm_home()
+    python = home / "venv" / "bin" / "python"
+    if vllm_setup.ready(home) or not python.exists():
+        pytest.skip(f"no vLLM setup in {home}: run `overlap-harness setup vllm`")
+    env = dict(os.environ, TRITON_INTERPRET="1", OVERLAP_HARNESS_HAS_TRITON="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "harness" / "agents" / "vllm" / "shims"), str(ROOT)]))
+    p = subprocess.run([str(python), "-c", VS_RESAMPLE], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    out = json.loads(line[0][7:])
+    (theirs, n1), (ours, n2) = out["False"], out["True"]
+    assert n1 == n2 and n1[:2] == [3, 4], (n1, n2)
+    last = [row[n - 1] for row, n in zip(theirs, n1)], [row[n - 1] for row, n in zip(ours, n2)]
+    assert last[0][:2] == last[1][:2]  # greedy: the correction and the bonus token
+    assert sum(a == b for a, b in zip(last[0][2:], last[1][2:])) >= 3, last

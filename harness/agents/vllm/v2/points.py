@@ -107,6 +107,10 @@ POINTS = [
        "the n-gram drafter's drafts (the tokens after each row's best match): Triton's interpreter cannot "
        "run this kernel (\"mask has unsupported dtype\": the worker died at its first step with drafts); "
        "our PyTorch under the interpreter"),
+    _p("v2_resample_kernel", "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils", "_resample_kernel",
+       "the rejection sampler's draw of the token after the accepted drafts (bonus or correction, Gumbel-max "
+       "from the residual): our PyTorch under the interpreter for a one-hot draft (the interpreted noise was "
+       "most of a speculative step)"),
     # speculative decoding's worker side (issue 43; harness.agents.vllm.v2.spec)
     _p("v2_spec_sample", RUNNER, "GPUModelRunner.sample",
        "the step's sample (V2's rejection sampler where the batch has drafts): each request's drafts as "
