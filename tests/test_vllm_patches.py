@@ -123,3 +123,20 @@ def test_each_unreachable_reason_still_holds_in_the_installed_source(pkg):
         assert name in UNREACHABLE
         for rel, text in facts:
             assert text in (pkg / rel).read_text(), f"{name}: {rel} no longer has {text.strip()!r}"
+
+
+# the code the speculative frame patches' reasons are read from (harness.agents.vllm.spec_patches)
+SPEC_REASONS_FROM = (
+    ("v1/core/sched/scheduler.py", "                self._preempt_request(request, timestamp, drop_stale_output=True)\n"),
+    ("v1/core/sched/scheduler.py", "        request.num_computed_tokens = 0\n"),  # the preemption zeroes the counts
+    ("v1/core/sched/scheduler.py", "        request.num_output_placeholders = 0\n"),
+    ("v1/core/sched/scheduler.py", "                if request.num_stale_output_tokens and not request.drop_stale_output:\n"),
+    ("v1/core/sched/async_scheduler.py", "            assert request.num_output_placeholders >= 0\n"),
+)
+
+
+def test_the_spec_frame_reasons_still_hold_in_the_installed_source(pkg):
+    from harness.agents.vllm.spec_patches import UNREACHABLE
+    assert all(PATCHES[n].unreachable == why for n, why in UNREACHABLE.items())
+    for rel, text in SPEC_REASONS_FROM:
+        assert text in (pkg / rel).read_text(), f"{rel} no longer has {text.strip()!r}"

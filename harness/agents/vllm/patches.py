@@ -489,9 +489,9 @@ _multi_patches()
 
 def _spec_patches() -> None:
     """Speculative frames in flight (harness.agents.vllm.spec_patches, data) join the one registry."""
-    from harness.agents.vllm.spec_patches import CONFIG, SPECS
+    from harness.agents.vllm.spec_patches import CONFIG, SPECS, UNREACHABLE
     for spec in SPECS:
-        PATCHES[spec["name"]] = VllmPatch(**spec, config=CONFIG[spec["name"]])
+        PATCHES[spec["name"]] = VllmPatch(**spec, config=CONFIG[spec["name"]], unreachable=UNREACHABLE.get(spec["name"], ""))
 
 
 _spec_patches()

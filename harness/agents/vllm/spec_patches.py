@@ -48,6 +48,21 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
 # the configuration each patch needs (harness.targets.vllm.configs): drafts in every step's frame
 CONFIG = {"spec_reset_rolls_back_stale_rejections": "spec-draft"}
 
+# why the gate does not show a patch caught on 0.32.0 here (printed by `check --fault`, listed by `mutants`)
+UNREACHABLE = {
+    "spec_reset_rolls_back_stale_rejections": (
+        "not shown caught by the gate on vLLM 0.32.0 here (spec-draft with it: PASS 21/21, 2026-12-07; read from the "
+        "code, not counted: no counter sees a stale frame's rollback): the path workload's reset (prefix_cache_reset) "
+        "comes when the first run ends, built to find the long requests p0-p7 running (a 93-token prefix and tens of "
+        "tokens each); the scheduler resumes such a request by a chunked prefill over several 64-token steps, so when the stale frame's update runs the resumed request has no "
+        "output placeholder yet (none before its prefill ends) and the rollback only lowers num_computed_tokens of "
+        "a partial prefill: the scheduler recomputes those positions, writing the same KV, and no token, step or "
+        "book changes. The visible form (placeholders below 0, then the engine core's `num_output_placeholders >= "
+        "0` assertion in AsyncScheduler._update_request_with_output) needs a request resumed whole in the step "
+        "after the reset with a frame of rejected drafts in flight: a short request still running at the reset, "
+        "which the workload does not have"),
+}
+
 # the release a patch's text has its shape from (read from every cached wheel): the drop-mode
 # discard, the stale guard and the encoder-free comment together from 0.27.0
 SINCE = {"spec_reset_rolls_back_stale_rejections": "0.27.0"}
