@@ -64,6 +64,11 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     assert (c["spec_full"], c["spec_rejected_all"], c["spec_rejections"]) == (2, 1, 1)
     assert [w for _, w in agent_spec._ACCEPTED.values()] == [[[3, 3]], [[3, 0]], [[1, 1]]]
     assert agent_spec._count(sched, *_step({}, {})) == {}  # a step without drafts: no count
+    assert "spec_stale_windows" not in c
+    reqs["b"].num_stale_output_tokens, reqs["b"].drop_stale_output = 4, True  # a reset's frame, returning stale
+    reqs["a"].num_stale_output_tokens, reqs["a"].drop_stale_output = 4, False  # a KV-pressure one (delivered)
+    c = agent_spec._count(sched, so, mro)
+    assert (c["spec_stale_windows"], c["spec_stale_drop_rejections"]) == (2, 1)
 
 
 def test_windows_parted_between_the_arms_are_named_for_the_steps_oracle():

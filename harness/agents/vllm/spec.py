@@ -9,7 +9,9 @@ rejected count there. So, per step with drafts (engine core, role "spec"):
 - `spec_steps`, `spec_steps_in_flight` (one with a batch still in flight: async only);
 - `spec_windows` (request-steps with drafts that sampled), `spec_drafts` (drafts scheduled),
   `spec_accepted`, `spec_full` (windows accepted whole: the bonus token), `spec_rejections` (a
-  draft rejected), `spec_rejected_all`;
+  draft rejected), `spec_rejected_all`; `spec_stale_windows` (a window whose frame a preemption
+  made stale: it returns after the request was preempted), `spec_stale_drop_rejections` (one a
+  reset's drop mode throws away, with a draft rejected: vllm#46066's class);
 and per request (by the steps books' key: prompt ids and max_tokens), each window's drafts and
 accepted length, so the arms compare them for greedy requests (harness.oracles.spec_steps).
 
@@ -96,6 +98,11 @@ def _count(sched, so, mro) -> dict:
         c["spec_full"] = c.get("spec_full", 0) + int(k > 0 and acc >= k)
         c["spec_rejected_all"] = c.get("spec_rejected_all", 0) + int(k > 0 and acc == 0)
         c["spec_rejections"] = c.get("spec_rejections", 0) + int(acc < k)
+        if int(getattr(req, "num_stale_output_tokens", 0) or 0) > 0:  # a frame a preemption made stale
+            # (harness.agents.vllm.spec_patches: where vllm#46066's class lives; a reset's is drop mode)
+            drop = bool(getattr(req, "drop_stale_output", False))
+            c["spec_stale_windows"] = c.get("spec_stale_windows", 0) + 1
+            c["spec_stale_drop_rejections"] = c.get("spec_stale_drop_rejections", 0) + int(drop and acc < k)
     return c
 
 
