@@ -189,7 +189,9 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
         line = (f"async on {spec_steps.summary_line(pr.spec.get(True, {}))}; off "
                 f"{spec_steps.summary_line(pr.spec.get(False, {}))}; {checked} greedy window(s) verified (both arms), "
                 f"{compared} compared across the arms, {apart} drafted other ids there (the drafter's numerics in "
-                "another batch, or another context: reported)")
+                "another batch, or another context: reported); stale windows async on "
+                f"{pr.counts_on.get('spec_stale_windows', 0)}, a reset's with a draft rejected "
+                f"{pr.counts_on.get('spec_stale_drop_rejections', 0)} (vllm#46066's class)")
         print(f"spec_windows: {line}")
         if record_property is not None:
             record_property("spec", line)
