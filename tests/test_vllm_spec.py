@@ -282,3 +282,23 @@ def test_stress_draws_a_drafter_and_its_k_as_the_configuration():
     for bad in ("spec-cut3-k9", "spec-nosuch-k2", "spec-cut3"):
         with pytest.raises(ValueError, match="unknown server configuration"):
             vc.parse(bad)
+
+
+def test_the_ngram_drafter_is_v2_s_and_says_so_on_v1():
+    """v2-ngram (and spec-ngram-k<k>) needs V2: --vllm-runner v1 is refused in one line, before any
+    server starts; its speculative config is ngram_gpu's, with no draft model to look for."""
+    from harness.targets.vllm import configs as vc
+    from pathlib import Path
+    c = vc.CONFIGS["v2-ngram"]
+    assert c.runner == "v2" and c.spec == ("ngram", 3) and vc.drafted("spec-ngram-k2").runner == "v2"
+    t = SimpleNamespace(config=c, runner="v1", home=Path("/nonexistent"), model_path="/nonexistent")
+    assert "V2 model runner only" in vllm_spec.missing(t) and "--vllm-runner v2" in vllm_spec.missing(t)
+    t.runner = "v2"
+    assert vllm_spec.missing(t) == ""
+    flag = json.loads(vllm_spec.args(t)[1])
+    assert flag == {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert not any("vllm#55005" in a for a in vllm_spec.adaptations(t))  # V1's rejection sampler fixes: not V2's
+    assert any("n-gram drafter" in a for a in vllm_spec.adaptations(t))
+    import random
+    rng = random.Random(1)
+    assert not any("ngram" in vc.draw_drafted(rng) for _ in range(40))  # stress draws the draft models only

@@ -79,6 +79,11 @@ def args(target) -> list[str]:
 def missing(target) -> str:
     """Why a VllmTarget's drafter configuration cannot start here (one line), or ""."""
     c = target.config
+    need = DRAFTERS[c.spec[0]].runner if c.spec else ""
+    if need and getattr(target, "runner", need) != need:
+        return (f"configuration {c.name}: the harness runs {DRAFTERS[c.spec[0]].method} on vLLM's {need.upper()} model "
+                f"runner only (its kernels' CPU adaptation is V2's; V1's NgramProposerGPU is not tried on a CPU); drop "
+                f"--vllm-runner {target.runner} or give --vllm-runner {need}")
     if c.spec and DRAFTERS[c.spec[0]].method != "draft_model":
         return ""  # no model to look for
     if c.spec and not (draft_dir(target.home, c.spec[0], target.model_path) / "config.json").is_file():
