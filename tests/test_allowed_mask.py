@@ -162,3 +162,31 @@ def test_its_range_is_the_wheels_source_fact_and_its_reproducer_counts_it():
     spec = json.loads(Path(k.reproducer).read_text())
     assert spec["fails_when"] == ["foreign_allowed_mask_rows"] and sum(spec["phases"]) == len(spec["requests"])
     assert [("allowed_token_ids" in b) for b in spec["requests"]] == [False, False, True, True, False]
+
+
+def test_a_reproducer_in_phases_sends_each_phase_after_the_last_in_order(tmp_path, capsys):
+    """fixtures/vllm_upstream/reproduce.py's phases: each phase's requests in order, a phase once the
+    one before it is answered; phases that do not split the requests are one line, exit 2, before
+    any server starts."""
+    import threading
+    import time
+
+    from fixtures.vllm_upstream import reproduce
+    log, lock = [], threading.Lock()
+
+    def send(body):
+        with lock:
+            log.append(("sent", body["i"]))
+        time.sleep(0.05 * (3 - body["i"] % 3))
+        with lock:
+            log.append(("answered", body["i"]))
+        return {"text": [str(body["i"])]}
+    out = reproduce._phased(send, [{"i": i} for i in range(5)], [1, 2, 2], 0.01)
+    assert [x["text"] for x in out] == [[str(i)] for i in range(5)]
+    sent = [i for what, i in log if what == "sent"]
+    assert sent == [0, 1, 2, 3, 4]
+    assert log.index(("sent", 3)) > max(log.index(("answered", 1)), log.index(("answered", 2)))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"id": "x", "what": "", "requests": [{}, {}], "phases": [1, 2]}))
+    assert reproduce.main([str(bad)]) == 2
+    assert capsys.readouterr().err.strip().endswith("phases [1, 2] do not split its 2 requests")
