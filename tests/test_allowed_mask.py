@@ -190,3 +190,11 @@ def test_a_reproducer_in_phases_sends_each_phase_after_the_last_in_order(tmp_pat
     bad.write_text(json.dumps({"id": "x", "what": "", "requests": [{}, {}], "phases": [1, 2]}))
     assert reproduce.main([str(bad)]) == 2
     assert capsys.readouterr().err.strip().endswith("phases [1, 2] do not split its 2 requests")
+
+
+def test_a_reproducers_steps_are_json_in_the_order_bisect_reads():
+    from fixtures.vllm_upstream.reproduce import step_rows
+    books = steps.summed({"r1": {"key": "k:4", "scheduled": 5, "sampled": 4, "waited": 1},
+                          "r2": {"key": "k:4", "scheduled": 3, "sampled": 3, "preempted": 1}})
+    rows = json.loads(json.dumps(step_rows(books)))
+    assert rows == {"k:4": [2, 8, 7, 1, 1]}
