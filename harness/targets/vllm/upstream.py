@@ -296,8 +296,8 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "set; a later request without allowed_token_ids placed in that row is restricted to the earlier request's "
     "ids whenever its batch holds a request that asks for allowed_token_ids (async on and off diverge because "
     "their servers' histories differ)",
-    "vllm-project/vllm#43894 (condense leaves the moved row's mask; fixed in 0.31.0); the GPU twin "
-    "vllm-project/vllm#48419 (swap_states' tuple swap of two row views; on CPU the runner never swaps)",
+    "vllm-project/vllm#43894 (issue: condense leaves the moved row's mask; fix PR vllm-project/vllm#43931, the "
+    "clear first in the 0.31.0 wheel); the GPU twin vllm-project/vllm#48419 (swap_states' tuple swap of two row views; on CPU the runner never swaps)",
     "fixtures/vllm_upstream/allowed_ids_mask_swap.json", codes=ANY, request_evidence="foreign_allowed_mask",
     runner="v1", cause=Trigger(fields=(("allowed_token_ids", None),)), **live_as("allowed_mask_left_by_move")))
 
