@@ -225,7 +225,9 @@ KNOWN_UPSTREAM.append(KnownUpstream(
 # request, recomputed from its first token, computes no prompt logprobs again. The agent counts the
 # drop per request (`stale_dropped:reset`). Related, not the same: vllm-project/vllm#29071 (chunked
 # prompt logprobs + preemption, fixed), vllm-project/vllm#41411 (eviction during chunked prefill,
-# fixed); none found for the stale drop. Its range starts where the reset drops stale output (0.12.0);
+# fixed); none found for the stale drop. Its range starts where the reset drops stale output whole
+# (0.27.0, vllm-project/vllm#48245; before, from 0.12.0, the reset's discard keeps the prompt logprobs
+# and the engine dies on an assertion: async-prompt-logprobs-discard-crash, the sweep on 0.16.0);
 # measured on 0.32.0 only.
 KNOWN_UPSTREAM.append(KnownUpstream(
     "async-prompt-logprobs-dropped-on-reset", "prefix_cache_reset",
@@ -239,7 +241,8 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     # the drop of the step that carries its prompt logprobs (its last prompt chunk's), not any drop:
     # a request whose prompt logprobs were delivered loses none to a later drop (issue 44)
     codes=("surface.prompt_logprobs_count.on",), request_evidence="stale_dropped_prompt:reset",
-    introduced="0.12.0", runner="v1", cause=Trigger(controls=RESET_CONTROLS)))
+    introduced=vllm_releases.FACTS["reset_discard_asserts_prompt_logprobs"].until, runner="v1",
+    cause=Trigger(controls=RESET_CONTROLS)))
 
 # Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
 # scheduler built a request's grammar bitmask inside schedule(), while its previous token was still
@@ -300,6 +303,30 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "clear first in the 0.31.0 wheel); the GPU twin vllm-project/vllm#48419 (swap_states' tuple swap of two row views; on CPU the runner never swaps)",
     "fixtures/vllm_upstream/allowed_ids_mask_swap.json", codes=ANY, request_evidence="foreign_allowed_mask",
     runner="v1", cause=Trigger(fields=(("allowed_token_ids", None),)), **live_as("allowed_mask_left_by_move")))
+
+
+# Found by the sweep on 0.16.0 (2026-12-07: the gate's path pairs, a reset with a prompt-logprobs request's
+# last prompt chunk in flight): the same drop as async-prompt-logprobs-dropped-on-reset, before 0.27.0's
+# stale-output path. A reset of running requests marks each to discard its next output;
+# AsyncScheduler._update_request_with_output returns no token ids for it, but the output's prompt
+# logprobs stay, and Scheduler.update_from_output asserts that an output without tokens carries none
+# ("Invariant: EngineCore returns no partial prefill outputs"): the async-on engine dies. Read from
+# every cached wheel (fact reset_discard_asserts_prompt_logprobs): the discard that returns [] is in
+# 0.12.0-0.26.0 (as discard_latest_async_tokens, then async_tokens_to_discard from 0.22.0); 0.27.0 drops
+# stale output whole (vllm-project/vllm#48245) and the logprobs are lost instead. No upstream report found.
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "async-prompt-logprobs-discard-crash", "stress",
+    "async scheduling, 0.12.0-0.26.x: a reset of running requests (/reset_prefix_cache?reset_running_requests, "
+    "/pause) with a prompt-logprobs request's last prompt chunk in flight kills the engine: the discarded output "
+    "keeps its prompt logprobs and update_from_output asserts that an output without tokens has none "
+    "(AssertionError: assert not prompt_logprobs_tensors)",
+    "none found for vllm-project/vllm (searched: assert not prompt_logprobs_tensors, discard_latest_async_tokens "
+    "with prompt logprobs, reset_prefix_cache prompt logprobs); replaced by the stale-output drop of "
+    "vllm-project/vllm#48245 (0.27.0), where the same reset loses the logprobs (async-prompt-logprobs-dropped-on-reset)",
+    "fixtures/vllm_upstream/async_prompt_logprobs_discard_crash.json", codes=("crash",),
+    exception=r"assert not prompt_logprobs_tensors", engine_exception=True, report_gone=False,
+    crash_on=r"assert not prompt_logprobs_tensors", trigger=(("prompt_logprobs", None),),
+    cause=Trigger(controls=RESET_CONTROLS), **live_as("reset_discard_asserts_prompt_logprobs")))
 
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
