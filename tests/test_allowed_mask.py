@@ -198,3 +198,12 @@ def test_a_reproducers_steps_are_json_in_the_order_bisect_reads():
                           "r2": {"key": "k:4", "scheduled": 3, "sampled": 3, "preempted": 1}})
     rows = json.loads(json.dumps(step_rows(books)))
     assert rows == {"k:4": [2, 8, 7, 1, 1]}
+
+
+def test_either_arms_mask_is_the_requests_evidence_but_not_its_other_mechanisms():
+    r = Request(rid="c0r0", prompt_ids=[1, 2], max_new_tokens=4)
+    key = __import__("harness.agents.vllm.steps", fromlist=["request_key"]).request_key([1, 2], 4)
+    on = steps.summed({"x": {"key": key, "evidence": {"prefix_hit": 1}}})
+    off = steps.summed({"y": {"key": key, "evidence": {masks.MECHANISM: 2, "stale_dropped:reset": 1}}})
+    assert steps.evidence_of(on, r) == {"prefix_hit": 1}
+    assert steps.evidence_of(on, r, off) == {"prefix_hit": 1, masks.MECHANISM: 2}  # the drop is async on's alone

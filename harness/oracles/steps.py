@@ -133,8 +133,13 @@ def evidence_of(books: "StepBooks", r, other: "StepBooks | None" = None) -> dict
     """The mechanisms the agent counted for request `r` (a Request) in one arm's books; with the
     `other` arm's books, that arm's counts of EITHER_ARM mechanisms added."""
     key = request_key(r.prompt_ids, r.max_new_tokens)
-    out = dict(books.evidence.get(key, {}))
-    for what, n in ((other.evidence.get(key, {}) if other is not None else {})).items():
+    return with_either_arm(books.evidence.get(key, {}), other.evidence.get(key, {}) if other is not None else {})
+
+
+def with_either_arm(ev: dict, other: dict) -> dict:
+    """One arm's evidence for a request, with the other arm's counts of EITHER_ARM mechanisms added."""
+    out = dict(ev)
+    for what, n in other.items():
         if what in EITHER_ARM and n:
             out[what] = out.get(what, 0) + int(n)
     return out
@@ -183,11 +188,7 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), drafted=fro
         def add(text: str, code: str, key=key, rid=rids[0]) -> None:  # with the async-on arm's evidence
             f = Finding(text, code, rid)
             findings.append(f)
-            ev = dict(on.evidence.get(key, {}))
-            for what, n in off.evidence.get(key, {}).items():  # a batch's history: either arm's
-                if what in EITHER_ARM and n:
-                    ev[what] = ev.get(what, 0) + int(n)
-            evidence.setdefault(f, ev)
+            evidence.setdefault(f, with_either_arm(on.evidence.get(key, {}), off.evidence.get(key, {})))
 
         if a is None or b is None:
             left["not seen in both arms"] = left.get("not seen in both arms", 0) + 1
