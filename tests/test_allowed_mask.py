@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from harness.agents.vllm import masks, state
+from harness.agents.vllm.steps import request_key
 from harness.engine.request import Request
 from harness.oracles import steps
 from harness.search.served import claims
@@ -202,7 +203,7 @@ def test_a_reproducers_steps_are_json_in_the_order_bisect_reads():
 
 def test_either_arms_mask_is_the_requests_evidence_but_not_its_other_mechanisms():
     r = Request(rid="c0r0", prompt_ids=[1, 2], max_new_tokens=4)
-    key = __import__("harness.agents.vllm.steps", fromlist=["request_key"]).request_key([1, 2], 4)
+    key = request_key([1, 2], 4)
     on = steps.summed({"x": {"key": key, "evidence": {"prefix_hit": 1}}})
     off = steps.summed({"y": {"key": key, "evidence": {masks.MECHANISM: 2, "stale_dropped:reset": 1}}})
     assert steps.evidence_of(on, r) == {"prefix_hit": 1}
