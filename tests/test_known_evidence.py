@@ -127,3 +127,27 @@ def test_a_structured_output_step_with_a_token_in_flight_is_counted_and_claims_o
         assert bool(seen) == claimed and bool(new) != claimed, (version, new, seen)
         if claimed:
             assert seen[0][0] == "vllm#26866"
+
+
+def test_before_stale_output_books_the_reset_drops_what_was_in_flight():
+    """vLLM before 0.27.0 has no drop_stale_output / num_stale_output_tokens: its reset path marks a
+    preempted request to discard its next output (the one in flight), KV pressure keeps it. The sweep's
+    stress on 0.16.0 found a seeded request reset with a step in flight whose divergence looked like
+    async-seeded-preempt-in-flight without the mechanism counted: the steps in flight are the
+    placeholders the request had when vLLM began to preempt it."""
+    books, facts = _books()
+
+    def engine_preempt(self, r):  # 0.16.0's _preempt_request: rolls the request back; the reset then
+        r.num_output_placeholders = 0  # sets discard_latest_async_tokens (after this returns)
+
+    preempt = vllm_steps._preempt(engine_preempt)
+    old = [SimpleNamespace(request_id=x, prompt_token_ids=[1, 2, 3], max_tokens=8, num_output_tokens=2,
+                           num_computed_tokens=5, num_tokens=5, num_output_placeholders=ph, status=None)
+           for x, ph in (("a", 1), ("b", 1), ("c", 0))]
+    _CALLERS["reset_prefix_cache"](preempt, old[0])  # a step in flight, thrown away
+    _CALLERS["schedule"](preempt, old[1])  # KV pressure: in flight, delivered
+    _CALLERS["reset_prefix_cache"](preempt, old[2])  # nothing in flight: nothing dropped
+    recs = facts.data["requests"]
+    assert recs["a"]["evidence"] == {"preempted_in_flight": 1, "stale_dropped:reset": 1}  # tokens delivered before
+    assert recs["b"]["evidence"] == {"preempted_in_flight": 1}
+    assert recs["c"]["evidence"] == {} and recs["c"]["preempted"] == 1

@@ -334,3 +334,20 @@ def test_a_runs_response_fields_are_its_own(tmp_path):
         assert run.outputs[0][2].startswith("server error") and run.surface == {}
     finally:
         t.close()
+
+
+def test_engine_traceback_keeps_to_its_own_process_when_two_interleave(tmp_path):
+    """The sweep on 0.16.0 (2026-12-07): the engine core's traceback and the API server's were
+    written line by line into each other; the engine core's block took the API server's lines and
+    ended on its EngineDeadError, which hid the assertion that killed the engine."""
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_DP0 pid=9) Traceback (most recent call last):\n"
+                   "(APIServer pid=3) Traceback (most recent call last):\n"
+                   "(EngineCore_DP0 pid=9)   File \"scheduler.py\", line 1414, in update_from_output\n"
+                   "(APIServer pid=3)   File \"async_llm.py\", line 9, in output_handler\n"
+                   "(EngineCore_DP0 pid=9)     assert not prompt_logprobs_tensors\n"
+                   "(APIServer pid=3) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+                   "(EngineCore_DP0 pid=9) AssertionError\n")
+    tb = engine_traceback(log)
+    assert "APIServer" not in tb, tb
+    assert exception_line(tb) == "AssertionError: assert not prompt_logprobs_tensors (scheduler.py:1414)"

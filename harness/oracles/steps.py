@@ -81,13 +81,31 @@ class StepBooks:
     evidence: dict = field(default_factory=dict)  # key -> {mechanism: count} (vllm_steps `evidence`)
 
 
+# mechanisms of bugs that are not async scheduling's own but a batch's history (KNOWN_UPSTREAM
+# vllm#43894: a row's allowed-ids mask left by an earlier request), which either arm's server may
+# carry: a finding's evidence counts them from both arms (evidence_of's `other`)
+EITHER_ARM = ("foreign_allowed_mask",)
+
+
 def books_of(facts: list[dict]) -> dict[str, list]:
     """vLLM request id -> its record as the agent wrote it (StepRecord.of reads it), from the
-    agent's "steps" facts."""
+    agent's "steps" facts, with the mechanisms the worker counted for the request added to its
+    evidence (`request_evidence`, harness.agents.vllm.masks: the worker sees the batch's rows, the
+    scheduler does not; every rank sees the same batch, so the most any rank counted)."""
     out: dict[str, list] = {}
     for f in facts:
         if f.get("role") == "steps":
             out.update(f.get("requests") or {})
+    worker: dict[str, dict] = {}
+    for f in facts:
+        for rid, ev in (f.get("request_evidence") or {}).items() if f.get("role") == "worker" else ():
+            acc = worker.setdefault(rid, {})
+            for what, n in ev.items():
+                acc[what] = max(acc.get(what, 0), int(n))
+    for rid, ev in worker.items():
+        rec = out.get(rid)
+        if isinstance(rec, dict):
+            out[rid] = {**rec, "evidence": {**(rec.get("evidence") or {}), **ev}}
     return out
 
 
@@ -111,9 +129,20 @@ def summed(records: dict) -> StepBooks:
     return b
 
 
-def evidence_of(books: "StepBooks", r) -> dict:
-    """The mechanisms the agent counted for request `r` (a Request) in one arm's books."""
-    return dict(books.evidence.get(request_key(r.prompt_ids, r.max_new_tokens), {}))
+def evidence_of(books: "StepBooks", r, other: "StepBooks | None" = None) -> dict:
+    """The mechanisms the agent counted for request `r` (a Request) in one arm's books; with the
+    `other` arm's books, that arm's counts of EITHER_ARM mechanisms added."""
+    key = request_key(r.prompt_ids, r.max_new_tokens)
+    return with_either_arm(books.evidence.get(key, {}), other.evidence.get(key, {}) if other is not None else {})
+
+
+def with_either_arm(ev: dict, other: dict) -> dict:
+    """One arm's evidence for a request, with the other arm's counts of EITHER_ARM mechanisms added."""
+    out = dict(ev)
+    for what, n in other.items():
+        if what in EITHER_ARM and n:
+            out[what] = out.get(what, 0) + int(n)
+    return out
 
 
 @dataclass
@@ -159,7 +188,7 @@ def compare(reqs, off: StepBooks, on: StepBooks, parted=frozenset(), drafted=fro
         def add(text: str, code: str, key=key, rid=rids[0]) -> None:  # with the async-on arm's evidence
             f = Finding(text, code, rid)
             findings.append(f)
-            evidence.setdefault(f, dict(on.evidence.get(key, {})))
+            evidence.setdefault(f, with_either_arm(on.evidence.get(key, {}), off.evidence.get(key, {})))
 
         if a is None or b is None:
             left["not seen in both arms"] = left.get("not seen in both arms", 0) + 1

@@ -5,7 +5,8 @@ the plan (harness.agents.release), and patches, in this order (the order of wrap
 patches share a point):
 1. timing, the copy engine and the penalty fault at the points that release has (PATCHES);
 2. the workarounds whose release fact holds there (harness.agents.vllm.workarounds);
-3. the in-flight flags the path counters read, then the path counters (harness.agents.vllm.counters);
+3. the in-flight flags the path counters read, then the path counters (harness.agents.vllm.counters)
+   and the rows an allowed-ids mask restricts without asking (harness.agents.vllm.masks);
 4. the books at idle, outermost (harness.agents.vllm.books), then each request's steps
    (harness.agents.vllm.steps) and speculative windows (harness.agents.vllm.spec);
 and starts the facts flusher. A point the release should have and does not is an AgentError,
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from harness.agents import plan as planmod
 from harness.agents import progress
-from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, spec, state, steps, timing
+from harness.agents.vllm import books, copy_engine, counters, cuda_stubs, faults, masks, spec, state, steps, timing
 from harness.agents.vllm.points import POINTS_BY_NAME, WRITTEN_AGAINST, patch_at, points_in
 from harness.agents.vllm.state import AgentError
 from harness.agents.vllm.workarounds import MODULES as WORKAROUND_MODULES
@@ -78,6 +79,9 @@ def register() -> None:
         for point, (role, key, when) in counters.COUNTERS.items():
             if point in here:  # a release without the point has no such path to count (n/a)
                 patch(point, counters.counting(role, key, when))
+        for point, make in masks.PATCHES.items():  # the mechanism of vllm#43894, per request
+            if point in here:
+                patch(point, make)
         for point, make in books.BOOKS.items():  # outermost: a step's books follow its counts
             if point in here:  # a release without the point keeps no such books (said by the oracle)
                 patch(point, make)

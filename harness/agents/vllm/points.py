@@ -99,6 +99,9 @@ POINTS += [
           "counts batch reorders (rows swapped) while seeded requests hold generators", until="0.34.0", runner="v1"),
     Point("grammar", "vllm.v1.worker.gpu_model_runner", "apply_grammar_bitmask",
           "the worker's structured-output mask (imported by name): counts steps that apply it", since="0.11.0", until="0.34.0", runner="v1"),
+    Point("allowed_mask", "vllm.v1.worker.gpu_input_batch", "InputBatch._make_sampling_metadata",
+          "the batch's allowed_token_ids mask as the sampler gets it: counts the rows it restricts whose request "
+          "asked for no allowed_token_ids (harness.agents.vllm.masks, vllm#43894)", until="0.34.0", runner="v1"),
 ]
 # vLLM's CPU build crashes where the CUDA build rewinds a seeded request's generator after a
 # discarded sample (a partial prefill): `set_offset` does not exist for CPU generators. The agent
@@ -237,6 +240,8 @@ ATTRIBUTES.update({
     "books_request": ("Request", ("num_output_placeholders", "num_stale_output_tokens", "num_in_flight_tokens",
                                   "status", "request_id")),
     "books_batch": ("InputBatch", ("_req_ids", "req_id_to_index", "generators")),
+
+    "allowed_mask": ("InputBatch", ("allowed_token_ids_mask_cpu_tensor", "has_allowed_token_ids")),
 })
 
 

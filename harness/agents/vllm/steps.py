@@ -165,13 +165,22 @@ class Books:
             if status == "WAITING" and not getattr(r, "num_preemptions", 0):
                 self._rec(r)[9] += 1  # a newcomer with room (a resumed one is the preemption's to judge)
 
-    def preempted(self, request, path: str = "") -> None:
+    def preempted(self, request, path: str = "", ahead: int = 0) -> None:
+        """`ahead`: the request's outputs in flight when vLLM began to preempt it (its placeholders)."""
         rec = self._rec(request)
         rec[5] += 1
         rec[4] = 0  # out of the running set: a wait there is no longer owed
-        if int(getattr(request, "num_stale_output_tokens", 0) or 0):
+        stale = int(getattr(request, "num_stale_output_tokens", 0) or 0)
+        dropped = bool(getattr(request, "drop_stale_output", False)) and stale > 0
+        if not hasattr(request, "drop_stale_output"):
+            # before 0.27.0 vLLM keeps no stale-output books: its steps in flight are the placeholders
+            # it had, and only the reset path throws their output away (reset_prefix_cache marks it
+            # to discard its next output right after this preemption; KV pressure keeps it). Found by
+            # the sweep's stress on 0.16.0: a seeded request reset with a step in flight, uncounted.
+            stale, dropped = ahead, ahead > 0 and path == "reset"
+        if stale:
             _count(rec, "preempted_in_flight")  # a step of it in flight (issue 44: a path feature, per request)
-        if getattr(request, "drop_stale_output", False) and int(getattr(request, "num_stale_output_tokens", 0) or 0):
+        if dropped:
             # its in-flight sample will be thrown away and its position sampled again
             _count(rec, f"stale_dropped:{path or 'unknown'}")
             if not int(getattr(request, "num_output_tokens", 0) or 0):
@@ -309,8 +318,9 @@ def _schedule(orig):
 def _preempt(orig):
     def _preempt_request(self, request, *a, **kw):
         path = _preempt_path()
+        ahead = int(getattr(request, "num_output_placeholders", 0) or 0)  # before vLLM rolls it back
         out = orig(self, request, *a, **kw)
-        _BOOKS.preempted(request, path)
+        _BOOKS.preempted(request, path, ahead)
         return out
     return _preempt_request
 

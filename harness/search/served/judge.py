@@ -314,6 +314,8 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
     reqs = case.requests + turns.as_requests(case.requests, on["run"])
     preempted = _sampled_preempted(reqs, on) if agent else set()
     on_books = steps.summed(on.get("steps") or {}) if agent else None
+    # a batch-history mechanism (steps.EITHER_ARM) may have hit either arm's request
+    off_books = steps.summed(off.get("steps") or {}) if agent else None
     by_rid = {r.rid: r for r in reqs}
     spec = {True: on.get("spec") or {}, False: off.get("spec") or {}} if agent else {}
     # a drafter's configuration: a sampled request the arms drafted for differently draws differently
@@ -323,7 +325,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         for d in divs:
             if not d.near_tie and d.rid.split("#")[0] not in apart:
                 r = by_rid.get(d.rid.split("#")[0])
-                ev = steps.evidence_of(on_books, r) if on_books is not None and r is not None else {}
+                ev = steps.evidence_of(on_books, r, off_books) if on_books is not None and r is not None else {}
                 dropped = {m.split(":", 1)[1]: n for m, n in ev.items() if m.startswith("stale_dropped:") and n}
                 why = (" (a sampled request preempted async on" + (
                     f"; its in-flight sample dropped on the {', '.join(sorted(dropped))} path" if dropped else "")
@@ -337,7 +339,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
         r = by_rid.get(rid)
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what)), code_of(what), rid))
-            evidence[out[-1].summary] = steps.evidence_of(on_books, r) if on_books is not None and r else {}
+            evidence[out[-1].summary] = steps.evidence_of(on_books, r, off_books) if on_books is not None and r else {}
     for rid, whats in sorted(request_ids.findings(case.requests, off["run"], on["run"], off.get("cut")).items()):
         for what in whats:
             out.append(Finding("request_id", f"request {rid}: {what}", ("request_id", _id_kind(what))))

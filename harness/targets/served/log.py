@@ -17,6 +17,13 @@ def log_body(line: str) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TAG = re.compile(r"^\([^)]*pid=\d+\)")
+
+
+def _tag(line: str) -> str:
+    """The process tag of a log line ("(EngineCore_DP0 pid=9)"), or ""."""
+    m = _TAG.match(_ANSI.sub("", line))
+    return m.group(0) if m else ""
 
 
 _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?(:|$)")
@@ -44,7 +51,10 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     for st in starts:
         block, complete = [lines[st]], False
         rec = _RECORD.match(log_body(lines[st]))
+        tag = _tag(lines[st])
         for ln in lines[st + 1:]:
+            if tag and _tag(ln) and _tag(ln) != tag:
+                continue  # another process's line written between ours (the API server's own traceback)
             block.append(ln)
             body = log_body(ln)
             if rec is not None:  # a logged traceback: its lines carry the same record prefix

