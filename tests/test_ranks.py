@@ -105,13 +105,67 @@ def test_one_rank_lost_is_lost_and_named():
     assert (eff, why) == (True, "fine")  # one worker: its line as before, no rank
 
 
-def test_a_pipeline_stage_that_samples_nothing_is_not_judged_and_says_why():
+def test_the_overlap_is_judged_on_the_stage_that_samples_and_the_others_say_n_a():
+    """PP: only the last stage samples and copies the ids (the others receive them), so the worker's
+    overlap is judged there, named; a stage before it has no copy to overlap: one n/a line, never a
+    verdict (before, its 'not judged' decided the line: judged on no rank)."""
     from harness.agents.host_order import judge_worker
-    facts = [_worker(1, 0, tp=1, pp=2), _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 0})]
+    facts = [_worker(1, 0, tp=1, pp=2, forwards=[[1, 2]] * 9),
+             _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 0})]
     v = dict(workers.overlap_verdicts(facts, [], judge_worker))
-    assert v["rank 0 (pp stage 0 of 2)"][0] is None and "samples no ids" in v["rank 0 (pp stage 0 of 2)"][1]
+    assert v["rank 0 (pp stage 0 of 2)"][0] == workers.NA and "samples no ids" in v["rank 0 (pp stage 0 of 2)"][1]
     assert v["rank 1 (pp stage 1 of 2)"][0] is True
-    assert workers.overlap_line(list(v.items()))[0] is None  # the worst: not judged, never a pass by default
+    eff, why = workers.overlap_line(list(v.items()))
+    assert eff is True and "rank 1 (pp stage 1 of 2): worker: 0 of 9 forwards" in why, why
+    assert "rank 0 (pp stage 0 of 2): n/a: " in why
+    late = [facts[0], _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 9})]
+    eff, why = workers.overlap_line(workers.overlap_verdicts(late, [], judge_worker))
+    assert eff is False and why.startswith("rank 1 (pp stage 1 of 2): the worker began step N+1")
+    assert [workers.samples(f) for f in (_worker(1, 0), _worker(2, 1), *facts)] == [True, True, False, True]
+
+
+def test_overlap_judged_on_no_rank_while_the_run_has_steps_is_never_a_pass():
+    """The sampling stage counted no forward with a copy in flight (the V2 runner's worker before
+    issue 45's second round: the forward's clock was V1's only): not judged, and said for every
+    rank; a run whose facts hold only stages that sample nothing says it was judged on no rank."""
+    from harness.agents.host_order import judge_worker
+    stage0 = _worker(1, 0, tp=1, pp=2, forwards=[[1, 2]] * 9)
+    eff, why = workers.overlap_line(workers.overlap_verdicts([stage0, _worker(2, 1, tp=1, pp=2)], [], judge_worker))
+    assert eff is None and "rank 1 (pp stage 1 of 2): worker: 0 forward(s) began" in why
+    eff, why = workers.overlap_line(workers.overlap_verdicts([stage0], [], judge_worker))
+    assert eff is None and why.startswith("worker: judged on no rank")
+
+
+def test_the_v2_worker_counts_its_forwards_against_the_previous_copy(monkeypatch):
+    """V2 (pp2's runner): the step's arrival and its model's forward pre-hook feed the same counts
+    as V1's model_forward: a forward whose step arrived with the copy in flight is judged, late when
+    the worker's thread blocked on a copy first; with no copy (a stage that samples nothing) none."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state, timing
+    from harness.agents.vllm.v2 import agent as v2agent
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(timing, "_FWD_COUNTS", {"judged": 0, "after_copy": 0})
+    monkeypatch.setattr(timing, "LAST_COPY", [None])
+    runner = types.SimpleNamespace(model=torch.nn.Linear(2, 2))
+    v2agent._hook_forward(runner)
+    v2agent._hook_forward(runner)  # once: a second call registers nothing more
+
+    def step(copy_in_flight, blocks=False):
+        timing.LAST_COPY[0] = types.SimpleNamespace(query=lambda: not copy_in_flight) if copy_in_flight is not None else None
+        timing.step_arrives()
+        if blocks:
+            timing.copy_wait_blocks()
+        runner.model(torch.zeros(1, 2))
+        timing.forward_begins()  # the agent's fallback after execute_model: the hook already counted
+    step(None)  # a stage that samples nothing: no copy
+    step(False)  # the copy landed before the step arrived: nothing to judge
+    step(True)
+    step(True, blocks=True)
+    assert state.facts("worker").data["forward_copy"] == {"judged": 2, "after_copy": 1}
+    assert len(runner.model._forward_pre_hooks) == 1
 
 
 def test_the_steps_in_flight_come_from_the_engine():

