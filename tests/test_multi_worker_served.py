@@ -10,6 +10,7 @@ on two cores shared by eight processes. The fast representative in .ci/run is te
 - SGLang 0.5.23 `--tp 2` passes its path suite, each rank's scheduler books judged.
 
 Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
+import re
 import subprocess
 import sys
 
@@ -42,6 +43,9 @@ def test_stock_passes_with_every_rank_judged(capsys, tmp_path):
     code, rows, out = _matrix(capsys, tmp_path, "--configs", "tp2,pp2")
     assert all(v.startswith("PASS") for v in rows.values()) and code == 0, out[-4000:]
     assert "rank 1 (tp 1 of 2): input batch" in out and "rank 1 (pp stage 1 of 2)" in out, out[-4000:]
+    # the worker's overlap on pp2: judged on the stage that samples (V2's forwards counted), the other n/a
+    assert re.search(r"rank 1 \(pp stage 1 of 2\): worker: \d+ of \d+ forwards", out), out[-4000:]
+    assert "rank 0 (pp stage 0 of 2): n/a: " in out and "judged on no rank" not in out, out[-4000:]
 
 
 @pytest.mark.vllm

@@ -137,9 +137,10 @@ def test_overlap_judged_on_no_rank_while_the_run_has_steps_is_never_a_pass():
 
 
 def test_the_v2_worker_counts_its_forwards_against_the_previous_copy(monkeypatch):
-    """V2 (pp2's runner): the step's arrival and its model's forward pre-hook feed the same counts
-    as V1's model_forward: a forward whose step arrived with the copy in flight is judged, late when
-    the worker's thread blocked on a copy first; with no copy (a stage that samples nothing) none."""
+    """V2 (pp2's runner): from a step's hand-back with its copy in flight (sample_tokens returns) to
+    its model's next forward (the forward pre-hook), a wait of the worker's thread on that copy is a
+    late forward: the same counts as V1's model_forward. A copy that landed before the hand-back,
+    and a stage with no copy (PP, all but the last), count nothing."""
     import types
 
     import torch
@@ -147,21 +148,22 @@ def test_the_v2_worker_counts_its_forwards_against_the_previous_copy(monkeypatch
     from harness.agents.vllm import state, timing
     from harness.agents.vllm.v2 import agent as v2agent
     monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(delay=lambda *a, **k: None, data={}))
     monkeypatch.setattr(timing, "_FWD_COUNTS", {"judged": 0, "after_copy": 0})
     monkeypatch.setattr(timing, "LAST_COPY", [None])
     runner = types.SimpleNamespace(model=torch.nn.Linear(2, 2))
     v2agent._hook_forward(runner)
     v2agent._hook_forward(runner)  # once: a second call registers nothing more
+    sample = v2agent._sample_tokens(lambda self: None)
 
     def step(copy_in_flight, blocks=False):
-        timing.LAST_COPY[0] = types.SimpleNamespace(query=lambda: not copy_in_flight) if copy_in_flight is not None else None
-        timing.step_arrives()
+        timing.LAST_COPY[0] = None if copy_in_flight is None else types.SimpleNamespace(query=lambda: not copy_in_flight)
+        sample(runner)  # the step hands back (its copy started inside)
         if blocks:
-            timing.copy_wait_blocks()
+            timing.copy_wait_blocks()  # the worker's thread waits on the copy before its next forward
         runner.model(torch.zeros(1, 2))
-        timing.forward_begins()  # the agent's fallback after execute_model: the hook already counted
     step(None)  # a stage that samples nothing: no copy
-    step(False)  # the copy landed before the step arrived: nothing to judge
+    step(False)  # the copy landed before the hand-back: nothing to judge
     step(True)
     step(True, blocks=True)
     assert state.facts("worker").data["forward_copy"] == {"judged": 2, "after_copy": 1}
@@ -261,7 +263,7 @@ def test_a_decode_the_pipeline_holds_back_is_no_wait():
 
 def test_the_multi_worker_configurations_are_named_only():
     from harness.targets.vllm import configs as vc
-    assert not {"tp2", "pp2", "pp2-v1"} & set(vc.parse("all"))  # heavy: never drawn by default
+    assert not {"tp2", "pp2", "pp2-v1", "pp3-v1"} & set(vc.parse("all"))  # heavy: never drawn by default
     assert vc.parse("tp2,pp2") == ["tp2", "pp2"]
     assert (vc.CONFIGS["tp2"].model, vc.CONFIGS["pp2"].runner) == ("split", "v2")
     import pytest
@@ -297,7 +299,7 @@ def test_a_patch_no_configuration_reaches_is_listed_with_its_reason_and_not_run(
     assert ran == [()]
     assert m["not_here"]["preempt_stales_one_frame"].startswith("not reachable on vLLM 0.32.0: ")
     assert "decode_stagger" in m["not_here"]["preempt_stales_one_frame"]
-    assert "KeyError" in m["not_here"]["v1_pp_async_allowed"]
+    assert m["not_here"]["v1_pp_async_allowed"].startswith("needs the pp3-v1 configuration")  # reachable there
     assert m["not_here"]["pp_decode_no_stagger"].startswith("needs the pp2 configuration")
     assert main(["faults", "--target", "vllm"]) == 0
     assert "not reachable on vLLM 0.32.0: the patched count" in capsys.readouterr().out

@@ -192,7 +192,7 @@ def worker_execute(orig):
             state.facts("worker").write(True)
         t = time.monotonic()
         t_ns = time.monotonic_ns()
-        step_arrives()
+        watch_copy()  # the step arrives: is the previous step's copy still in flight?
         try:
             return orig(self, *a, **kw)
         finally:
@@ -220,18 +220,20 @@ def model_forward(orig):
     return _model_forward
 
 
-def step_arrives() -> None:
-    """A worker step arrives (V1's execute_model, V2's: harness.agents.vllm.v2.agent): is the
-    previous step's sampled-id copy still on its way to the host? An overlapped worker runs this
-    step's forward meanwhile (judged at forward_begins)."""
+def watch_copy() -> None:
+    """From here to the next forward, a wait of this thread on the newest sampled-id copy is a lost
+    overlap, if that copy is still in flight now (judged at forward_begins). V1 calls it as a worker
+    step arrives (execute_model); V2 as a step hands its output back (sample_tokens returns: on CPU
+    our copy thread always lands the copy before V2's next step arrives, measured on pp2's last
+    stage, 0 of 338 steps, so an arrival there shows nothing)."""
     last = LAST_COPY[0]
     _FWD["pending"] = last if last is not None and not last.query() else None
     _FWD["thread"], _FWD["blocked"] = threading.get_ident(), False
 
 
 def forward_begins() -> None:
-    """The step's model forward begins: counted when the step arrived with the previous copy in
-    flight, and as late when this thread blocked on a sampled-id copy since (copy_wait_blocks). A
+    """The step's model forward begins: counted when the copy was in flight at watch_copy, and as
+    late when this thread blocked on a sampled-id copy since (copy_wait_blocks). A
     stage that samples nothing (PP, all but the last) has no copy: nothing counted there."""
     pending = _FWD.pop("pending", None)
     blocked = _FWD.pop("blocked", False)

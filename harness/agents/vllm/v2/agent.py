@@ -64,13 +64,13 @@ def _worker_execute(orig):
             f.write(True)
         t, t_ns = time.monotonic(), time.monotonic_ns()
         _hook_forward(self)
-        shared.step_arrives()  # the previous step's copy still in flight? (judged as the forward begins)
         out = None
         try:
             out = orig(self, scheduler_output, *a, **kw)
             return out
         finally:
-            shared.forward_begins()  # a forward the hook did not see (no nn.Module): judged here, once
+            if not getattr(self, "_oh_forward_hooked", False):  # a model the hook cannot see: judged here
+                shared.forward_begins()
             if out is not None:  # no sample_tokens follows: the step ends here
                 shared.measured(time.monotonic() - t)
             else:  # the step ends when sample_tokens returns (v2_sample_tokens)
@@ -87,9 +87,11 @@ def _worker_execute(orig):
 
 
 def _hook_forward(runner) -> None:
-    """The worker's own overlap on V2 (issue 45: pp2's sampling stage runs V2): execute_model calls
-    the model itself, so the forward's start is the model's forward pre-hook, registered once; a
-    stage that samples nothing (PP, all but the last) has no copy in flight and counts nothing."""
+    """The worker's own overlap on V2 (issue 45: pp2's sampling stage runs V2): from the moment a
+    step hands back with its sampled-id copy in flight (sample_tokens returns: shared.watch_copy)
+    to the next forward, did this thread wait on that copy? execute_model calls the model itself,
+    so the forward's start is the model's forward pre-hook, registered once. A stage that samples
+    nothing (PP, all but the last) has no copy and counts nothing."""
     m = getattr(runner, "model", None)
     if m is None or getattr(runner, "_oh_forward_hooked", False) or not hasattr(m, "register_forward_pre_hook"):
         return
@@ -105,6 +107,7 @@ def _sample_tokens(orig):
         try:
             return orig(self, *a, **kw)
         finally:
+            shared.watch_copy()  # the step hands back with its copy in flight? (judged at the next forward)
             t = getattr(self, "_oh_step_start", None)
             if t is not None:
                 self._oh_step_start = None
