@@ -137,33 +137,33 @@ def test_overlap_judged_on_no_rank_while_the_run_has_steps_is_never_a_pass():
 
 
 def test_the_v2_worker_counts_its_forwards_against_the_previous_copy(monkeypatch):
-    """V2 (pp2's runner): from a step's hand-back with its copy in flight (sample_tokens returns) to
-    its model's next forward (the forward pre-hook), a wait of the worker's thread on that copy is a
-    late forward: the same counts as V1's model_forward. A copy that landed before the hand-back,
-    and a stage with no copy (PP, all but the last), count nothing."""
+    """V2 (pp2's runner): from a step's copy start (AsyncOutput) to its model's next forward (the
+    forward pre-hook), a wait of the worker's thread on that copy is a late forward: the same counts
+    as V1's model_forward. A copy already landed at its watch, and a stage with no copy (PP, all but
+    the last), count nothing."""
     import types
 
     import torch
 
     from harness.agents.vllm import state, timing
     from harness.agents.vllm.v2 import agent as v2agent
+    from harness.agents.vllm.v2 import shared
     monkeypatch.setattr(state, "FACTS", {})
-    monkeypatch.setattr(state, "PLAN", types.SimpleNamespace(delay=lambda *a, **k: None, data={}))
     monkeypatch.setattr(timing, "_FWD_COUNTS", {"judged": 0, "after_copy": 0})
     monkeypatch.setattr(timing, "LAST_COPY", [None])
     runner = types.SimpleNamespace(model=torch.nn.Linear(2, 2))
     v2agent._hook_forward(runner)
     v2agent._hook_forward(runner)  # once: a second call registers nothing more
-    sample = v2agent._sample_tokens(lambda self: None)
 
     def step(copy_in_flight, blocks=False):
-        timing.LAST_COPY[0] = None if copy_in_flight is None else types.SimpleNamespace(query=lambda: not copy_in_flight)
-        sample(runner)  # the step hands back (its copy started inside)
+        if copy_in_flight is not None:  # the copy starts (V2's AsyncOutput, patched by the agent)
+            shared.copy_started(types.SimpleNamespace(query=lambda: not copy_in_flight))
+            shared.watch_copy()
         if blocks:
             timing.copy_wait_blocks()  # the worker's thread waits on the copy before its next forward
         runner.model(torch.zeros(1, 2))
     step(None)  # a stage that samples nothing: no copy
-    step(False)  # the copy landed before the hand-back: nothing to judge
+    step(False)  # the copy landed before its watch: nothing to judge
     step(True)
     step(True, blocks=True)
     assert state.facts("worker").data["forward_copy"] == {"judged": 2, "after_copy": 1}

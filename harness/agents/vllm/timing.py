@@ -223,9 +223,8 @@ def model_forward(orig):
 def watch_copy() -> None:
     """From here to the next forward, a wait of this thread on the newest sampled-id copy is a lost
     overlap, if that copy is still in flight now (judged at forward_begins). V1 calls it as a worker
-    step arrives (execute_model); V2 as a step hands its output back (sample_tokens returns: on CPU
-    our copy thread always lands the copy before V2's next step arrives, measured on pp2's last
-    stage, 0 of 338 steps, so an arrival there shows nothing)."""
+    step arrives (execute_model); V2 as the copy starts (harness.agents.vllm.v2.agent._hook_forward
+    says why)."""
     last = LAST_COPY[0]
     _FWD["pending"] = last if last is not None and not last.query() else None
     _FWD["thread"], _FWD["blocked"] = threading.get_ident(), False
