@@ -24,7 +24,9 @@
 #  10. beyond one worker (issue 45, docs/multi-worker.md): on a machine with two or more GPUs, the
 #      same vLLM's gate in the multi-worker configurations, `check --target vllm --vllm-python PY
 #      --configs tp2,pp2` (tensor parallelism, pipeline parallelism on V2: every rank's books and
-#      overlap judged and named); skipped with one line on a single GPU.
+#      overlap judged and named); skipped with one line on a single GPU. With three or more GPUs,
+#      `check --configs pp3-v1 --fault v1_pp_async_allowed` too: its structured_output row must FAIL
+#      (vllm#45014; on CPU pp3-v1 deadlocks first, harness/agents/vllm/multi_patches.UNREACHABLE).
 #  11. speculative decoding with the overlap on (issue 43, docs/vllm-spec.md, docs/sglang-spec.md):
 #      the same vLLM's gate with its drafters, `check --target vllm --vllm-python PY --configs
 #      spec-draft,spec-same` (draft-model windows, on a CUDA build: none of our CPU workarounds),
@@ -252,6 +254,21 @@ elif timeout 2400 "${OH[@]}" check --target vllm --vllm-python "$VLLM_PY" --conf
   pass "$OUTDIR/vllm-multi-tp2.json, $OUTDIR/vllm-multi-pp2.json"
 else
   fail "check --target vllm --configs tp2,pp2 (exit $?; $OUTDIR/vllm-multi-*.json)"
+fi
+# vllm#45014 re-created (V1's refusal of PP + async lifted) needs two batches in flight at a
+# schedule: PP=3 on V1, which deadlocks on CPU (the CPU communicator's blocking recv); on three GPUs
+# the structured_output row must FAIL for it (docs/multi-worker.md)
+if [ -n "$VLLM_PY" ] && [ "${NGPU:-0}" -ge 3 ]; then
+  timeout 2400 "${OH[@]}" check --target vllm --vllm-python "$VLLM_PY" --configs pp3-v1 --fault v1_pp_async_allowed \
+    --json "$OUTDIR/vllm-pp3v1.json" --out "$OUTDIR/vllm-pp3v1-out"
+  if grep -q '"structured_output"' "$OUTDIR/vllm-pp3v1-pp3-v1.json" 2>/dev/null \
+     && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if any(c.get('status') == 'FAIL' and 'structured_output' in c.get('id', '') for c in d.get('cases', [])) else 1)" "$OUTDIR/vllm-pp3v1-pp3-v1.json"; then
+    pass "pp3-v1 + v1_pp_async_allowed: structured_output FAILs ($OUTDIR/vllm-pp3v1-pp3-v1.json)"
+  else
+    fail "pp3-v1 + v1_pp_async_allowed: structured_output did not FAIL ($OUTDIR/vllm-pp3v1-pp3-v1.json)"
+  fi
+elif [ -n "$VLLM_PY" ]; then
+  echo "gpu-check: $NGPU GPU(s): pp3-v1 (vllm#45014 re-created) needs three: not run"
 fi
 
 # -- 11. speculative decoding with the overlap on ----------------------------------------------------

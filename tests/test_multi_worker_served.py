@@ -7,9 +7,11 @@ on two cores shared by eight processes. The fast representative in .ci/run is te
   every rank's books and overlap judged and named;
 - `rank_keeps_finished_state` (only ranks other than 0 keep finished requests' states) fails the
   books at idle in tp2, naming rank 1, and passes the default configuration's (one worker: rank 0);
+- vLLM V1 with PP=2 (pp2-v1, its refusal lifted) runs with the agent's receive-buffer workaround;
 - SGLang 0.5.23 `--tp 2` passes its path suite, each rank's scheduler books judged.
 
 Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
+import re
 import subprocess
 import sys
 
@@ -42,6 +44,9 @@ def test_stock_passes_with_every_rank_judged(capsys, tmp_path):
     code, rows, out = _matrix(capsys, tmp_path, "--configs", "tp2,pp2")
     assert all(v.startswith("PASS") for v in rows.values()) and code == 0, out[-4000:]
     assert "rank 1 (tp 1 of 2): input batch" in out and "rank 1 (pp stage 1 of 2)" in out, out[-4000:]
+    # the worker's overlap on pp2: judged on the stage that samples (V2's forwards counted), the other n/a
+    assert re.search(r"rank 1 \(pp stage 1 of 2\): worker: \d+ of \d+ forwards", out), out[-4000:]
+    assert "rank 0 (pp stage 0 of 2): n/a: " in out and "judged on no rank" not in out, out[-4000:]
 
 
 @pytest.mark.vllm
@@ -50,6 +55,18 @@ def test_a_rank_that_leaks_alone_is_caught_and_named(capsys, tmp_path):
     assert rows["default"].startswith("PASS"), out[-4000:]  # one worker is rank 0: nothing leaks
     assert rows["tp2"].startswith("FAIL") and code == 1, out[-4000:]
     assert "rank 1 (tp 1 of 2): " in out and "request states still in the worker" in out, out[-4000:]
+
+
+@pytest.mark.vllm
+def test_v1_with_pipeline_parallelism_runs_with_the_receive_buffer_workaround(capsys, tmp_path):
+    """pp2-v1 (V1, PP=2; the refusal of PP + async lifted by v1_pp_async_allowed): stock vLLM's
+    later stage dies on its first step under --enforce-eager (KNOWN UPSTREAM cpu-v1-pp-eager-no-
+    intermediate); with the agent's buffer both arms run, the adaptation named. The patch itself
+    passes here (V1 builds a deferred grammar mask after the request's own batch with a queue of 2:
+    multi_patches.UNREACHABLE); a CRASH here is the workaround gone."""
+    code, rows, out = _matrix(capsys, tmp_path, "--configs", "pp2-v1", "--fault", "v1_pp_async_allowed")
+    assert rows["pp2-v1"].startswith("PASS") and code == 0, out[-4000:]
+    assert "KNOWN UPSTREAM cpu-v1-pp-eager-no-intermediate" in out and "rank 1 (pp stage 1 of 2)" in out, out[-4000:]
 
 
 @pytest.mark.sglang

@@ -105,13 +105,69 @@ def test_one_rank_lost_is_lost_and_named():
     assert (eff, why) == (True, "fine")  # one worker: its line as before, no rank
 
 
-def test_a_pipeline_stage_that_samples_nothing_is_not_judged_and_says_why():
+def test_the_overlap_is_judged_on_the_stage_that_samples_and_the_others_say_n_a():
+    """PP: only the last stage samples and copies the ids (the others receive them), so the worker's
+    overlap is judged there, named; a stage before it has no copy to overlap: one n/a line, never a
+    verdict (before, its 'not judged' decided the line: judged on no rank)."""
     from harness.agents.host_order import judge_worker
-    facts = [_worker(1, 0, tp=1, pp=2), _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 0})]
+    facts = [_worker(1, 0, tp=1, pp=2, forwards=[[1, 2]] * 9),
+             _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 0})]
     v = dict(workers.overlap_verdicts(facts, [], judge_worker))
-    assert v["rank 0 (pp stage 0 of 2)"][0] is None and "samples no ids" in v["rank 0 (pp stage 0 of 2)"][1]
+    assert v["rank 0 (pp stage 0 of 2)"][0] == workers.NA and "samples no ids" in v["rank 0 (pp stage 0 of 2)"][1]
     assert v["rank 1 (pp stage 1 of 2)"][0] is True
-    assert workers.overlap_line(list(v.items()))[0] is None  # the worst: not judged, never a pass by default
+    eff, why = workers.overlap_line(list(v.items()))
+    assert eff is True and "rank 1 (pp stage 1 of 2): worker: 0 of 9 forwards" in why, why
+    assert "rank 0 (pp stage 0 of 2): n/a: " in why
+    late = [facts[0], _worker(2, 1, tp=1, pp=2, forward_copy={"judged": 9, "after_copy": 9})]
+    eff, why = workers.overlap_line(workers.overlap_verdicts(late, [], judge_worker))
+    assert eff is False and why.startswith("rank 1 (pp stage 1 of 2): the worker began step N+1")
+    assert [workers.samples(f) for f in (_worker(1, 0), _worker(2, 1), *facts)] == [True, True, False, True]
+
+
+def test_overlap_judged_on_no_rank_while_the_run_has_steps_is_never_a_pass():
+    """The sampling stage counted no forward with a copy in flight (the V2 runner's worker before
+    issue 45's second round: the forward's clock was V1's only): not judged, and said for every
+    rank; a run whose facts hold only stages that sample nothing says it was judged on no rank."""
+    from harness.agents.host_order import judge_worker
+    stage0 = _worker(1, 0, tp=1, pp=2, forwards=[[1, 2]] * 9)
+    eff, why = workers.overlap_line(workers.overlap_verdicts([stage0, _worker(2, 1, tp=1, pp=2)], [], judge_worker))
+    assert eff is None and "rank 1 (pp stage 1 of 2): worker: 0 forward(s) began" in why
+    eff, why = workers.overlap_line(workers.overlap_verdicts([stage0], [], judge_worker))
+    assert eff is None and why.startswith("worker: judged on no rank")
+
+
+def test_the_v2_worker_counts_its_forwards_against_the_previous_copy(monkeypatch):
+    """V2 (pp2's runner): from a step's copy start (AsyncOutput) to its model's next forward (the
+    forward pre-hook), a wait of the worker's thread on that copy is a late forward: the same counts
+    as V1's model_forward. A copy already landed at its watch, and a stage with no copy (PP, all but
+    the last), count nothing."""
+    import types
+
+    import torch
+
+    from harness.agents.vllm import state, timing
+    from harness.agents.vllm.v2 import agent as v2agent
+    from harness.agents.vllm.v2 import shared
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(timing, "_FWD_COUNTS", {"judged": 0, "after_copy": 0})
+    monkeypatch.setattr(timing, "LAST_COPY", [None])
+    runner = types.SimpleNamespace(model=torch.nn.Linear(2, 2))
+    v2agent._hook_forward(runner)
+    v2agent._hook_forward(runner)  # once: a second call registers nothing more
+
+    def step(copy_in_flight, blocks=False):
+        if copy_in_flight is not None:  # the copy starts (V2's AsyncOutput, patched by the agent)
+            shared.copy_started(types.SimpleNamespace(query=lambda: not copy_in_flight))
+            shared.watch_copy()
+        if blocks:
+            timing.copy_wait_blocks()  # the worker's thread waits on the copy before its next forward
+        runner.model(torch.zeros(1, 2))
+    step(None)  # a stage that samples nothing: no copy
+    step(False)  # the copy landed before its watch: nothing to judge
+    step(True)
+    step(True, blocks=True)
+    assert state.facts("worker").data["forward_copy"] == {"judged": 2, "after_copy": 1}
+    assert len(runner.model._forward_pre_hooks) == 1
 
 
 def test_the_steps_in_flight_come_from_the_engine():
@@ -207,7 +263,7 @@ def test_a_decode_the_pipeline_holds_back_is_no_wait():
 
 def test_the_multi_worker_configurations_are_named_only():
     from harness.targets.vllm import configs as vc
-    assert not {"tp2", "pp2", "pp2-v1"} & set(vc.parse("all"))  # heavy: never drawn by default
+    assert not {"tp2", "pp2", "pp2-v1", "pp3-v1"} & set(vc.parse("all"))  # heavy: never drawn by default
     assert vc.parse("tp2,pp2") == ["tp2", "pp2"]
     assert (vc.CONFIGS["tp2"].model, vc.CONFIGS["pp2"].runner) == ("split", "v2")
     import pytest
@@ -243,7 +299,8 @@ def test_a_patch_no_configuration_reaches_is_listed_with_its_reason_and_not_run(
     assert ran == [()]
     assert m["not_here"]["preempt_stales_one_frame"].startswith("not reachable on vLLM 0.32.0: ")
     assert "decode_stagger" in m["not_here"]["preempt_stales_one_frame"]
-    assert "KeyError" in m["not_here"]["v1_pp_async_allowed"]
+    assert m["not_here"]["v1_pp_async_allowed"].startswith("not judged on vLLM 0.32.0's CPU build")  # pp3-v1 deadlocks
+    assert "_pp_recv_work.wait()" in m["not_here"]["v1_pp_async_allowed"]
     assert m["not_here"]["pp_decode_no_stagger"].startswith("needs the pp2 configuration")
     assert main(["faults", "--target", "vllm"]) == 0
     assert "not reachable on vLLM 0.32.0: the patched count" in capsys.readouterr().out

@@ -109,10 +109,13 @@ UNREACHABLE_FROM = {"preempt_stales_one_frame": (
     ("v1/engine/core.py", "                if len(batch_queue) < self.batch_queue_size and ("),  # full: it blocks
     ("v1/core/sched/scheduler.py", "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"),
 ), "v1_pp_async_allowed": (
-    ("v1/worker/gpu_model_runner.py", "        assert self.intermediate_tensors is not None\n"),  # read every forward
-    ("v1/worker/gpu_model_runner.py", "                if self.intermediate_tensors is None:\n"),  # made in _dummy_run only
-    ("v1/worker/cpu_model_runner.py", "        if self.vllm_config.compilation_config.mode == CompilationMode.NONE:\n"
-                                      "            return\n"),  # no warm-up (no _dummy_run) under --enforce-eager
+    # pp3-v1's deadlock on CPU: the middle stage receives the first stage's hidden states before its
+    # runner joins the last stage's broadcast of sampled ids, which the first stage waits on
+    ("v1/worker/gpu_worker.py", "        if forward_pass and not get_pp_group().is_first_rank:\n"
+                                "            tensor_dict, comm_handles, comm_postprocess = (\n"
+                                "                get_pp_group().irecv_tensor_dict(\n"),
+    ("v1/worker/gpu_model_runner.py", "                self._pp_receive_prev_sampled_token_ids_to_input_batch()\n"),
+    ("v1/worker/gpu_model_runner.py", "            self._pp_recv_work.wait()\n"),
 )}
 
 
@@ -140,3 +143,25 @@ def test_the_spec_frame_reasons_still_hold_in_the_installed_source(pkg):
     assert all(PATCHES[n].unreachable == why for n, why in UNREACHABLE.items())
     for rel, text in SPEC_REASONS_FROM:
         assert text in (pkg / rel).read_text(), f"{rel} no longer has {text.strip()!r}"
+
+
+# v1_pp_async_allowed needs pp3-v1, not pp2-v1 (multi_patches.CONFIG), read from 0.32.0's engine core:
+# a structured request scheduled with its token in flight has its grammar mask deferred until the
+# engine core has processed the OLDEST batch in flight; V1's queue under PP holds pipeline size
+# batches and one is scheduled only while fewer are in flight, so with PP=2 the oldest is the
+# request's own (the mask is right: the pp2-v1 pair passed with the refusal lifted), with PP=3 it
+# may be another (vllm#45014's stale grammar)
+PP_V1_DEFERRAL = (
+    ("v1/engine/core.py", "                if not scheduler_output.pending_structured_output_tokens:\n"),
+    ("v1/engine/core.py", "                    deferred_scheduler_output = scheduler_output\n"),
+    ("v1/engine/core.py", "        assert len(batch_queue) < self.batch_queue_size\n"),
+    ("v1/engine/core.py", "        future, scheduler_output, exec_model_fut = batch_queue.pop()\n"),
+    ("config/vllm.py", "            if pp_size <= 1:\n                return 2\n        return pp_size\n"),
+)
+
+
+def test_the_lifted_v1_pp_refusal_needs_two_batches_in_flight_in_the_installed_source(pkg):
+    from harness.agents.vllm.multi_patches import CONFIG
+    assert CONFIG["v1_pp_async_allowed"] == "pp3-v1"
+    for rel, text in PP_V1_DEFERRAL:
+        assert text in (pkg / rel).read_text(), f"{rel} no longer has {text.strip()!r}: read pp3-v1's reason again"

@@ -2,7 +2,7 @@
 harness.agents.vllm.patches builds them). Each lives where tensor or pipeline parallelism takes
 vLLM: a rank of its own, more than one step in flight, the decode stagger of pipeline stages,
 V1's refusal of PP with async scheduling. They run in the multi-worker configurations
-(harness.targets.vllm.configs: tp2, pp2, pp2-v1; CONFIG names which); on one worker some are the
+(harness.targets.vllm.configs: tp2, pp2, pp3-v1; CONFIG names which); on one worker some are the
 stock code's twin (a rank 1 that does not exist, a second frame never in flight) and that is the
 point of the pairs: stock and one worker stay quiet, the configuration that reaches the bug does not.
 """
@@ -41,8 +41,10 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
     (
         "v1_pp_async_allowed",
         "V1's model runner with pipeline parallelism and async scheduling, the refusal lifted (vLLM's "
-        "fix for vllm#45014 was to refuse it): a structured-output request's grammar is advanced with "
-        "the tokens of a step while another step of it is in flight on the other stage",
+        "fix for vllm#45014 was to refuse it): a structured-output request is scheduled again while its "
+        "token is in flight; the engine core defers its grammar mask and processes the oldest batch in "
+        "flight first, which with three stages may be another: the mask is built from a grammar a token "
+        "behind and the grammar rejects the token sampled under it (\"Failed to advance FSM\")",
         "structured_output", PATHS_SUITE, CONFIG_PY,
         "        if (\n"
         "            self.parallel_config.pipeline_parallel_size > 1\n"
@@ -73,7 +75,7 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
 ]]
 
 # the configuration each patch needs (harness.targets.vllm.configs): the bug exists only there
-CONFIG = {"rank_keeps_finished_state": "tp2", "pp_decode_no_stagger": "pp2", "v1_pp_async_allowed": "pp2-v1",
+CONFIG = {"rank_keeps_finished_state": "tp2", "pp_decode_no_stagger": "pp2", "v1_pp_async_allowed": "pp3-v1",
           "preempt_stales_one_frame": "pp2"}
 
 # why a patch cannot be shown on the release its text was copied from (0.32.0), read from that
@@ -90,14 +92,21 @@ UNREACHABLE = {
         "frames in flight. V1 has no stagger but refuses PP with async (vllm#45014), and with the refusal "
         "lifted its batch queue holds pipeline size steps (VllmConfig.max_concurrent_batches), one in "
         "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
-        "counts the preemptions that met two frames"),
+        "counts the preemptions that met two frames. V1 with PP=3 (pp3-v1, a queue of 3, the refusal lifted) "
+        "does reach it: with this patch and v1_pp_async_allowed the engine core died on the first case with "
+        "`assert request.num_output_placeholders >= 0` (async_scheduler.py:71, vllm#48245's symptom; measured "
+        "once, 2026-12-07), but pp3-v1 without it hangs on CPU (v1_pp_async_allowed's reason), so no quiet arm "
+        "judges it here"),
     "v1_pp_async_allowed": (
-        "not judged on vLLM 0.32.0 here: its pair's quiet arm, stock V1 with PP=2 and async off, dies on its "
-        "first step: the V1 runner allocates a later stage's receive buffer (intermediate_tensors) only in "
-        "_dummy_run, which vLLM's CPU worker never calls under --enforce-eager (CPUModelRunner."
-        "warming_up_model returns at compilation mode NONE), so stage 1 asserts in "
-        "sync_and_gather_intermediate_tensors and the engine core dies with a KeyError at "
-        "Scheduler.update_from_output (the vllm#32701 / #46263 symptom, another cause); reproduced without "
-        "our agent: fixtures/vllm_upstream/cpu_v1_pp_eager_no_intermediate.py. Nothing compares the lifted "
-        "refusal with an async-off answer until a workaround allocates the buffer"),
+        "not judged on vLLM 0.32.0's CPU build: V1's engine core defers a structured request's grammar mask while "
+        "its token is in flight and computes it once it has processed the OLDEST batch in flight "
+        "(EngineCore.step_with_batch_queue); V1's queue under PP holds pipeline-size batches and schedules only "
+        "with fewer in flight, so with PP=2 that batch is the request's own and the mask is right (pp2-v1 with "
+        "the refusal lifted: PASS 25/25, structured output 8/8, measured 2026-12-07). Two batches in flight at a "
+        "schedule need PP=3 (pp3-v1), which deadlocks on CPU before any row is judged: a middle stage blocks in "
+        "the CPU communicator's recv_tensor_dict for the first stage's hidden states (gpu_worker.execute_model, "
+        "before its runner runs) while the first stage waits, before its forward, on the sampled-token "
+        "broadcast from the last stage that the middle stage has not joined (GPUModelRunner._prepare_input_ids: "
+        "_pp_recv_work.wait()): HANG 0/26 in 67 s (measured). On GPUs irecv does not block: pp3-v1 on three "
+        "GPUs (ci/gpu-check.sh) is where it can be judged"),
 }

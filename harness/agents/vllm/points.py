@@ -176,6 +176,14 @@ POINTS += [
           "the rejection sampler's temperature/top-k/top-p over the draft positions: a step with none is "
           "returned as it is (vLLM's CPU top-k op raises on it)", since="0.11.1", until="0.34.0", runner="v1"),
 ]
+# FACT cpu_v1_pp_eager_no_intermediate, unless the plan lists "cpu_v1_pp_buffer" under "stock"
+# (harness.agents.vllm.workarounds.pp_receive_buffer): a later stage's receive buffer made at its first step
+POINTS += [
+    Point("pp_receive_buffer", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors",
+          "a later pipeline stage copies the previous stage's hidden states into its receive buffer "
+          "(intermediate_tensors), which only the warm-up's _dummy_run allocates", since="0.21.0", until="0.34.0",
+          runner="v1"),
+]
 POINTS_BY_NAME = {p.name: p for p in POINTS}
 DELAY_POINTS = ("engine_step", "worker_execute", "output_copy", "before_wait")
 

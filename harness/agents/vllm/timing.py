@@ -192,11 +192,7 @@ def worker_execute(orig):
             state.facts("worker").write(True)
         t = time.monotonic()
         t_ns = time.monotonic_ns()
-        last = LAST_COPY[0]
-        # the previous step's sampled ids still on their way to the host as this step arrives:
-        # an overlapped worker runs this step's forward meanwhile (judged at model_forward)
-        _FWD["pending"] = last if last is not None and not last.query() else None
-        _FWD["thread"], _FWD["blocked"] = threading.get_ident(), False
+        watch_copy()  # the step arrives: is the previous step's copy still in flight?
         try:
             return orig(self, *a, **kw)
         finally:
@@ -219,17 +215,34 @@ def model_forward(orig):
     GIL's turns, with nobody waiting. Counted in the worker's facts ("forward_copy") and judged
     by the target with the run's overlap (host_order.judge_worker)."""
     def _model_forward(self, *a, **kw):
-        pending = _FWD.pop("pending", None)
-        blocked = _FWD.pop("blocked", False)
-        _FWD.pop("thread", None)
-        if pending is not None:
-            c = _FWD_COUNTS
-            c["judged"] += 1
-            if blocked:
-                c["after_copy"] += 1
-            state.facts("worker").set(forward_copy=dict(c))
+        forward_begins()
         return orig(self, *a, **kw)
     return _model_forward
+
+
+def watch_copy() -> None:
+    """From here to the next forward, a wait of this thread on the newest sampled-id copy is a lost
+    overlap, if that copy is still in flight now (judged at forward_begins). V1 calls it as a worker
+    step arrives (execute_model); V2 as the copy starts (harness.agents.vllm.v2.agent._hook_forward
+    says why)."""
+    last = LAST_COPY[0]
+    _FWD["pending"] = last if last is not None and not last.query() else None
+    _FWD["thread"], _FWD["blocked"] = threading.get_ident(), False
+
+
+def forward_begins() -> None:
+    """The step's model forward begins: counted when the copy was in flight at watch_copy, and as
+    late when this thread blocked on a sampled-id copy since (copy_wait_blocks). A
+    stage that samples nothing (PP, all but the last) has no copy: nothing counted there."""
+    pending = _FWD.pop("pending", None)
+    blocked = _FWD.pop("blocked", False)
+    _FWD.pop("thread", None)
+    if pending is not None:
+        c = _FWD_COUNTS
+        c["judged"] += 1
+        if blocked:
+            c["after_copy"] += 1
+        state.facts("worker").set(forward_copy=dict(c))
 
 
 def copy_wait_blocks() -> None:

@@ -163,6 +163,18 @@ CONFIGS: dict[str, ServerConfig] = {c.name: c for c in [
         lifted_by="v1_pp_async_allowed",
         refused="vLLM 0.32.0 refuses pipeline parallelism with async scheduling on the V1 model runner "
                 "(vllm/config/vllm.py, _get_v1_model_runner_unsupported_features: vllm#45014); pp2 runs it on V2"),
+    # V1's engine core defers a structured request's grammar mask while its token is in flight and
+    # then processes the OLDEST batch in flight (EngineCore.step_with_batch_queue): with PP=2 (a queue
+    # of 2) that is the request's own batch, so the lifted refusal runs clean (pp2-v1, measured); with
+    # PP=3 a batch can sit between, and the mask is built from a grammar a token behind (vllm#45014)
+    ServerConfig(
+        "pp3-v1", ("--pipeline-parallel-size", "3"),
+        "pipeline parallelism over three stages on V1's runner with async scheduling (only with the source patch "
+        "that lifts vLLM's refusal: --fault v1_pp_async_allowed): two batches can be in flight when a structured "
+        "request is scheduled again", {}, model="split", runner="v1", heavy=True,
+        lifted_by="v1_pp_async_allowed",
+        refused="vLLM 0.32.0 refuses pipeline parallelism with async scheduling on the V1 model runner "
+                "(vllm/config/vllm.py, _get_v1_model_runner_unsupported_features: vllm#45014); pp2 runs it on V2"),
     ServerConfig(
         "priority", ("--scheduling-policy", "priority"),
         "the priority policy: the waiting queue is a heap by (priority, arrival), and a KV-pressure "

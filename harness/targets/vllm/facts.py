@@ -96,6 +96,14 @@ FACTS: dict[str, Since] = {
     "cpu_spec_topk_no_drafts": Since(since="0.11.1", until="0.34.0", why="a step without drafts on a drafter's configuration "
                                      "passes zero draft positions to the top-k op, which raises on CPU when the "
                                      "batch has top_k and no top_p"),
+    # V1's runner allocates a later pipeline stage's receive buffer (intermediate_tensors) only in
+    # _dummy_run, the warm-up's; vLLM's CPU worker skips the warm-up under --enforce-eager from 0.27.0
+    # (warming_up_model returns at compilation mode NONE), so every stage after the first asserts on
+    # its first step (KNOWN_UPSTREAM cpu-v1-pp-eager-no-intermediate; found 2026-12-07, issue 45):
+    # read from every cached wheel, 0.27.0 (the early return) to 0.33.0 (0.34.0 has no V1 runner)
+    "cpu_v1_pp_eager_no_intermediate": Since(since="0.27.0", until="0.34.0", why="V1's runner allocates a later "
+                                             "pipeline stage's intermediate_tensors only in the warm-up, which the "
+                                             "CPU worker skips under --enforce-eager: stage 1 dies on its first step"),
     # vLLM's CPU attention decodes with IPEX's kernel until 0.11.0 (0.11.1 has its own kernels)
     "ipex_decode_kernel": Since(until="0.11.1", why="the CPU attention decodes with IPEX's "
                                 "PagedAttention.single_query_cached_kv_attention"),
@@ -186,6 +194,9 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                                 r"def _expand_kernel_impl\([^)]*\):\s*torch\.ops\._C\.expand_kernel_impl\(\s*_ensure_int64\(output\)"),
     "cpu_spec_topk_no_drafts": ("v1/sample/rejection_sampler.py",
                                 r"def apply_sampling_constraints\([\s\S]*apply_top_k_top_p\(logits, top_k, top_p\)"),
+    "cpu_v1_pp_eager_no_intermediate": ("v1/worker/cpu_model_runner.py",
+                                        r"def warming_up_model\(self\) -> None:\n\s+if self\.vllm_config\.compilation_config"
+                                        r"\.mode == CompilationMode\.NONE:\n\s+return"),
     "grammar_indices_pinned": ("v1/structured_output/utils.py", r"device=\"cpu\", pin_memory=True"),
     "reset_discard_asserts_prompt_logprobs": ("v1/core/sched/async_scheduler.py",
                                               r"if request\.(?:discard_latest_async_tokens|async_tokens_to_discard > 0):"

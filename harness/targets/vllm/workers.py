@@ -35,30 +35,61 @@ def setting_errors(facts: list[dict], runner: str, overlap: bool) -> list[str]:
     return out
 
 
+NA = "n/a"  # a rank's overlap verdict where its forwards have no copy to overlap (PP: a stage before the last)
+
+
+def samples(f: dict) -> bool:
+    """The rank samples the step's ids and copies them to the host: every TP rank (each runs the
+    sampler over the same batch), under PP only the last stage (the others receive the ids)."""
+    return int(f.get("pp_rank", 0) or 0) >= int(f.get("pp_size", 1) or 1) - 1
+
+
 def overlap_verdicts(facts: list[dict], before, judge_worker) -> list[tuple[str, tuple]]:
-    """(rank label, judge_worker's (effective, why)) per worker over one run: each rank's forwards
-    against the previous step's sampled-id copy. A pipeline stage that samples nothing (all but
-    the last) has no copy to judge: not judged, said so."""
+    """(rank label, (effective, why)) per worker over one run: each sampling rank's forwards judged
+    against the previous step's sampled-id copy (judge_worker); a pipeline stage that samples
+    nothing (all but the last) has no copy to overlap: (NA, why), never judged."""
     out = []
     for r, f in workers(facts).items():
+        if not samples(f):
+            out.append((ranks.label(f), (NA, f"{NA}: a pipeline stage before the last samples no ids, so its "
+                                             "forwards have no copy to overlap (judged on the last stage)")))
+            continue
         b = next((x for x in before or () if x.get("role") == "worker" and x.get("pid") == f.get("pid")), {})
-        eff, why = judge_worker(f.get("forward_copy"), b.get("forward_copy"))
-        if eff is None and int(f.get("pp_size", 1) or 1) > 1 and int(f.get("pp_rank", 0)) < int(f["pp_size"]) - 1:
-            why = "worker: a pipeline stage before the last samples no ids: nothing to judge its forwards by"
-        out.append((ranks.label(f), (eff, why)))
+        out.append((ranks.label(f), judge_worker(f.get("forward_copy"), b.get("forward_copy"))))
     return out
 
 
 def overlap_line(verdicts: list[tuple[str, tuple]]) -> tuple[bool | None, str]:
-    """The workers' part of the overlap verdict: the deciding rank's, every rank named when several."""
+    """The workers' part of the overlap verdict, decided by the ranks that sample (the worst of
+    them), each rank named when several; a rank that samples nothing is listed with its n/a. No
+    sampling rank at all (facts missing) is said: never a pass."""
     if not verdicts:
         return None, "worker: no worker facts"
-    lab, (eff, why) = ranks.worst(verdicts)
+    judged = [v for v in verdicts if v[1][0] != NA]
+    if not judged:
+        return None, "worker: judged on no rank (no rank samples: " + "; ".join(f"{lab}: {w}" for lab, (_, w) in verdicts) + ")"
+    lab, (eff, why) = ranks.worst(judged)
     if len(verdicts) == 1:
         return eff, why
     if eff is False:
         return False, f"{lab}: {why}"
     return eff, "; ".join(f"{lab}: {w}" for lab, (_, w) in verdicts)
+
+
+def pipeline_size(config) -> int:
+    """The pipeline size a server configuration (harness.targets.vllm.configs) asks for."""
+    args = list(getattr(config, "args", ()))
+    i = args.index("--pipeline-parallel-size") if "--pipeline-parallel-size" in args else -1
+    return int(args[i + 1]) if 0 <= i < len(args) - 1 else 1
+
+
+def adaptations(target) -> list[str]:
+    """What a multi-worker configuration needs adapted on vLLM's CPU build (the verdict's "adapted")."""
+    if target.runner == "v1" and pipeline_size(target.config) > 1 and target.release.has("cpu_v1_pp_eager_no_intermediate"):
+        return ["a later pipeline stage's receive buffer (intermediate_tensors) allocated at its first step, as V1's "
+                "warm-up would (the CPU worker skips the warm-up under --enforce-eager and stage 1 dies: KNOWN "
+                "UPSTREAM cpu-v1-pp-eager-no-intermediate)"]
+    return []
 
 
 def alive(pid) -> bool:

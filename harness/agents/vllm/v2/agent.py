@@ -63,11 +63,14 @@ def _worker_execute(orig):
             f.set(forward_inline=threading.get_ident() == shared.engine_thread())
             f.write(True)
         t, t_ns = time.monotonic(), time.monotonic_ns()
+        _hook_forward(self)
         out = None
         try:
             out = orig(self, scheduler_output, *a, **kw)
             return out
         finally:
+            if not getattr(self, "_oh_forward_hooked", False):  # a model the hook cannot see: judged here
+                shared.forward_begins()
             if out is not None:  # no sample_tokens follows: the step ends here
                 shared.measured(time.monotonic() - t)
             else:  # the step ends when sample_tokens returns (v2_sample_tokens)
@@ -81,6 +84,22 @@ def _worker_execute(orig):
                 f.set(books_error=f"worker (v2): {e}")
             f.write()
     return execute_model
+
+
+def _hook_forward(runner) -> None:
+    """The worker's own overlap on V2 (issue 45: pp2's sampling stage runs V2): from the start of a
+    step's sampled-id copy (AsyncOutput, inside sample_tokens: shared.watch_copy) to the next
+    forward, did this thread wait on that copy? Watched from the copy's start, not the next step's
+    arrival as on V1: on CPU our copy thread lands it before V2's next step arrives (pp2's last
+    stage: 0 of 338 steps in flight at arrival, 11 of 340 at sample_tokens' return), so only a
+    watch from the start judges every step. execute_model calls the model itself, so the forward's
+    start is the model's forward pre-hook, registered once. A stage that samples nothing (PP, all
+    but the last) has no copy and counts nothing."""
+    m = getattr(runner, "model", None)
+    if m is None or getattr(runner, "_oh_forward_hooked", False) or not hasattr(m, "register_forward_pre_hook"):
+        return
+    m.register_forward_pre_hook(lambda module, args: shared.forward_begins())
+    runner._oh_forward_hooked = True
 
 
 def _sample_tokens(orig):
@@ -121,6 +140,8 @@ def _output_copy(orig):
         if src.device.type != "cpu":
             return  # a real device: vLLM's own copy stream and event are the real thing
         dst, done, self._oh_buffer = shared.copy_engine_().start(src)
+        shared.copy_started(done)  # what the next step's forward must not wait for (the worker's overlap):
+        shared.watch_copy()  # from the copy's start to the next forward, a wait of this thread on it is late
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:

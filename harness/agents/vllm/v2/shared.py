@@ -49,3 +49,18 @@ def forwards():
 
 def engine_thread():
     return timing.ENGINE_THREAD["id"]
+
+
+# the worker's own overlap (issue 36, item 4; on V2 for issue 45: the sampling stage of pp2 is V2's):
+# the same clock and counts as V1's (harness.agents.vllm.timing.watch_copy / forward_begins)
+def copy_started(done) -> None:
+    """The newest sampled-id copy: what the next step's forward must not wait for."""
+    timing.LAST_COPY[0] = done
+
+
+def watch_copy() -> None:
+    timing.watch_copy()
+
+
+def forward_begins() -> None:
+    timing.forward_begins()

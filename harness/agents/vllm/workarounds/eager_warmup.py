@@ -4,7 +4,8 @@ Turned on where the release table's fact cpu_warmup_under_eager holds (up to 0.2
 itself returns early when compilation is off); "cpu_eager_warmup" under the plan's "stock" leaves
 vLLM's own warm-up in place. The warm-up is a profile run that only warms a compiler; with none
 (every server here runs eager) it changes nothing a step computes, and cost 30 s of each 0.20.2
-server's start on this 2-core machine.
+server's start on this 2-core machine. Kept under pipeline parallelism: the warm-up's _dummy_run is
+where V1's runner allocates a later stage's receive buffer (workarounds.pp_receive_buffer).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def patch(orig):
         cc = getattr(getattr(self, "vllm_config", None), "compilation_config", None)
         eager = getattr(getattr(self, "model_config", None), "enforce_eager", False)
         off = eager or str(getattr(cc, "mode", getattr(cc, "level", ""))).rsplit(".", 1)[-1] in ("NONE", "0")
-        if not off or "cpu_eager_warmup" in state.PLAN.data.get("stock", ()):
+        pp = getattr(getattr(self, "parallel_config", None), "pipeline_parallel_size", 1)
+        if not off or pp > 1 or "cpu_eager_warmup" in state.PLAN.data.get("stock", ()):
             return orig(self, *a, **kw)
         state.facts("worker").add("cpu_eager_warmup_skipped")
         return None
