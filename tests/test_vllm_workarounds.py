@@ -394,7 +394,7 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
 
     from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.agents.vllm.workarounds import MODULES, WORKAROUNDS
-    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 9
+    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 10
     for m in MODULES:
         assert m.PATCHES and all(p in POINTS_BY_NAME for p in m.PATCHES), m.__name__
         if m.FACT is not None:
@@ -488,3 +488,4 @@ def test_vllms_own_sampling_constraints_raise_on_a_step_without_drafts_and_the_w
                f"runpy.run_path({str(fixture)!r}, run_name='__main__')\n")
     fixed = subprocess.run([str(py), "-c", wrapped], env=env, capture_output=True, text=True, timeout=300)
     assert fixed.returncode == 0 and "ok:" in fixed.stdout, fixed.stdout + fixed.stderr[-2000:]
+
