@@ -122,7 +122,7 @@ POINTS += [
     # no FACT: on vLLM's CPU platform, unless the plan lists "reader_spin" under "stock"
     Point("reader_wait", "vllm.distributed.device_communicators.shm_broadcast", "SpinCondition.wait",
           "a shared-memory queue's reader waiting for the next message: spins for a second after each read; "
-          "on CPU the agent has it take vLLM's idle wait (the writer's notification) at once", since="0.18.0"),
+          "on CPU the agent has it sleep between its looks at the written flag instead", since="0.18.0"),
     # FACT ipex_vnni_rejects_no_window, unless the plan lists "ipex_vnni_window" under "stock"
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "
