@@ -488,4 +488,3 @@ def test_vllms_own_sampling_constraints_raise_on_a_step_without_drafts_and_the_w
                f"runpy.run_path({str(fixture)!r}, run_name='__main__')\n")
     fixed = subprocess.run([str(py), "-c", wrapped], env=env, capture_output=True, text=True, timeout=300)
     assert fixed.returncode == 0 and "ok:" in fixed.stdout, fixed.stdout + fixed.stderr[-2000:]
-
