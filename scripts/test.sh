@@ -3,8 +3,9 @@
 #   the vLLM chain: `setup vllm` (a no-op once done), then the tests on the one shared server pair in
 #     one pytest process (tests/conftest.py orders them), then those with servers of their own;
 #   the other chain: every test that needs no real engine on TEST_WORKERS xdist workers (a module to
-#     a worker: a module's fixtures are built once), then, once the setup and the release wheels are
-#     there, the tests that read vLLM's source without a server (-m vllm_source);
+#     a worker: a module's fixtures are built once);
+#   the tests that read vLLM's source without a server (-m vllm_source), once the setup and the
+#     release wheels are there, after whichever of those two chains ends its own tests first;
 #   the SGLang chain, from the first second: `setup sglang`, then the SGLang pair's tests in
 #     one pytest process on its one pair (-m sglang: in .ci/run the stock pair's, in the scheduled
 #     tier every one, the source patches' included).
@@ -40,9 +41,9 @@ SELECT=${SELECT:-not scheduled}
 log=${TEST_VLLM_LOG:-}
 if [ -z "$log" ]; then  # a temporary log, printed whole at the end and then removed
   log=$(mktemp -t oh-test-vllm.XXXXXX)
-  trap 'rm -f "$log" "$log.wheels" "$log.sglang" "$log.boot"' EXIT
+  trap 'rm -rf "$log" "$log.wheels" "$log.sglang" "$log.boot" "$log.src" "$log.src.out"' EXIT
 fi
-rm -f "$log.boot"
+rm -rf "$log.boot" "$log.src" "$log.src.out"
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }
 # an engine's venv and agent before .venv exists (a failure here is only logged: `setup` redoes it)
@@ -54,6 +55,26 @@ early_venv() {
 after_bootstrap() {
   while [ ! -s "$log.boot" ]; do sleep 1; done
   [ "$(cat "$log.boot")" = 0 ]
+}
+# the tests that read vLLM's source (-m vllm_source), once the release wheels and `setup vllm` are
+# there, run by whichever of the vLLM chain and the other chain ends its own tests first (the first
+# to make the folder $log.src claims them): *why*: run after the other chain, they ended the run
+# alone (33 s on both cores after 611 s, where the vLLM chain had ended); beside the chain still
+# running they fill the cores it leaves. Their output goes to $log.src.out, printed at the end.
+source_tier() {
+  mkdir "$log.src" 2>/dev/null || return 0  # the other chain has them
+  {
+    echo "== the tests that read vLLM's source (-m vllm_source), run by the $1 chain once the setup and the wheels are there ($(since))"
+    # (a job that ended without its line, killed or after a failed bootstrap, is waited for no more;
+    # in the vLLM chain its own setup line is there already)
+    while ! grep -q '^wheels=' "$log.wheels" 2>/dev/null && kill -0 "$wheels_pid" 2>/dev/null; do sleep 1; done
+    cat "$log.wheels"
+    while ! grep -q '^setup=' "$log" && kill -0 "${vllm_pid:-}" 2>/dev/null; do sleep 1; done
+    grep '^setup=' "$log" || true
+    "$PY" -m pytest -q -p no:cacheprovider -m "vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" --durations=5 "${@:2}"
+    echo "src=$?"
+    echo "== the tests that read vLLM's source ended at $(since)"
+  } >"$log.src.out" 2>&1
 }
 echo "test: tier '$SELECT'; the vLLM chain (setup, then its tests) runs beside the others; its output is in $log (printed at the end)"
 # the release wheels (the vllm_source tests' sources): a download of its own, beside everything
@@ -88,6 +109,8 @@ sglang_pid=$!
   echo "== the vLLM tests with servers of their own (-m own_servers), from $(since)"
   "$PY" -m pytest -q -p no:cacheprovider -m "vllm and own_servers and ($SELECT)" --durations=5 "$@"
   echo "own=$?"
+  echo "== the vLLM chain's own tests ended at $(since)"
+  source_tier vLLM "$@"
   echo "== the vLLM chain ended at $(since)"
 } >"$log" 2>&1 &
 vllm_pid=$!
@@ -111,13 +134,8 @@ echo "test: .venv ready at $(since)"
 "$PY" -m pytest -q -p no:cacheprovider -m "not vllm and not vllm_source and not sglang and ($SELECT)" -n "${TEST_WORKERS:-2}" \
   --dist loadscope --durations=15 "$@"
 rest=$?
-echo "== the tests that read vLLM's source (-m vllm_source), once the setup and the wheels are there ($(since))"
-wait "$wheels_pid"
-cat "$log.wheels"
-while ! grep -q '^setup=' "$log" && kill -0 "$vllm_pid" 2>/dev/null; do sleep 2; done
-grep '^setup=' "$log" || true
-"$PY" -m pytest -q -p no:cacheprovider -m "vllm_source and ($SELECT)" -n "${TEST_WORKERS:-2}" --durations=5 "$@"
-src=$?
+echo "== the other chain's own tests ended at $(since)"
+source_tier other "$@"
 echo "== the other chain ended at $(since); waiting for the SGLang chain"
 wait "$sglang_pid"
 echo "== the SGLang chain ($log.sglang)"
@@ -127,10 +145,12 @@ wait "$vllm_pid"
 trap - INT TERM
 echo "== the vLLM chain ($log)"
 cat "$log"
+cat "$log.src.out" 2>/dev/null
+src=$(sed -n 's/^src=//p' "$log.src.out" 2>/dev/null)
 sgl_setup=$(sed -n 's/^sglang_setup=\([0-9]*\).*/\1/p' "$log.sglang"); wheels=$(sed -n 's/^wheels=//p' "$log.wheels"); setup=$(sed -n 's/^setup=//p' "$log"); pair=$(sed -n 's/^pair=//p' "$log"); own=$(sed -n 's/^own=//p' "$log")
-echo "test: exit $rest (the other tests), $src (vLLM's source), ${setup:-?} (setup vllm), ${pair:-?} (the vLLM pair's)," \
+echo "test: exit $rest (the other tests), ${src:-?} (vLLM's source), ${setup:-?} (setup vllm), ${pair:-?} (the vLLM pair's)," \
   "${own:-?} (the vLLM tests with servers of their own), ${sgl_setup:-?} (setup sglang), ${sgl:-?} (the SGLang pair's), in $(since)"
-for rc in "${wheels:-1}" "${setup:-1}" "$rest" "$src" "${pair:-1}" "${own:-1}" "${sgl_setup:-1}" "${sgl:-1}"; do  # 5: that selection had no test
+for rc in "${wheels:-1}" "${setup:-1}" "$rest" "${src:-1}" "${pair:-1}" "${own:-1}" "${sgl_setup:-1}" "${sgl:-1}"; do  # 5: that selection had no test
   [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && exit "$rc"
 done
 exit 0

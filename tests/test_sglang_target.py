@@ -59,6 +59,10 @@ def test_server_commands_differ_only_in_overlap(tmp_path):
     assert set(ours) <= known, set(ours) - known
     assert cpu[cpu.index("--device") + 1] == "cpu" and cpu[cpu.index("--attention-backend") + 1] == "torch_native"
     assert cpu[cpu.index("--dtype") + 1] == "float32" and "--mem-fraction-static" not in cpu
+    # an idle scheduler sleeps on its sockets on the shared cores (SGLang loops at 100% otherwise),
+    # once even where the user asked for it too; on a GPU SGLang's default stays
+    assert cpu.count("--sleep-on-idle") == 1 and "--sleep-on-idle" not in on
+    assert target(tmp_path, device="cpu", extra_args=["--sleep-on-idle"]).server_command(True, 1).count("--sleep-on-idle") == 1
     env = target(tmp_path, device="cpu").server_env(True)
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and "sglang/cpu_path" in env["PYTHONPATH"].split(os.pathsep)[0]
 

@@ -394,7 +394,7 @@ def test_each_workaround_sits_next_to_the_release_fact_that_turns_it_on():
 
     from harness.agents.vllm.points import POINTS_BY_NAME
     from harness.agents.vllm.workarounds import MODULES, WORKAROUNDS
-    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 10
+    assert len(MODULES) == len({m.__name__ for m in MODULES}) == 11
     for m in MODULES:
         assert m.PATCHES and all(p in POINTS_BY_NAME for p in m.PATCHES), m.__name__
         if m.FACT is not None:

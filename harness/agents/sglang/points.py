@@ -161,6 +161,7 @@ SERVER_FIELDS = [
     ("sglang.srt.arg_groups.fields.schedule", "max_total_tokens"),
     ("sglang.srt.arg_groups.fields.schedule", "max_running_requests"),
     ("sglang.srt.arg_groups.fields.model", "context_length"),
+    ("sglang.srt.arg_groups.fields.device", "sleep_on_idle"),
     # the path setting's (harness.targets.sglang.paths.SERVER_ARGS)
     ("sglang.srt.arg_groups.fields.schedule", "chunked_prefill_size"),
     ("sglang.srt.arg_groups.fields.schedule", "schedule_conservativeness"),

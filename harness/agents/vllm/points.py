@@ -122,6 +122,10 @@ POINTS += [
     Point("cpu_warmup", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner.warming_up_model",
           "the CPU model runner's warm-up for the compiler: skipped under --enforce-eager (nothing to compile)",
           until="0.34.0", runner="v1"),
+    # no FACT: on vLLM's CPU platform, unless the plan lists "reader_spin" under "stock"
+    Point("reader_wait", "vllm.distributed.device_communicators.shm_broadcast", "SpinCondition.wait",
+          "a shared-memory queue's reader waiting for the next message: spins for a second after each read; "
+          "on CPU the agent has it sleep between its looks at the written flag instead", since="0.18.0"),
     # FACT ipex_vnni_rejects_no_window, unless the plan lists "ipex_vnni_window" under "stock"
     Point("ipex_decode", "vllm.v1.attention.backends.cpu_attn", "_IPEXPagedAttention.forward_decode",
           "the CPU attention's decode through IPEX: a call IPEX's VNNI kernel rejects ('Sliding window "

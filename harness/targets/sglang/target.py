@@ -213,6 +213,11 @@ class SglangTarget(EnginePair):
             for flag, value in self.limits().items():
                 if not any(a.startswith(flag) for a in self.extra_args):
                     cmd += [flag, value]
+            # the two servers share the cores with each other and the tests: a fully idle scheduler
+            # sleeps on its sockets (SGLang's own switch; a request wakes it at once) instead of
+            # looping at 100% of a core between requests and while the other server starts
+            if "--sleep-on-idle" not in self.extra_args:
+                cmd.append("--sleep-on-idle")
             if self.cpu_graphs and "--enable-torch-compile" not in self.extra_args:
                 cmd += ["--enable-torch-compile", "--cuda-graph-bs-decode", *map(str, CPU_GRAPH_BS)]
         else:

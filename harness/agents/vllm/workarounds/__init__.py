@@ -8,12 +8,12 @@ reproducer in fixtures/vllm_upstream/ runs).
 from __future__ import annotations
 
 from harness.agents.vllm.workarounds import (cpu_expand, cpu_reorder, discard_mark, eager_warmup, generator_rewind,
-                                             grammar_indices, ipex_decode, mixed_seeds, pp_receive_buffer,
+                                             grammar_indices, ipex_decode, mixed_seeds, pp_receive_buffer, reader_wait,
                                              spec_topk_no_drafts)
 
 # in the order the agent installs them (the order of wrapping where two share a point)
 MODULES = (generator_rewind, mixed_seeds, grammar_indices, ipex_decode, cpu_reorder, discard_mark, eager_warmup, cpu_expand,
-           spec_topk_no_drafts, pp_receive_buffer)
+           spec_topk_no_drafts, pp_receive_buffer, reader_wait)
 
 # release fact -> (patch point, the patch): installed only in the releases the fact holds in
 WORKAROUNDS = {m.FACT: (m.POINT, m.patch) for m in MODULES if m.FACT}
