@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from equivalence.test_paths import judge_steps
+from equivalence.path_judge import judge_steps
 from harness.agents.vllm.steps import Books, request_key
 from harness.oracles import steps
 from harness.targets.vllm import paths as vp
@@ -313,7 +313,7 @@ def test_max_tokens_row_allows_one_sample_per_in_flight_drop():
     design), so async on may spend one more per drop the agent counted (measured: configuration
     one-seq, where the workload's prefix-cache reset preempts a running max-2 request: 5 on, 4 off).
     Without the drop counted, one more is still a finding."""
-    from equivalence.test_paths import row_findings
+    from equivalence.path_judge import row_findings
     row = vp.PATHS_BY_NAME["max_tokens_1_2"]
     r = vllm_workload.path_request("m2", [7, 8, 9], 2, ["max_tokens_1_2"])
     key = request_key(r.prompt_ids, 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from equivalence.test_paths import judge
+from equivalence.path_judge import judge
 from harness.targets.vllm import paths as vp
 from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import workload as vllm_workload
