@@ -127,6 +127,22 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.vllm_source
+
+def _in_the_interpreter(script: str):
+    """Run `script` in the pinned vLLM's venv under Triton's interpreter (our shims first on the path);
+    the JSON it prints after "RESULT "."""
+    from harness.targets.vllm import setup as vllm_setup
+    home = vllm_setup.vllm_home()
+    python = home / "venv" / "bin" / "python"
+    if vllm_setup.ready(home) or not python.exists():
+        pytest.skip(f"no vLLM setup in {home}: run `overlap-harness setup vllm`")
+    env = dict(os.environ, TRITON_INTERPRET="1", OVERLAP_HARNESS_HAS_TRITON="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "harness" / "agents" / "vllm" / "shims"), str(ROOT)]))
+    p = subprocess.run([str(python), "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    return json.loads(line[0][7:])
+
 @pytest.mark.slow
 @pytest.mark.scheduled
 def test_our_scan_writes_the_scratch_vllms_writes_in_the_interpreter():
@@ -135,17 +151,7 @@ def test_our_scan_writes_the_scratch_vllms_writes_in_the_interpreter():
     Scheduled (vLLM's import and the interpreter: 10-17 s here); .ci/run's representative is
     test_the_drafts_follow_the_longest_rightmost_suffix_match (both kernels against a plain-Python
     reading, no vLLM)."""
-    from harness.targets.vllm import setup as vllm_setup
-    home = vllm_setup.vllm_home()
-    python = home / "venv" / "bin" / "python"
-    if vllm_setup.ready(home) or not python.exists():
-        pytest.skip(f"no vLLM setup in {home}: run `overlap-harness setup vllm`")
-    env = dict(os.environ, TRITON_INTERPRET="1", OVERLAP_HARNESS_HAS_TRITON="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "harness" / "agents" / "vllm" / "shims"), str(ROOT)]))
-    p = subprocess.run([str(python), "-c", VS_VLLM], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    cases = json.loads(line[0][7:])
+    cases = _in_the_interpreter(VS_VLLM)
     for theirs, ours in cases:
         assert theirs == ours
     assert any(v > 0 for theirs, _ in cases for row in theirs for v in row)
@@ -226,17 +232,7 @@ def test_our_resample_draws_what_vllms_draws_in_the_interpreter():
     least (float rounding of the noise may flip a near-tie on another CPU, as for the Gumbel sample).
     Scheduled (vLLM's import and the interpreter); .ci/run's representative is
     test_the_resample_draws_the_bonus_or_the_correction_without_the_rejected_draft."""
-    from harness.targets.vllm import setup as vllm_setup
-    home = vllm_setup.vllm_home()
-    python = home / "venv" / "bin" / "python"
-    if vllm_setup.ready(home) or not python.exists():
-        pytest.skip(f"no vLLM setup in {home}: run `overlap-harness setup vllm`")
-    env = dict(os.environ, TRITON_INTERPRET="1", OVERLAP_HARNESS_HAS_TRITON="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "harness" / "agents" / "vllm" / "shims"), str(ROOT)]))
-    p = subprocess.run([str(python), "-c", VS_RESAMPLE], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    out = json.loads(line[0][7:])
+    out = _in_the_interpreter(VS_RESAMPLE)
     (theirs, n1), (ours, n2) = out["False"], out["True"]
     assert n1 == n2 and n1[:2] == [3, 4], (n1, n2)
     last = [row[n - 1] for row, n in zip(theirs, n1)], [row[n - 1] for row, n in zip(ours, n2)]
