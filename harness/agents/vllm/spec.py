@@ -273,16 +273,28 @@ def _record(runner, md, out) -> None:
             continue
         if not n and not _sampled_before(runner, rids[i]):
             continue  # the request's first token: no window
-        rid = rids[i]
-        rec = _VERIFIED.get(rid)
-        if rec is None:
-            st = runner.requests.get(rid)
-            sp = getattr(st, "sampling_params", None)
-            rec = _VERIFIED[rid] = [request_key(getattr(st, "prompt_token_ids", None) or (),
-                                                getattr(sp, "max_tokens", None)), []]
-            while len(_VERIFIED) > KEEP_VERIFIED:
-                _VERIFIED.popitem(last=False)
-        rec[1].append([drafts, [t for t in sampled[i] if t >= 0]])
+        st = runner.requests.get(rids[i])
+        sp = getattr(st, "sampling_params", None)
+        add_window(rids[i], lambda: request_key(getattr(st, "prompt_token_ids", None) or (),
+                                                getattr(sp, "max_tokens", None)),
+                   drafts, [t for t in sampled[i] if t >= 0])
+    publish_windows()
+
+
+def add_window(rid, key, drafts: list, sampled: list) -> None:
+    """One verified window of request `rid` (drafts as verified, ids kept); `key()` gives its
+    request_key the first time the request is seen. Both runners' worker sides keep their windows
+    here (V2: harness.agents.vllm.v2.spec)."""
+    rec = _VERIFIED.get(rid)
+    if rec is None:
+        rec = _VERIFIED[rid] = [key(), []]
+        while len(_VERIFIED) > KEEP_VERIFIED:
+            _VERIFIED.popitem(last=False)
+    rec[1].append([drafts, sampled])
+
+
+def publish_windows() -> None:
+    """The windows kept so far, as the worker's facts (role spec_verify: harness.oracles.spec_steps)."""
     state.facts(VERIFY_ROLE).set(verified={rid: [k, w] for rid, (k, w) in _VERIFIED.items()})
 
 

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from harness.agents.vllm.spec import KEEP_VERIFIED as KEEP, VERIFY_ROLE, add_window, publish_windows
 from harness.agents.vllm.steps import request_key
 from harness.agents.vllm.v2 import shared
 
-VERIFY_ROLE = "spec_verify"  # = harness.agents.vllm.spec.VERIFY_ROLE (the oracle reads one role)
-KEEP = 512  # requests whose windows the worker keeps (a gate sends a few dozen with drafts)
 _KEYS: OrderedDict = OrderedDict()  # vLLM request id -> request_key
-_VERIFIED: OrderedDict = OrderedDict()  # vLLM request id -> [key, [[drafts, sampled] per window]]
 _SAMPLED: OrderedDict = OrderedDict()  # request ids that have sampled a token in this process
 
 
@@ -87,19 +85,14 @@ def _record(runner, batch, so) -> None:
     ns = so.num_sampled.tolist()
     wins = windows(batch, sampled, ns, lambda rid: rid in _SAMPLED, runner.req_states.prefill_len.np)
     for rid, drafts, got in wins:
-        rec = _VERIFIED.get(rid)
-        if rec is None:
-            rec = _VERIFIED[rid] = [_KEYS.get(rid, f"?:{rid}"), []]
-            while len(_VERIFIED) > KEEP:
-                _VERIFIED.popitem(last=False)
-        rec[1].append([drafts, got])
+        add_window(rid, lambda: _KEYS.get(rid, f"?:{rid}"), drafts, got)
     for i, rid in enumerate(batch.req_ids[:batch.num_reqs]):
         if int(ns[i]) > 0:
             _SAMPLED[rid] = True
             while len(_SAMPLED) > 4 * KEEP:
                 _SAMPLED.popitem(last=False)
     if wins:
-        shared.facts(VERIFY_ROLE).set(verified={r: [k, w] for r, (k, w) in _VERIFIED.items()})
+        publish_windows()
     if batch.num_draft_tokens and runner.sampler is not None:
         rows = batch.idx_mapping_np
         pen = runner.sampler.penalties_state.use_penalty[rows]
