@@ -55,6 +55,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _500(self):
+        if os.environ.get("STAND_IN_DEAD_ANSWER") == "200":  # as older vLLM releases answer: 200, an error object
+            data = json.dumps({"object": "error", "message": "EngineCore encountered an issue", "code": 500}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         self.send_response(500)
         self.send_header("Content-Length", "0")
         self.end_headers()

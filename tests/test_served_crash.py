@@ -72,7 +72,11 @@ def test_a_dying_server_is_a_crash_with_its_traceback(tmp_path):
         t.close()
 
 
-def test_an_engine_dead_behind_a_live_server_is_a_crash(tmp_path):
+@pytest.mark.parametrize("answer", ["500", "200"])
+def test_an_engine_dead_behind_a_live_server_is_a_crash(tmp_path, monkeypatch, answer):
+    """Whether the live API server answers a dead engine's requests 500 or (older vLLM) 200 with an
+    error object and no choices, the run is the engine's CRASH, never a KeyError of ours."""
+    monkeypatch.setenv("STAND_IN_DEAD_ANSWER", answer)
     t = StandIn(crash_on="dead-engine", workdir=str(tmp_path), concurrency=4)
     try:
         with pytest.raises(TargetCrash) as e:

@@ -20,7 +20,7 @@ answer is back.
 from __future__ import annotations
 
 from harness.targets.base import TargetError
-from harness.targets.served.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message
+from harness.targets.served.openai_wire import TOP_LOGPROBS, chat_ids_and_logprobs, error_message, stream_error
 
 # the keys sent as headers and the turn ids, shared with the oracles that judge the answers
 from harness.workloads.client import HEADERS, turn_rid
@@ -69,6 +69,9 @@ def send_conversation(target, client, base: str, r, body: dict, headers: dict) -
         if resp.status_code != 200:
             raise TargetError(f"{target.name}: request {rid} refused with {resp.status_code}: {error_message(resp)}")
         data = resp.json()
+        if (err := stream_error(data)) is not None or not data.get("choices"):  # a dead engine's 200 (older vLLM)
+            out.append((rid, [], err or f"server error 200 without choices: {resp.text[:200]}", []))
+            break
         c = data["choices"][0]
         ids, lps = chat_ids_and_logprobs(c.get("logprobs"))
         text = (c.get("message") or {}).get("content") or ""

@@ -308,6 +308,10 @@ class ServedTarget(Target):
             raise TargetError(f"{self.name}: request {r.rid} refused with {resp.status_code}: {_error_message(resp)}")
         out = []
         data = resp.json()
+        if (err := stream_error(data)) is not None or "choices" not in data:
+            # older releases answer a dead engine's requests 200 with an error object: the same
+            # outcome as a 5xx, so the run's health check names the crash (not a KeyError)
+            return [(r.rid, [], err or f"server error 200 without choices: {resp.text[:200]}", [])]
         for c in sorted(data["choices"], key=lambda c: c["index"]):
             ids, lps = _ids_and_logprobs(c.get("logprobs") or {})
             rid = r.rid if len(data["choices"]) == 1 else f"{r.rid}#{c['index']}"
