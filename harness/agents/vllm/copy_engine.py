@@ -109,7 +109,12 @@ class CopyEngine:
 COPY: CopyEngine | None = None  # the worker's, made on its first async output
 
 
-def _release_unread(buf: _HostBuffer, seq: int) -> None:
+def release_unread(buf: _HostBuffer, seq: int) -> None:
+    """An output died: its buffer goes back only if it is still that output's (copy `seq` the last
+    written into it). vLLM's worker loops keep the last output they handled alive until the next
+    one arrives (multiproc_executor: `output = queue.get()`), so an output often dies after its
+    reader freed the buffer and a later copy took it; freeing it then would let a third copy
+    overwrite a buffer whose reader has not read it yet."""
     if buf.writer == seq:  # still this output's buffer: nobody will read it now
         buf.free.set()
 
@@ -131,7 +136,7 @@ def output_copy(orig):
         # a rank whose outputs nobody reads (TP: only the output rank's go back to the engine core,
         # multiproc_executor._execute_worker_rpc drops the others unread) gives the buffer back when
         # the output dies, as pinned memory goes back to its allocator; only if no later copy took it
-        weakref.finalize(self, _release_unread, self._oh_buffer, done.seq)
+        weakref.finalize(self, release_unread, self._oh_buffer, done.seq)
         timing.LAST_COPY[0] = done  # what the next step's forward must not wait for
         setattr(self, ids_attr, dst)
         setattr(self, event_attr, done)
