@@ -166,8 +166,8 @@ def _before_wait(orig):
             self.copy_event = ev
             buf = getattr(self, "_oh_buffer", None)
             if buf is not None:
-                if buf.writer != getattr(ev, "seq", buf.writer):
-                    _facts("worker").add("buffer_overwritten")  # a later copy was queued before we read
+                if buf.writer != getattr(ev, "seq", buf.writer) and not _plan().fault("pinned_buffer_reuse"):
+                    _facts("worker").add("buffer_overwritten")  # the agent's own error (copy_engine.before_wait)
                 ev.synchronize()  # the copy has landed before the buffer is handed out again
                 buf.free.set()
             _facts("worker").write()
