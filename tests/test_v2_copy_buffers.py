@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from harness.agents import plan as planmod
-from harness.agents.vllm import copy_engine, state
+from harness.agents.vllm import copy_engine, state, timing
 from harness.agents.vllm.v2 import agent as v2agent
 from harness.targets.vllm import workers
 
@@ -49,6 +49,8 @@ def wrapped(tmp_path, monkeypatch):
     monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
     monkeypatch.setattr(state, "FACTS", {})
     monkeypatch.setattr(copy_engine, "COPY", None)
+    for name, fresh in (("_FWD", {}), ("LAST_COPY", [None]), ("_FWD_COUNTS", {"judged": 0, "after_copy": 0})):
+        monkeypatch.setattr(timing, name, fresh)  # the worker's overlap watch: this test's own
     init = v2agent._output_copy(_AsyncOutput.__init__)
     read = v2agent._before_wait(_AsyncOutput.get_output)
     return init, read
@@ -114,3 +116,25 @@ def test_the_fault_that_reuses_one_buffer_is_not_counted_as_the_agents_error(wra
     state.PLAN = planmod.Plan(str(tmp_path / "plan.json"))
     _serve(init, read, steps=8, in_flight=3)
     assert not state.facts("worker").data.get("buffer_overwritten")
+
+
+def test_a_run_the_agent_spoiled_is_refused_by_the_search_never_a_finding():
+    """The served search's judge (what stress and replay run) says a run whose agent misbehaved is
+    not judged, with the reason, instead of reporting the engine (or ending the search)."""
+    from harness.search.served.case import ServedCase
+    from harness.search.served.judge import judge
+    from harness.targets.base import AgentFault
+
+    class _Pair:  # a served pair whose async-on server's agent overwrote a buffer (the check raises)
+        def url(self, overlap):
+            return "http://127.0.0.1:1"
+
+        def run(self, reqs, overlap=True, **kw):
+            if overlap:
+                raise AgentFault("vllm (async on): rank 1 (pp stage 1 of 2): the agent's host buffer ...")
+            from harness.targets.base import Run
+            return Run([("r0", [1, 2], "length")])
+
+    v = judge(_Pair(), ServedCase([], {}, [], 1), agent=False, claims=False)
+    assert v.refused.startswith("the harness's own error: vllm (async on): rank 1")
+    assert not v.new
