@@ -64,5 +64,5 @@ def test_a_rank_whose_outputs_nobody_reads_does_not_block_its_third_step(tmp_pat
     keep = _Output.__new__(_Output)
     init(keep, torch.tensor([[5]]))
     buf = keep._oh_buffer
-    copy_engine._release_unread(buf, buf.writer - 1)
+    copy_engine.release_unread(buf, buf.writer - 1)
     assert not buf.free.is_set()

@@ -39,6 +39,11 @@ class TargetError(RuntimeError):
     """The target started but misbehaved (e.g. overlap was requested and did not take effect)."""
 
 
+class AgentFault(TargetError):
+    """The harness's own agent misbehaved inside the engine (e.g. its sampled-id copy handed vLLM
+    another step's ids): the run is not judged, and never reported as the engine's finding."""
+
+
 class TargetHang(TargetError):
     """A run made no progress within the watchdog's bound: the server was dumped and stopped."""
 

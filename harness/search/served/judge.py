@@ -163,13 +163,17 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
     again where one was lost. Each finding a known entry claims is tested by the case run again
     without the entry's trigger (`claims`; harness.search.served.claims): one that stays is new.
     The run without the trigger (claims=False) judges findings only: no parameter's effect."""
-    from harness.targets.base import TargetError
+    from harness.targets.base import AgentFault, TargetError
     t0 = time.monotonic()
     v = Verdict()
     arms = {}
     try:
         for overlap in (False, True):
             arms[overlap] = run_arm(target, case, overlap, agent)
+    except AgentFault as e:  # our agent's own error: not judged, said in the summary (never the engine's)
+        v.refused = f"the harness's own error: {e}"[:300]
+        v.seconds = time.monotonic() - t0
+        return v
     except TargetError as e:  # refused (400: a request the server will not take) or overlap lost
         msg = str(e)
         if "refused with 4" in msg:

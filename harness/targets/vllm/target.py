@@ -23,7 +23,7 @@ from harness.targets.vllm import upstream as vllm_upstream
 from harness.targets.vllm import workers as vllm_workers
 from harness.targets.vllm import setup as setup_cmd
 from harness.targets.vllm import spec as vllm_spec
-from harness.targets.base import TargetError, TargetUnavailable
+from harness.targets.base import AgentFault, TargetError, TargetUnavailable
 from harness.targets.served.engine_pair import EnginePair
 
 
@@ -401,6 +401,10 @@ class VllmTarget(EnginePair):
         if overlap and e.get("batch_queue_size", 1) < 2:
             raise TargetError(f"vllm: async scheduling on but the batch queue holds {e.get('batch_queue_size')} "
                               "batch: no step can overlap another")
+        if after_run:  # our own copy must hand vLLM the ids of the step it copied (never a false finding)
+            mine = vllm_workers.overwritten_errors(facts, self.facts_before)
+            if mine:
+                raise AgentFault(f"vllm (async {mode}): {'; '.join(mine)}")
         if overlap and after_run:
             effective, line = self.overlap_verdict(facts, self.facts_before)
             if effective is False:

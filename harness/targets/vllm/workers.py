@@ -35,6 +35,22 @@ def setting_errors(facts: list[dict], runner: str, overlap: bool) -> list[str]:
     return out
 
 
+def overwritten_errors(facts: list[dict], before) -> list[str]:
+    """Every worker whose sampled-id copy (the agent's, harness.agents.vllm.copy_engine) was
+    overwritten by a later step's before its reader read it, during one run, with no fault asking
+    for that: the agent's own error. The reader then hands vLLM another step's ids, and a request
+    loses or repeats a token that the engine never lost (issue 45: the pp2 reset divergence). The
+    target refuses to judge such a run instead of reporting it as the engine's."""
+    out = []
+    for f in workers(facts).values():
+        b = next((x for x in before or () if x.get("role") == "worker" and x.get("pid") == f.get("pid")), {})
+        n = int(f.get("buffer_overwritten", 0) or 0) - int(b.get("buffer_overwritten", 0) or 0)
+        if n > 0:
+            out.append(f"{who(f, facts)}the agent's host buffer of the sampled ids was overwritten by a later "
+                       f"step before its reader read it ({n} time(s)): the agent's own error, the run is not judged")
+    return out
+
+
 NA = "n/a"  # a rank's overlap verdict where its forwards have no copy to overlap (PP: a stage before the last)
 
 

@@ -145,8 +145,12 @@ def _output_copy(orig):
         self.sampled_token_ids = dst.numpy()  # a view of the reused host buffer, as pinned memory is
         self.copy_event = done
         # V2 hands back an AsyncOutput for every step, and its kernel warm-up drops some unread:
-        # the buffer goes back when the output dies, as pinned memory goes back to its allocator
-        weakref.finalize(self, self._oh_buffer.free.set)
+        # the buffer goes back when the output dies, as pinned memory goes back to its allocator,
+        # but only if no later copy took it since. vLLM's output thread keeps the output it handled
+        # last alive until the next one arrives, so with three steps in flight (pp2's queue) an
+        # output died after a later copy took its buffer; freeing it then let the third copy
+        # overwrite ids their reader had not read yet: a request lost a token (the pp2 finding)
+        weakref.finalize(self, shared.release_unread, self._oh_buffer, done.seq)
     return __init__
 
 
@@ -162,8 +166,8 @@ def _before_wait(orig):
             self.copy_event = ev
             buf = getattr(self, "_oh_buffer", None)
             if buf is not None:
-                if buf.writer != getattr(ev, "seq", buf.writer):
-                    _facts("worker").add("buffer_overwritten")  # a later copy was queued before we read
+                if buf.writer != getattr(ev, "seq", buf.writer) and not _plan().fault("pinned_buffer_reuse"):
+                    _facts("worker").add("buffer_overwritten")  # the agent's own error (copy_engine.before_wait)
                 ev.synchronize()  # the copy has landed before the buffer is handed out again
                 buf.free.set()
             _facts("worker").write()

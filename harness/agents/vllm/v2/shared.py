@@ -31,6 +31,10 @@ def current_copy():
     return copy_engine.COPY
 
 
+def release_unread(buf, seq: int) -> None:
+    copy_engine.release_unread(buf, seq)
+
+
 def no_wait():
     return copy_engine._NoWait()
 
