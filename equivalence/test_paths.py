@@ -65,7 +65,8 @@ def path_run(target, tok, oh_options):
     _MAIN_RUN[id(target)] = pr = vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
                       installed=target.installed_logits_processors(), release=target.version,
                       runner=target.runner, steps=stepbooks, effects=eff,
-                      surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok)),
+                      surface=surface.findings(reqs, runs[False], runs[True], surface.detokenizer(tok),
+                                               {rid: v[1] for rid, v in target.left_out.items()}),
                       absent={row.name: target.row_absent(row.name) for row in vp.PATHS if row.pair == "main"},
                       left_out=dict(target.left_out), spec=spec,
                       in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []), fitted=fitted)

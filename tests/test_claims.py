@@ -44,7 +44,7 @@ def engine(monkeypatch):
         state.runs.append((overlap, [c for _, c in case.controls]))
         return {"run": Run([]), "controls": [], "counts": {}, "steps": {}, "books": {}}
 
-    def findings(case, off, on, agent, evidence=None, decode=None):
+    def findings(case, off, on, agent, evidence=None, decode=None, left_out=None):
         reset = any(c == "reset" for _, c in case.controls)
         ev = {"stale_dropped:reset": 1} if reset else {}
         if state.kv_drops:

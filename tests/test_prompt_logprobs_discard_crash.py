@@ -2,7 +2,6 @@
 reset's discarded output keeps its prompt logprobs and the scheduler's assertion kills the async-on
 engine, 0.12.0-0.26.x; from 0.27.0 the same drop loses the logprobs (async-prompt-logprobs-dropped-on-reset).
 The engine's own run: docs/results/2026-12-07-sweep-stress.md."""
-from harness.search.served import repro
 from harness.targets.vllm import releases as vr
 from harness.targets.vllm import upstream as vllm_upstream
 
@@ -35,9 +34,23 @@ def test_after_the_death_the_pair_stops_sending_prompt_logprobs():
     assert vllm_upstream.crash_remedy(KID, "0.32.0") == ((), ())
 
 
-def test_its_reproducer_is_a_served_reproducer_with_a_reset_and_prompt_logprobs():
+def test_its_reproducer_resets_while_the_last_prompt_chunk_is_in_flight():
+    """The timing, pinned (the stress case the sweep found did not crash in 3 replays: its reset was a
+    wall-clock delay): one prompt-logprobs request of C chunks, the output read held back so one step
+    ends per hold, and the reset posted once C - 1 steps ended: the engine core takes it after step C
+    scheduled the last chunk and before that chunk's output is processed. With the agent's workaround
+    of vllm#42043 on (no "stock"), an earlier reset marks nothing, so only the last chunk can crash it."""
+    import json
+    import math
+    from harness.targets.vllm.paths import MAX_BATCHED_TOKENS
+    from harness.targets.vllm.workload import RESET
     k = next(k for k in vllm_upstream.KNOWN_UPSTREAM if k.id == KID)
-    d, case = repro.load(k.reproducer)
-    assert d["harness"]["vllm_version"] == "0.16.0" and d["harness"]["verdict"]["kind"] == "crash"
-    assert [w for _, w in case.controls] == ["reset"]
-    assert any(r.extra.get("prompt_logprobs") for r in case.requests)
+    spec = json.load(open(k.reproducer))
+    assert spec["id"] == KID and not spec.get("pair")  # the main pair: its budget is MAX_BATCHED_TOKENS
+    (req,) = spec["requests"]
+    assert req["prompt_logprobs"] and req["temperature"] == 0.0
+    chunks = math.ceil(len(req["prompt"]) / MAX_BATCHED_TOKENS)
+    assert chunks >= 3  # a reset one step early or late lands on a partial chunk or the first decode
+    (ctl,) = spec["controls"]
+    assert ctl["post"] == RESET and ctl["after_steps"] == chunks - 1
+    assert spec["plan"]["delays"]["before_wait"]["ms"] >= 300 and "stock" not in spec["plan"]

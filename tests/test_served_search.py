@@ -403,3 +403,45 @@ def test_a_forced_token_is_never_drawn_against_a_grammar():
                            suppress_health_check=list(HealthCheck)), random=random.Random(5))
     lps = {k for r in both for k in r.extra["vllm_xargs"]}
     assert len(both) >= 20 and sc.XARGS["boost"] not in lps and len(lps) >= 2, lps
+
+
+def test_a_pause_is_sent_in_the_releases_own_words():
+    """Before 0.16.0 vLLM's /pause takes no `mode`: it ignored ?mode=keep and aborted every running
+    request (the 0.13.0 sweep's stress filed such a cut answer, off [6082] vs on [], as a divergence).
+    There a pause_wait is sent as wait_for_inflight_requests, an abort as the bare /pause, and the keep
+    pause, which it has not, is not sent (said n/a); from 0.16.0 each goes as its mode."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from harness.search.served import judge
+    from harness.targets.vllm import releases as vr
+    from harness.targets.vllm.target import VllmTarget
+    posted = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            posted.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        def sent(version):
+            posted.clear()
+            t = SimpleNamespace(release=vr.release(version), url=lambda overlap: f"http://127.0.0.1:{srv.server_port}")
+            t.pause_path = lambda mode: VllmTarget.pause_path(t, mode)
+            got = []
+            judge._controls(t, True, [(0.0, "pause"), (0.0, "pause_wait"), (0.0, "pause_abort")], threading.Event(), got)
+            return list(posted), got
+        paths, got = sent("0.13.0")
+        assert paths == ["/pause?wait_for_inflight_requests=true", "/resume", "/pause", "/resume"], paths
+        assert got[0] == ("pause", "n/a")
+        paths, _ = sent("0.16.0")
+        assert paths == ["/pause?mode=keep", "/resume", "/pause?mode=wait", "/resume", "/pause?mode=abort", "/resume"]
+    finally:
+        srv.shutdown()

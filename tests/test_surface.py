@@ -61,6 +61,16 @@ def test_each_fields_fault_is_caught():
     assert "finish_reason length with 2 of 4 ids" in " ".join(surface.findings(reqs[:1], _run(capped), _run(capped))["a"])
 
 
+def test_a_field_the_pair_left_out_is_not_expected_back():
+    """After a known crash the pair sends no prompt_logprobs (ServedTarget.leave_out): an answer
+    without them is what was asked for (the 0.13.0 sweep failed two rows on it); every other
+    request that asked is still held to its answer."""
+    reqs = [_req("a", 2, prompt_logprobs=1), _req("b", 2, prompt_logprobs=1)]
+    rows = [(rid, [1, 2], "length", _fields([1, 2])) for rid in ("a", "b")]
+    got = surface.findings(reqs, _run(rows), _run(rows), _decode, {"a": ("prompt_logprobs",)})
+    assert "a" not in got and "no prompt_logprobs although the request asked" in " ".join(got["b"])
+
+
 def test_stress_judges_the_surface_too():
     """Stress (harness.search.served.judge) runs the same oracle on every drawn case: a field gone
     wrong is a finding whose signature is the field (the figures may change on replay), and the

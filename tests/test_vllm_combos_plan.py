@@ -90,3 +90,33 @@ def test_a_books_finding_is_named_by_the_pairs_only_failing_rows_turn_on():
     clean = [i for i in range(len(arr.rows)) if i not in failing]
     assert ("abort", "prefix_hit") in combos.suspects(arr, failing, clean)
     assert combos.pair_name(("abort", "prefix_hit")) == "abort x prefix_hit"
+
+
+def _suite_with_rows(monkeypatch, row_result):
+    """equivalence/test_path_pairs.py's case over a stand-in target whose rows `row_result(i)` gives
+    (no engine): its verdict exception."""
+    import pytest
+
+    from equivalence import test_path_pairs as suite
+    from harness.verdict import outcome
+    monkeypatch.setattr(suite, "run_row", lambda target, tok, row, i: ([], row_result(i)))
+    target = NS(name="vllm", paths=True, row_absent=lambda row: "", servers={})
+    with pytest.raises(BaseException) as e:  # a verdict: pytest's skip, xfail or failure
+        suite.test_pairs_meet_and_books_come_back(target, Tok(), lambda *a: None)
+    return outcome.verdict_of(e.value), str(e.value)
+
+
+def test_a_row_a_known_crash_ended_is_that_entrys_not_a_books_finding(monkeypatch):
+    """The 0.13.0 sweep: the known prompt-logprobs crash killed the async-on engine in one row and
+    the case failed as `books.leak`. A known death is KNOWN UPSTREAM with its entry (the pairs
+    left unmet since named); a death no entry knows, or a leak, still fails the case."""
+    from equivalence.test_path_pairs import Lost
+    from harness.verdict import Status
+    clean = {False: (steps.StepBooks(), {}, {}), True: (steps.StepBooks(), {}, {})}
+    died = {**clean, True: Lost("async on: CRASH (KNOWN UPSTREAM kid): assert", "kid")}
+    verdict, text = _suite_with_rows(monkeypatch, lambda i: died if i == 2 else clean)
+    assert verdict[0] == Status.KNOWN and verdict[2] == "kid", (verdict, text)
+    assert "(rows [2] of" in text and "not exercised since" in text, text  # nothing met here: every pair unmet
+    lost = {**clean, True: Lost("async on: CRASH: KeyError")}
+    verdict, text = _suite_with_rows(monkeypatch, lambda i: lost if i == 2 else died if i == 3 else clean)
+    assert verdict[0] == Status.FAIL and verdict[1] == "books.leak" and "KeyError" in text, (verdict, text)

@@ -95,13 +95,24 @@ def _controls(target, overlap: bool, controls, done: threading.Event, got: list)
                 return  # the run ended first
             try:
                 if what in PAUSE_MODES:  # mode wait answers once the running requests drained
-                    got.append((what, c.post(base + f"/pause?mode={PAUSE_MODES[what]}").status_code))
+                    path = pause_path(target, PAUSE_MODES[what])
+                    if path is None:  # the release has no such pause: the case runs without it
+                        got.append((what, "n/a"))
+                        continue
+                    got.append((what, c.post(base + path).status_code))
                     time.sleep(PAUSE_FOR_S)
                     got.append(("resume", c.post(base + "/resume").status_code))
                 else:
                     got.append(("reset", c.post(base + RESET).status_code))
             except httpx.HTTPError as e:
                 got.append((what, type(e).__name__))
+
+
+def pause_path(target, mode: str) -> str | None:
+    """The target's POST for /pause in `mode` (its release's own words: VllmTarget.pause_path), or
+    None where it has no such mode."""
+    own = getattr(target, "pause_path", None)
+    return own(mode) if own is not None else f"/pause?mode={mode}"
 
 
 def run_arm(target, case: ServedCase, overlap: bool, agent: bool = True) -> dict:
@@ -197,7 +208,8 @@ def judge(target, case: ServedCase, version: str | None = None, agent: bool = Tr
         v.server_aborted = len(cut)
         arms = {False: {**arms[False], "run": off_run, "cut": cut}, True: {**arms[True], "run": on_run, "cut": cut}}
         tok = target.tokenizer() if hasattr(target, "tokenizer") else None
-        v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok))
+        v.new += _findings(case, arms[False], arms[True], agent, v.evidence, surface.detokenizer(tok),
+                           left_out={rid: w[1] for rid, w in (getattr(target, "left_out", None) or {}).items()})
         v.new = drop_unjudged(target, case, v.new)
         if getattr(target, "spec", None):  # a drafter's invariants, judged inside the scheduler
             from harness.targets.sglang.spec import violation_lines
@@ -302,7 +314,8 @@ def restart_lost(target) -> None:
         d.clear()
 
 
-def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = None, decode=None) -> list[Finding]:
+def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = None, decode=None,
+              left_out=None) -> list[Finding]:
     """Every oracle's findings; `evidence` (when given) gets, per finding, the mechanisms the agent
     counted for the request it names, async on; `decode` (ids -> text) lets the surface oracle
     check each text against its ids."""
@@ -339,7 +352,7 @@ def _findings(case, off: dict, on: dict, agent: bool, evidence: dict | None = No
                             "divergence.sampled_preempted" if why else "divergence", d.rid.split("#")[0])
                 evidence[f.summary] = ev
                 out.append(f)
-    for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode).items()):
+    for rid, whats in sorted(surface.findings(case.requests, off["run"], on["run"], decode, left_out).items()):
         r = by_rid.get(rid)
         for what in whats:  # the field, without figures, is what a replay must show again
             out.append(Finding("surface", f"request {rid}: {what}", ("surface", _field(what)), code_of(what), rid))

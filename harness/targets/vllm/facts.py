@@ -160,6 +160,12 @@ FACTS: dict[str, Since] = {
     # (the 0.20.2 HANG). vllm-project/vllm#42117 discards only what is in flight (0.22.0). The agent
     # keeps the mark only where a step is in flight (the fix's effect) and counts where vLLM set it
     # on a request without one (KNOWN_UPSTREAM vllm#42043 on pause_resume / prefix_cache_reset)
+    # /pause (first in 0.12.0) takes `mode` (abort / wait / keep) from 0.16.0; before, it takes
+    # wait_for_inflight_requests, ignores a ?mode=, and aborts every running request by default: a
+    # served case's "pause" (keep) or "pause_wait" sent as ?mode= aborted its requests there (the
+    # 0.13.0 sweep's stress filed an answer cut that way, off [6082] vs on [], as a divergence)
+    "pause_modes": Since(since="0.16.0", why="/pause takes mode=abort|wait|keep (before, only "
+                         "wait_for_inflight_requests: it aborts every running request by default, and has no keep)"),
     "discard_without_step_in_flight": Since(since="0.12.0", until="0.22.0", why="reset_prefix_cache(reset_running_"
                                             "requests=True) marks every running request to discard its next "
                                             "sampled token, also one with no step in flight: it loses a token and "
@@ -209,6 +215,7 @@ SOURCE_CHECKS: dict[str, tuple[str, str]] = {
                               r"req_index\] < input_batch\.num_prompt_tokens\[\s*req_index\]"),
     "ipex_decode_kernel": ("v1/attention/backends/cpu_attn.py",
                            r"PagedAttention\.single_query_cached_kv_attention\("),
+    "pause_modes": ("v1/engine/__init__.py", r'PauseMode = Literal\[[^\]]*"keep"'),
     "discard_without_step_in_flight": ("v1/core/sched/scheduler.py", r"request\.discard_latest_async_tokens = True"),
     "v2_runner": ("v1/worker/cpu_worker.py", r"use_v2_model_runner"),
     "logs_v2_runner": ("v1/worker/cpu_worker.py", r"Using V2 Model Runner"),

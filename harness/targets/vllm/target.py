@@ -223,6 +223,13 @@ class VllmTarget(EnginePair):
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
         return row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
 
+    def pause_path(self, mode: str) -> str | None:
+        """POST /pause in `mode` (abort, wait, keep) here; None where the release has no such mode
+        (before 0.16.0, fact pause_modes: no keep, and a ?mode= is ignored: every request aborted)."""
+        if self.release.has("pause_modes"):
+            return f"/pause?mode={mode}"
+        return {"abort": "/pause", "wait": "/pause?wait_for_inflight_requests=true"}.get(mode)
+
     def plan_extra(self) -> dict:  # the agent patches what this release has, and works around what its facts say
         return {**self.release.agent_plan(self.version), "runner": self.runner}
 
