@@ -68,7 +68,11 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     reqs["b"].num_stale_output_tokens, reqs["b"].drop_stale_output = 4, True  # a reset's frame, returning stale
     reqs["a"].num_stale_output_tokens, reqs["a"].drop_stale_output = 4, False  # a KV-pressure one (delivered)
     c = agent_spec._count(sched, so, mro)
-    assert (c["spec_stale_windows"], c["spec_stale_drop_rejections"]) == (2, 1)
+    assert (c["spec_stale_windows"], c["spec_stale_drop_rejections"], c["spec_stale_drop_resumed"]) == (2, 1, 0)
+    reqs["b"].num_output_placeholders = 1  # b resumed whole in the schedule after the reset: its step's placeholder
+    reqs["a"].num_output_placeholders = 1  # delivered mode: not the class's shape
+    c = agent_spec._count(sched, so, mro)
+    assert (c["spec_stale_drop_rejections"], c["spec_stale_drop_resumed"]) == (1, 1)
 
 
 def test_windows_parted_between_the_arms_are_named_for_the_steps_oracle():

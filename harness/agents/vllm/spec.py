@@ -11,7 +11,8 @@ rejected count there. So, per step with drafts (engine core, role "spec"):
   `spec_accepted`, `spec_full` (windows accepted whole: the bonus token), `spec_rejections` (a
   draft rejected), `spec_rejected_all`; `spec_stale_windows` (a window whose frame a preemption
   made stale: it returns after the request was preempted), `spec_stale_drop_rejections` (one a
-  reset's drop mode throws away, with a draft rejected: vllm#46066's class);
+  reset's drop mode throws away, with a draft rejected: vllm#46066's class), `spec_stale_drop_resumed`
+  (such a window met by its request resumed whole already: the shape where that class shows);
 and per request (by the steps books' key: prompt ids and max_tokens), each window's drafts and
 accepted length, so the arms compare them for greedy requests (harness.oracles.spec_steps).
 
@@ -103,6 +104,11 @@ def _count(sched, so, mro) -> dict:
             drop = bool(getattr(req, "drop_stale_output", False))
             c["spec_stale_windows"] = c.get("spec_stale_windows", 0) + 1
             c["spec_stale_drop_rejections"] = c.get("spec_stale_drop_rejections", 0) + int(drop and acc < k)
+            # ... met by its request already resumed whole in the schedule after the reset (its new
+            # step's placeholder held): the one shape where applying those rejections shows
+            # (placeholders below 0, vLLM's assertion); resumed in chunks, nothing to roll back shows
+            resumed = drop and acc < k and int(getattr(req, "num_output_placeholders", 0) or 0) > 0
+            c["spec_stale_drop_resumed"] = c.get("spec_stale_drop_resumed", 0) + int(resumed)
     return c
 
 
