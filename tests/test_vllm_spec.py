@@ -2,9 +2,11 @@
 the windows the agent counts and the oracle that compares them across the arms. The served runs
 are tests/test_vllm_spec_served.py."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
 
 from harness.agents.vllm import spec as agent_spec
@@ -305,4 +307,34 @@ def test_the_ngram_drafter_is_v2_s_and_says_so_on_v1():
     assert any("n-gram drafter" in a for a in vllm_spec.adaptations(t))
     import random
     rng = random.Random(1)
-    assert not any("ngram" in vc.draw_drafted(rng) for _ in range(40))  # stress draws the draft models only
+    assert not any("ngram" in vc.draw_drafted(rng, "v1") for _ in range(40))  # V1 draws the draft models only
+
+
+@pytest.mark.parametrize("runner,want", [("v1", {"cut3", "same"}), ("v2", {"ngram"}),
+                                         ("auto", {"cut3", "same", "ngram"})])
+def test_stress_draws_the_drafters_the_runner_asked_runs(runner, want):
+    """`stress --configs spec --vllm-runner R` draws the drafters R runs here (V2: the n-gram one,
+    ngram_gpu; V1: the draft models; auto: each, on the runner its configuration names), with every
+    k; each drawn name resolves to a configuration the runner asked can start (vllm_spec.missing
+    says nothing), and it is the name the reproducer records: replay and shrinking keep the drafter."""
+    import random
+
+    from harness.commands.stress_served import config_order
+    from harness.targets.vllm import configs as vc
+    rng = random.Random(7)
+    got = [vc.draw_drafted(rng, runner) for _ in range(200)]
+    assert {vc.get(n).spec[0] for n in got} == want and {vc.get(n).spec[1] for n in got} == set(vc.SPEC_KS)
+    for seed in range(6):
+        for n in config_order(SimpleNamespace(target="vllm", configs="spec", seed=seed, vllm_runner=runner), ValueError):
+            c = vc.resolve(n)
+            assert c.spec[0] in want and c.name == n
+            t = SimpleNamespace(config=c, runner=runner if runner != "auto" else (c.runner or "v1"),
+                                home=Path(vllm_spec.__file__).parent, model_path=Path(vllm_spec.__file__).parent)
+            if c.spec[0] == "ngram":  # no model: nothing to look for; the runner must be V2
+                assert vllm_spec.missing(t) == "" and c.runner == "v2"
+    # a seed that draws the n-gram drafter under V2 draws it on no seed under V1
+    v2 = [config_order(SimpleNamespace(target="vllm", configs="spec", seed=s, vllm_runner="v2"), ValueError)
+          for s in range(3)]
+    assert all(n.startswith("spec-ngram-k") for names in v2 for n in names)
+    assert not any("ngram" in n for s in range(6) for n in
+                   config_order(SimpleNamespace(target="vllm", configs="spec", seed=s, vllm_runner="v1"), ValueError))

@@ -201,10 +201,11 @@ def drafted(name: str) -> ServerConfig | None:
                         drop=("logits-processors",), spec=(d, k), runner=DRAFTERS[d].runner)
 
 
-def draw_drafted(rng) -> str:
-    """A drafter and its num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
-    from harness.targets.vllm.spec import DRAWN
-    return f"spec-{rng.choice(DRAWN)}-k{rng.choice(SPEC_KS)}"
+def draw_drafted(rng, runner: str = "auto") -> str:
+    """A drafter the servers' runner (`runner`, --vllm-runner's) runs here and its
+    num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
+    from harness.targets.vllm.spec import drawn
+    return f"spec-{rng.choice(drawn(runner))}-k{rng.choice(SPEC_KS)}"
 
 
 def known(name: str | None) -> bool:
