@@ -126,6 +126,46 @@ def bare_run(target, tok, oh_options):
                       release=t.version, runner=t.runner, left_out=dict(t.left_out), fitted=fitted)
 
 
+@pytest.fixture(scope="module")
+def reset_run(target, tok, path_run):
+    """The spec_reset_in_flight row's run (harness.targets.vllm.workload.run_resets): after the
+    workload (its books read), on each arm, short requests under resets; its own counts, step
+    books and books at idle. Timing decides whether a reset meets a frame of rejected drafts in
+    flight with its request resumed whole: where none did async on, once more under new prompts
+    and reset times between the first's. A death of the async-on engine here is this row's CRASH."""
+    reqs, runs, cnt, ctl, books, stepbooks = [], {}, {}, {}, {}, {}
+    for label, at in ((0, vllm_workload.RESETS_AT), (50, tuple(t + 0.25 for t in vllm_workload.RESETS_AT))):
+        mine = vllm_workload.build_resets(tok, label)
+        for overlap in (True, False):
+            facts = planmod.read_facts(str(target.facts_dir(overlap)))
+            before, books_before = vp.counts(facts), steps.books_of(facts)
+            run, got = vllm_workload.run_resets(target, mine, overlap, at)
+            books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
+            time.sleep(0.1)  # the agent flushes its counters every 0.1 s
+            facts = planmod.read_facts(str(target.facts_dir(overlap)))
+            c = vp.delta(before, vp.counts(facts))
+            cnt[overlap] = {k: cnt.get(overlap, {}).get(k, 0) + c.get(k, 0) for k in set(c) | set(cnt.get(overlap, {}))}
+            stepbooks.setdefault(overlap, {}).update(steps.new_since(books_before, steps.books_of(facts)))
+            ctl.setdefault(overlap, []).extend(got)
+            if overlap in runs:
+                runs[overlap].outputs += run.outputs
+                runs[overlap].logprobs.update(run.logprobs)
+            else:
+                runs[overlap] = run
+        reqs += mine
+        if cnt[True].get("spec_stale_drop_resumed", 0):
+            break
+    print(f"{vllm_workload.RESET_ROW}: {len(reqs)} requests, resets answered on/off "
+          f"{sum(g[1] == 200 for g in ctl[True])}/{sum(g[1] == 200 for g in ctl[False])}; async on: stale windows "
+          f"{cnt[True].get('spec_stale_windows', 0)}, a reset's with a draft rejected "
+          f"{cnt[True].get('spec_stale_drop_rejections', 0)}, met by their request resumed whole "
+          f"{cnt[True].get('spec_stale_drop_resumed', 0)}")
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], ctl, books=books,
+                      release=target.version, runner=target.runner, steps=stepbooks,
+                      absent={vllm_workload.RESET_ROW: target.row_absent(vllm_workload.RESET_ROW)},
+                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
+
+
 def test_steps(path_run, record_property):
     judge_steps(path_run, record_property)
 
@@ -140,7 +180,8 @@ def test_path(target, row, record_property, request):
     absent = target.row_absent(row.name) if hasattr(target, "row_absent") else ""
     if absent:  # the release (runner, configuration) has no such path: n/a, reported apart by the gate
         outcome.na(absent)
-    pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "path_run")
+    pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "reset_run" if row.name == vllm_workload.RESET_ROW
+                                 else "path_run")
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)

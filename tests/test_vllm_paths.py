@@ -424,3 +424,53 @@ def test_extra_sampling_steps_of_max_tokens_requests_are_known_only_with_steps_p
     rec[st.FIELDS.index("evidence")] = {}
     with pytest.raises(pytest.fail.Exception, match="max_tokens 1: 2 sampling steps async on, 1 off"):
         judge(row, pr, version="0.11.0")
+
+
+def test_the_reset_row_is_judged_on_its_count_tokens_and_books():
+    """spec_reset_in_flight (vllm#46066's class): "not exercised" until the agent counted a stale
+    frame of rejected drafts met by its request resumed whole (async on; the off arm has no frame in
+    flight by design); a divergence of its requests fails it, and so does a leak in its own run's
+    books at idle; quiet when all three hold."""
+    from tests.test_books import _books
+    row = vp.PATHS_BY_NAME[vllm_workload.RESET_ROW]
+    assert row.arm == "on" and row.counters == ("spec_stale_drop_resumed",)
+    pr = _path_run([5, 6, 7, 8], {}, rid="rs0", paths=(row.name,))
+    with pytest.raises(pytest.fail.Exception, match="not exercised: spec_reset_in_flight ran 0 times"):
+        judge(row, pr, known=[])
+    pr.counts_on = {"spec_stale_drop_resumed": 1}
+    pr.books = {True: _books(), False: _books()}
+    judge(row, pr, known=[])
+    pr.books[True] = _books(requests=1, kv_requests=1, blocks_in_use=1, blocks_free=26)
+    with pytest.raises(pytest.fail.Exception, match="spec_reset_in_flight: books: async on: 1 KV blocks"):
+        judge(row, pr, known=[])
+    pr.books[True] = _books()
+    with pytest.raises(pytest.fail.Exception, match="request rs0 diverges at token 1"):
+        judge(row, _path_run([5, 9, 7, 8], {"spec_stale_drop_resumed": 1}, rid="rs0", paths=(row.name,)), known=[])
+
+
+def test_the_reset_rows_requests_are_resumed_whole_by_construction():
+    """The requests the resets meet: greedy (compared on vs off), each with its prompt and every token
+    it may produce inside one step's budget, and the first two together (vLLM resumes in FIFO order:
+    the first is resumed whole in the schedule right after a reset, whatever the others do); a run
+    again has prompts of its own; the row is a drafter's (n/a elsewhere)."""
+    from harness.targets.vllm import configs as vc
+    tok = _tok()
+    for label in (0, 50):
+        reqs = vllm_workload.build_resets(tok, label)
+        lens = [len(r.prompt_ids) + r.max_new_tokens for r in reqs]
+        assert all(r.temperature == 0 and r.paths == {vllm_workload.RESET_ROW} for r in reqs)
+        assert max(lens) <= vp.MAX_BATCHED_TOKENS and sum(lens[:2]) <= vp.MAX_BATCHED_TOKENS
+    assert {tuple(r.prompt_ids) for r in vllm_workload.build_resets(tok, 0)}.isdisjoint(
+        tuple(r.prompt_ids) for r in vllm_workload.build_resets(tok, 50))
+    assert len(vllm_workload.RESETS_AT) >= 3  # timing decides which reset meets a frame: several
+    assert vc.row_absent(vllm_workload.RESET_ROW, vc.CONFIGS[vc.DEFAULT]).startswith("n/a in configuration")
+    assert vc.row_absent(vllm_workload.RESET_ROW, vc.CONFIGS["spec-draft"]) == ""
+
+
+def _tok():
+    from harness.engine.smollm2 import HFTokenizer
+    from harness.targets.vllm import setup as vllm_setup
+    d = vllm_setup.model_dir(vllm_setup.vllm_home(), "smollm2")
+    if not (Path(d) / "tokenizer.json").is_file():
+        pytest.skip("needs the SmolLM2 tokenizer (`overlap-harness setup vllm`)")
+    return HFTokenizer.from_dir(str(d))

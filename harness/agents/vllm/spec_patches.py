@@ -29,7 +29,7 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         "schedule) applies the stale frame's rejected drafts to the resumed request before discarding the "
         "frame: its num_computed_tokens runs behind what was computed and its output placeholders go "
         "negative (vLLM's later placeholder arithmetic asserts, or schedules from a wrong count)",
-        "prefix_cache_reset", PATHS_SUITE, SCHED,
+        "spec_reset_in_flight", PATHS_SUITE, SCHED,
         "            # Drop-mode stale output (same-step resume) is discarded entirely.\n"
         "            if output_is_stale and request.drop_stale_output:\n"
         "                continue\n",
