@@ -444,6 +444,9 @@ def test_the_reset_row_is_judged_on_its_count_tokens_and_books():
     with pytest.raises(pytest.fail.Exception, match="spec_reset_in_flight: books: async on: 1 KV blocks"):
         judge(row, pr, known=[])
     pr.books[True] = _books()
+    pr.counts_on = {"spec_stale_drop_resumed": 1, "placeholders_below_zero": 2}  # vllm#46066 re-created: measured
+    with pytest.raises(pytest.fail.Exception, match=r"async on: 2 running request\(s\) whose output placeholders"):
+        judge(row, pr, known=[])
     with pytest.raises(pytest.fail.Exception, match="request rs0 diverges at token 1"):
         judge(row, _path_run([5, 9, 7, 8], {"spec_stale_drop_resumed": 1}, rid="rs0", paths=(row.name,)), known=[])
 

@@ -338,3 +338,24 @@ def test_stress_draws_the_drafters_the_runner_asked_runs(runner, want):
     assert all(n.startswith("spec-ngram-k") for names in v2 for n in names)
     assert not any("ngram" in n for s in range(6) for n in
                    config_order(SimpleNamespace(target="vllm", configs="spec", seed=s, vllm_runner="v1"), ValueError))
+
+
+def test_placeholders_below_zero_are_counted_after_every_update():
+    """The agent's check after each Scheduler.update_from_output (vllm#46066's class): a running
+    request whose output placeholders went below 0 is counted with what it held; none is quiet; it
+    runs on steps without drafts too (a stale frame's rollback is seen where vLLM's own assertion,
+    at a token's delivery, may come too late to see it)."""
+    ok = SimpleNamespace(request_id="a", num_output_placeholders=1, num_computed_tokens=9, num_tokens=9,
+                         num_preemptions=0)
+    bad = SimpleNamespace(request_id="b", num_output_placeholders=-2, num_computed_tokens=17, num_tokens=20,
+                          num_preemptions=1)
+    assert agent_spec._placeholders_below_zero(SimpleNamespace(running=[ok])) == {}
+    got = agent_spec._placeholders_below_zero(SimpleNamespace(running=[ok, bad]))
+    assert got["n"] == 1 and got["first"] == {"request": "b", "placeholders": -2, "num_computed_tokens": 17,
+                                              "num_tokens": 20, "preemptions": 1}
+    from harness.agents.vllm import state
+    f = state.facts(agent_spec.ROLE)
+    before = f.data.get("placeholders_below_zero", 0)
+    sched = SimpleNamespace(running=[bad], requests={})
+    agent_spec.update_from_output(lambda *a, **kw: "out")(sched, _step({}, {})[0], _step({}, {})[1])
+    assert f.data["placeholders_below_zero"] == before + 1 and f.data["first_placeholders_below_zero"]["request"] == "b"

@@ -217,8 +217,11 @@ PATHS = [
     PathRow("spec_reset_in_flight", "resets while only short requests decode with drafts: a request is resumed "
             "whole in the schedule right after the reset, its frame of rejected drafts still in flight, so "
             "that stale frame returns to a request holding its new step's placeholder (counted async on: "
-            "spec_stale_drop_resumed); its tokens, its books at idle and the engine's life are judged",
-            ("spec_stale_drop_resumed",), arm="on"),
+            "spec_stale_drop_resumed); its tokens, its books at idle, the engine's life and the placeholders "
+            "(never below 0 after a step's update) are judged",
+            ("spec_stale_drop_resumed",), arm="on",
+            violations=("placeholders_below_zero", "running request(s) whose output placeholders (tokens in "
+                        "flight) went below 0 after a step's update")),
     PathRow("abort", "clients that disconnect after 3-5 tokens; a twin of each is not aborted",
             ("aborted_requests",)),
     # the pair without a CLI processor: vLLM repairs the placeholders only for batches with
