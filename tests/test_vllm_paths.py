@@ -477,3 +477,41 @@ def _tok():
     if not (Path(d) / "tokenizer.json").is_file():
         pytest.skip("needs the SmolLM2 tokenizer (`overlap-harness setup vllm`)")
     return HFTokenizer.from_dir(str(d))
+
+
+def test_a_death_under_the_reset_rows_run_is_that_rows_crash(monkeypatch):
+    """The reset row's run comes before the workload and keeps a death as its own: the fixture
+    returns it (the workload's pair starts again), and the row's case ends as a CRASH with the
+    engine's line, never as a pass or a death of the workload's first case."""
+    from equivalence import test_paths as tp
+    from harness.plugin import of_exception
+    from harness.targets.base import TargetCrash
+    from harness.verdict import Status
+
+    class Dead:
+        name, paths, version, runner = "vllm", True, "0.32.0", "v1"
+
+        def row_absent(self, row):
+            return ""
+
+        def facts_dir(self, overlap):
+            return "/nonexistent"
+
+    def crash(*a, **kw):
+        raise TargetCrash("CRASH: vllm (overlap on) exited with code 0: AssertionError: assert "
+                          "request.num_output_placeholders >= 0")
+    monkeypatch.setattr(vllm_workload, "run_resets", crash)
+    fixture = getattr(tp.reset_run, "__wrapped__", None) or tp.reset_run.__pytest_wrapped__.obj  # its function
+    pr = fixture(Dead(), _FakeTok())
+    assert "num_output_placeholders >= 0" in pr.controls["crash"]
+    with pytest.raises(TargetCrash) as e:
+        tp.test_path(Dead(), vp.PATHS_BY_NAME[vllm_workload.RESET_ROW], lambda *kv: None,
+                     type("R", (), {"getfixturevalue": staticmethod(lambda name: pr)})())
+    assert of_exception(e.value)[0] == Status.CRASH
+
+
+class _FakeTok:
+    bos_id, add_bos = 1, False
+
+    def encode(self, text):
+        return [ord(c) for c in text]

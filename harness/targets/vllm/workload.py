@@ -246,18 +246,23 @@ def run_with_controls(target, reqs, overlap: bool):
 # meets a frame of rejected drafts in flight; the agent counts the ones that did).
 RESET_ROW = "spec_reset_in_flight"
 RESETS_AT = (0.4, 0.9, 1.5, 2.2, 3.0)  # seconds after the run starts
-RESET_REQUESTS, RESET_TOKENS = 3, 18  # each request's prompt and output together stay under 24 tokens
+RESET_REQUESTS, RESET_TOKENS = 3, 18  # each request's prompt and output together stay under 26 tokens
+# greedy, on prompts whose greedy continuation repeats, under a repetition and a frequency penalty:
+# a drafter that proposes from unpenalized logits (the target as its own drafter, spec-same; the
+# n-gram drafter, which drafts the repeats) sees its drafts rejected where the penalty bites, so a
+# frame in flight carries rejections with every drafter (measured: plain greedy requests on
+# spec-same met the shape 0 times in two runs, its greedy windows accepted whole)
+RESET_PENALTIES = {"repetition_penalty": 1.4, "frequency_penalty": 0.6}
 
 
 def build_resets(tok, label: int = 0) -> list[Request]:
-    """The row's requests: greedy (their tokens compared on vs off), short prompts, ignore_eos;
-    `label` gives a run again its own prompts (no block cached by the first)."""
-    rng = random.Random(1000 + label)
+    """The row's requests: greedy (their tokens compared on vs off), short repeating prompts under
+    penalties, ignore_eos; `label` gives a run again its own prompts."""
     out = []
-    for i in range(RESET_REQUESTS):
-        prompt = token_ids(tok, f"{label}{i} " + " ".join(rng.choice(WORDS) for _ in range(3)))[:6]
+    for i, text in enumerate((COUNT, COLOURS, ECHO[0])[:RESET_REQUESTS]):
+        prompt = token_ids(tok, f"{label + i} {text}")[:7]
         out.append(path_request(f"rs{label}x{i}" if label else f"rs{i}", prompt, RESET_TOKENS, [RESET_ROW],
-                                ignore_eos=True))
+                                ignore_eos=True, **RESET_PENALTIES))
     return out
 
 
