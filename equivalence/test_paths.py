@@ -166,18 +166,19 @@ def reset_run(target, tok):
             break
     if crash:
         return vp.PathRun(reqs, None, None, {}, {}, {"crash": crash})
-    print(f"{vllm_workload.RESET_ROW}: {len(reqs)} requests, resets answered on/off "
+    line = (f"{vllm_workload.RESET_ROW}: {len(reqs)} requests, resets answered on/off "
           f"{sum(g[1] == 200 for g in ctl[True])}/{sum(g[1] == 200 for g in ctl[False])}; async on: stale windows "
           f"{cnt[True].get('spec_stale_windows', 0)}, a reset's with a draft rejected "
           f"{cnt[True].get('spec_stale_drop_rejections', 0)}, met by their request resumed whole "
           f"{cnt[True].get('spec_stale_drop_resumed', 0)}; placeholders below 0 on/off "
           f"{cnt[True].get('placeholders_below_zero', 0)}/{cnt[False].get('placeholders_below_zero', 0)}")
+    print(line)
     for overlap in (True, False):  # the first request the agent saw below 0, said in full (the facts go with the pair)
         for f in planmod.read_facts(str(target.facts_dir(overlap))):
             if f.get("first_placeholders_below_zero") and cnt[overlap].get("placeholders_below_zero", 0):
                 print(f"{vllm_workload.RESET_ROW}: async {'on' if overlap else 'off'}: first below 0: "
                       f"{json.dumps(f['first_placeholders_below_zero'], sort_keys=True)}")
-    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], {"resets": ctl}, books=books,
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], {"resets": ctl, "line": line}, books=books,
                       release=target.version, runner=target.runner, steps=stepbooks,
                       absent={vllm_workload.RESET_ROW: target.row_absent(vllm_workload.RESET_ROW)},
                       in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
@@ -201,6 +202,8 @@ def test_path(target, row, record_property, request):
                                  else "path_run")
     if pr.controls.get("crash"):  # the engine died under the row's own run: the row's CRASH
         raise TargetCrash(pr.controls["crash"])
+    if pr.controls.get("line"):  # the reset row's shape, counted: in the gate's report
+        record_property("spec", pr.controls["line"])
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)
