@@ -49,6 +49,13 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
                 out.append(Finding(f"max_tokens {k}: {on} sampling steps async on, {off} off, {want} expected"
                                    + (f" (+{dropped} allowed: in-flight samples dropped by a preemption)" if dropped
                                       else ""), "steps.sampling"))
+    if row.name == "spec_reset_in_flight" and pr.books:  # its own run's books at idle (test_paths' reset_run)
+        from harness.oracles import books as bookmod
+        # a host buffer alone is not judged: the worker writes its books before the output thread
+        # frees the last step's buffer (as test_path_pairs and the served judge do)
+        held = bookmod.HELD["host_buffers_held"]
+        out += [Finding(f"books: {f}", "books.leak") for f in bookmod.findings(pr.books.get(True) or {},
+                                                                              pr.books.get(False) or {}) if held not in f]
     if row.placeholders:  # a value-reading processor of ours counts what it read: said first
         for lab, c in (("off", pr.counts_off), ("on", pr.counts_on)):
             if c.get(row.placeholders, 0):

@@ -41,7 +41,7 @@ from equivalence.path_judge import judge, judge_steps
 
 
 @pytest.fixture(scope="module")
-def path_run(target, tok, oh_options):
+def path_run(target, tok, oh_options, reset_run):  # the reset row's run first (reset_run says why)
     if target.name != "vllm" or not getattr(target, "paths", False):
         pytest.skip(f"the path table is vLLM's (its agent counts the paths); target {target.name}")
     reqs, fitted = vllm_workload.build(tok, seed=0), None
@@ -127,6 +127,64 @@ def bare_run(target, tok, oh_options):
                       release=t.version, runner=t.runner, left_out=dict(t.left_out), fitted=fitted)
 
 
+@pytest.fixture(scope="module")
+def reset_run(target, tok):
+    """The spec_reset_in_flight row's run (harness.targets.vllm.workload.run_resets), before the
+    workload (path_run asks for it first: its evidence does not wait on the workload's timing, and a
+    death the workload meets later does not take this row's judgement with it): on each arm, short
+    requests under resets; its own counts, step books and books at idle. Timing decides whether a
+    reset meets a frame of rejected drafts in flight with its request resumed whole: where none did
+    async on, once more under new prompts and reset times between the first's. A death of the
+    engine here is kept as this row's CRASH (the pair starts again at the workload's first run).
+    None where the row is absent (no drafter)."""
+    if target.name != "vllm" or not getattr(target, "paths", False) or target.row_absent(vllm_workload.RESET_ROW):
+        return None
+    reqs, runs, cnt, ctl, books, stepbooks, crash = [], {}, {}, {}, {}, {}, ""
+    for label, at in ((0, vllm_workload.RESETS_AT), (50, tuple(t + 0.25 for t in vllm_workload.RESETS_AT))):
+        mine = vllm_workload.build_resets(tok, label)
+        for overlap in (True, False):
+            facts = planmod.read_facts(str(target.facts_dir(overlap)))
+            before, books_before = vp.counts(facts), steps.books_of(facts)
+            try:
+                run, got = vllm_workload.run_resets(target, mine, overlap, at)
+            except TargetCrash as e:
+                crash = str(e)
+                break
+            books[overlap] = target.idle_books(overlap)  # waits for idle: the agent's last counts are written too
+            time.sleep(0.1)  # the agent flushes its counters every 0.1 s
+            facts = planmod.read_facts(str(target.facts_dir(overlap)))
+            c = vp.delta(before, vp.counts(facts))
+            cnt[overlap] = {k: cnt.get(overlap, {}).get(k, 0) + c.get(k, 0) for k in set(c) | set(cnt.get(overlap, {}))}
+            stepbooks.setdefault(overlap, {}).update(steps.new_since(books_before, steps.books_of(facts)))
+            ctl.setdefault(overlap, []).extend(got)
+            if overlap in runs:
+                runs[overlap].outputs += run.outputs
+                runs[overlap].logprobs.update(run.logprobs)
+            else:
+                runs[overlap] = run
+        reqs += mine
+        if crash or cnt[True].get("spec_stale_drop_resumed", 0):
+            break
+    if crash:
+        return vp.PathRun(reqs, None, None, {}, {}, {"crash": crash})
+    line = (f"{vllm_workload.RESET_ROW}: {len(reqs)} requests, resets answered on/off "
+          f"{sum(g[1] == 200 for g in ctl[True])}/{sum(g[1] == 200 for g in ctl[False])}; async on: stale windows "
+          f"{cnt[True].get('spec_stale_windows', 0)}, a reset's with a draft rejected "
+          f"{cnt[True].get('spec_stale_drop_rejections', 0)}, met by their request resumed whole "
+          f"{cnt[True].get('spec_stale_drop_resumed', 0)}; placeholders below 0 on/off "
+          f"{cnt[True].get('placeholders_below_zero', 0)}/{cnt[False].get('placeholders_below_zero', 0)}")
+    print(line)
+    for overlap in (True, False):  # the first request the agent saw below 0, said in full (the facts go with the pair)
+        for f in planmod.read_facts(str(target.facts_dir(overlap))):
+            if f.get("first_placeholders_below_zero") and cnt[overlap].get("placeholders_below_zero", 0):
+                print(f"{vllm_workload.RESET_ROW}: async {'on' if overlap else 'off'}: first below 0: "
+                      f"{json.dumps(f['first_placeholders_below_zero'], sort_keys=True)}")
+    return vp.PathRun(reqs, runs[False], runs[True], cnt[False], cnt[True], {"resets": ctl, "line": line}, books=books,
+                      release=target.version, runner=target.runner, steps=stepbooks,
+                      absent={vllm_workload.RESET_ROW: target.row_absent(vllm_workload.RESET_ROW)},
+                      in_flight=steps.in_flight_of(runs[True].summary.get("facts") or []))
+
+
 def test_steps(path_run, record_property):
     judge_steps(path_run, record_property)
 
@@ -141,11 +199,17 @@ def test_path(target, row, record_property, request):
     absent = target.row_absent(row.name) if hasattr(target, "row_absent") else ""
     if absent:  # the release (runner, configuration) has no such path: n/a, reported apart by the gate
         outcome.na(absent)
-    pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "path_run")
+    pr = request.getfixturevalue("bare_run" if row.pair == "bare" else "reset_run" if row.name == vllm_workload.RESET_ROW
+                                 else "path_run")
+    if pr.controls.get("crash"):  # the engine died under the row's own run: the row's CRASH
+        raise TargetCrash(pr.controls["crash"])
+    if pr.controls.get("line"):  # the reset row's shape, counted: in the gate's report
+        record_property("spec", pr.controls["line"])
     if row.name.startswith("installed_logits_processors"):  # the report lists what a team ships
         for ep in pr.installed:
             record_property("installed", ep)
-    if row.violations and row.pair == "main":  # what the agent saw at its first violations, said in full
+    if row.violations and row.pair == "main" and row.violations[0].startswith("spec_lp"):  # what the agent saw at
+        # its first violations, said in full (the rejection sampler's reads; the reset row prints its own)
         _violation_rows(target, row, pr, record_property)
     judge(row, pr, record_property, version=version, twin=_MAIN_RUN.get(id(target)) if row.pair == "bare" else None)
 

@@ -424,3 +424,4 @@ def test_extra_sampling_steps_of_max_tokens_requests_are_known_only_with_steps_p
     rec[st.FIELDS.index("evidence")] = {}
     with pytest.raises(pytest.fail.Exception, match="max_tokens 1: 2 sampling steps async on, 1 off"):
         judge(row, pr, version="0.11.0")
+

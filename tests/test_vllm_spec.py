@@ -2,9 +2,11 @@
 the windows the agent counts and the oracle that compares them across the arms. The served runs
 are tests/test_vllm_spec_served.py."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
 
 from harness.agents.vllm import spec as agent_spec
@@ -68,7 +70,11 @@ def test_the_agent_counts_each_window_from_the_scheduler_s_update():
     reqs["b"].num_stale_output_tokens, reqs["b"].drop_stale_output = 4, True  # a reset's frame, returning stale
     reqs["a"].num_stale_output_tokens, reqs["a"].drop_stale_output = 4, False  # a KV-pressure one (delivered)
     c = agent_spec._count(sched, so, mro)
-    assert (c["spec_stale_windows"], c["spec_stale_drop_rejections"]) == (2, 1)
+    assert (c["spec_stale_windows"], c["spec_stale_drop_rejections"], c["spec_stale_drop_resumed"]) == (2, 1, 0)
+    reqs["b"].num_output_placeholders = 1  # b resumed whole in the schedule after the reset: its step's placeholder
+    reqs["a"].num_output_placeholders = 1  # delivered mode: not the class's shape
+    c = agent_spec._count(sched, so, mro)
+    assert (c["spec_stale_drop_rejections"], c["spec_stale_drop_resumed"]) == (1, 1)
 
 
 def test_windows_parted_between_the_arms_are_named_for_the_steps_oracle():
@@ -301,4 +307,55 @@ def test_the_ngram_drafter_is_v2_s_and_says_so_on_v1():
     assert any("n-gram drafter" in a for a in vllm_spec.adaptations(t))
     import random
     rng = random.Random(1)
-    assert not any("ngram" in vc.draw_drafted(rng) for _ in range(40))  # stress draws the draft models only
+    assert not any("ngram" in vc.draw_drafted(rng, "v1") for _ in range(40))  # V1 draws the draft models only
+
+
+@pytest.mark.parametrize("runner,want", [("v1", {"cut3", "same"}), ("v2", {"ngram"}),
+                                         ("auto", {"cut3", "same", "ngram"})])
+def test_stress_draws_the_drafters_the_runner_asked_runs(runner, want):
+    """`stress --configs spec --vllm-runner R` draws the drafters R runs here (V2: the n-gram one,
+    ngram_gpu; V1: the draft models; auto: each, on the runner its configuration names), with every
+    k; each drawn name resolves to a configuration the runner asked can start (vllm_spec.missing
+    says nothing), and it is the name the reproducer records: replay and shrinking keep the drafter."""
+    import random
+
+    from harness.commands.stress_served import config_order
+    from harness.targets.vllm import configs as vc
+    rng = random.Random(7)
+    got = [vc.draw_drafted(rng, runner) for _ in range(200)]
+    assert {vc.get(n).spec[0] for n in got} == want and {vc.get(n).spec[1] for n in got} == set(vc.SPEC_KS)
+    for seed in range(6):
+        for n in config_order(SimpleNamespace(target="vllm", configs="spec", seed=seed, vllm_runner=runner), ValueError):
+            c = vc.resolve(n)
+            assert c.spec[0] in want and c.name == n
+            t = SimpleNamespace(config=c, runner=runner if runner != "auto" else (c.runner or "v1"),
+                                home=Path(vllm_spec.__file__).parent, model_path=Path(vllm_spec.__file__).parent)
+            if c.spec[0] == "ngram":  # no model: nothing to look for; the runner must be V2
+                assert vllm_spec.missing(t) == "" and c.runner == "v2"
+    # a seed that draws the n-gram drafter under V2 draws it on no seed under V1
+    v2 = [config_order(SimpleNamespace(target="vllm", configs="spec", seed=s, vllm_runner="v2"), ValueError)
+          for s in range(3)]
+    assert all(n.startswith("spec-ngram-k") for names in v2 for n in names)
+    assert not any("ngram" in n for s in range(6) for n in
+                   config_order(SimpleNamespace(target="vllm", configs="spec", seed=s, vllm_runner="v1"), ValueError))
+
+
+def test_placeholders_below_zero_are_counted_after_every_update():
+    """The agent's check after each Scheduler.update_from_output (vllm#46066's class): a running
+    request whose output placeholders went below 0 is counted with what it held; none is quiet; it
+    runs on steps without drafts too (a stale frame's rollback is seen where vLLM's own assertion,
+    at a token's delivery, may come too late to see it)."""
+    ok = SimpleNamespace(request_id="a", num_output_placeholders=1, num_computed_tokens=9, num_tokens=9,
+                         num_preemptions=0)
+    bad = SimpleNamespace(request_id="b", num_output_placeholders=-2, num_computed_tokens=17, num_tokens=20,
+                          num_preemptions=1)
+    assert agent_spec._placeholders_below_zero(SimpleNamespace(running=[ok])) == {}
+    got = agent_spec._placeholders_below_zero(SimpleNamespace(running=[ok, bad]))
+    assert got["n"] == 1 and got["first"] == {"request": "b", "placeholders": -2, "num_computed_tokens": 17,
+                                              "num_tokens": 20, "preemptions": 1}
+    from harness.agents.vllm import state
+    f = state.facts(agent_spec.ROLE)
+    before = f.data.get("placeholders_below_zero", 0)
+    sched = SimpleNamespace(running=[bad], requests={})
+    agent_spec.update_from_output(lambda *a, **kw: "out")(sched, _step({}, {})[0], _step({}, {})[1])
+    assert f.data["placeholders_below_zero"] == before + 1 and f.data["first_placeholders_below_zero"]["request"] == "b"

@@ -79,15 +79,16 @@ def config_order(a, bad) -> list[str]:
             raise bad(f"--configs applies to --target vllm or sglang only (not {a.target})")
         return []
     rng = random.Random(getattr(a, "seed", 0))  # replay has no --seed: it pins its configuration
+    runner = getattr(a, "vllm_runner", "auto") or "auto"  # the drafters drawn are the ones it runs here
     if spec and spec.strip() == "spec":  # drafters only: a drafter and its k drawn for each of them
-        return list(dict.fromkeys(vllm_configs.draw_drafted(rng) for _ in range(SPEC_DRAWS)))
+        return list(dict.fromkeys(vllm_configs.draw_drafted(rng, runner) for _ in range(SPEC_DRAWS)))
     names = vllm_configs.parse(spec or "all", bad)
     if not spec or spec.strip() == "all" or spec.strip().startswith(("-", "all,")):
         head = [n for n in names if n == vllm_configs.DEFAULT]
         rest = [n for n in names if n != vllm_configs.DEFAULT]
         rng.shuffle(rest)
         # a drafter's configuration in a drawn order: its drafter and num_speculative_tokens drawn too
-        names = head + [vllm_configs.draw_drafted(rng) if vllm_configs.get(n).spec else n for n in rest]
+        names = head + [vllm_configs.draw_drafted(rng, runner) if vllm_configs.get(n).spec else n for n in rest]
     return names
 
 

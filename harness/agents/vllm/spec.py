@@ -11,7 +11,10 @@ rejected count there. So, per step with drafts (engine core, role "spec"):
   `spec_accepted`, `spec_full` (windows accepted whole: the bonus token), `spec_rejections` (a
   draft rejected), `spec_rejected_all`; `spec_stale_windows` (a window whose frame a preemption
   made stale: it returns after the request was preempted), `spec_stale_drop_rejections` (one a
-  reset's drop mode throws away, with a draft rejected: vllm#46066's class);
+  reset's drop mode throws away, with a draft rejected: vllm#46066's class), `spec_stale_drop_resumed`
+  (such a window met by its request resumed whole already: the shape where that class shows);
+  after every step's update, `placeholders_below_zero`: running requests whose output placeholders
+  are below 0 (a violation; `first_placeholders_below_zero` keeps what the first held);
 and per request (by the steps books' key: prompt ids and max_tokens), each window's drafts and
 accepted length, so the arms compare them for greedy requests (harness.oracles.spec_steps).
 
@@ -60,6 +63,16 @@ def update_from_output(orig):
             counts = {}
             state.facts(ROLE).set(counter_error=f"spec: {e}")
         out = orig(self, scheduler_output, model_runner_output, *a, **kw)
+        try:
+            below = _placeholders_below_zero(self)
+        except Exception as e:  # a counter must never break the engine
+            below = {}
+            state.facts(ROLE).set(counter_error=f"spec placeholders: {e}")
+        if below:
+            f = state.facts(ROLE)
+            f.add("placeholders_below_zero", below["n"])
+            if not f.data.get("first_placeholders_below_zero"):
+                f.set(first_placeholders_below_zero=below["first"])
         if counts:
             f = state.facts(ROLE)
             for k, n in counts.items():
@@ -68,6 +81,24 @@ def update_from_output(orig):
             f.set(accepted={rid: [k, list(v)] for rid, (k, v) in _ACCEPTED.items()})
         return out
     return update
+
+
+def _placeholders_below_zero(sched) -> dict:
+    """The running requests whose output placeholders are below 0 once a step's output is applied
+    ({"n", "first": what the first held}, or {}). A count of tokens in flight cannot be negative:
+    vLLM asserts it only where a token is delivered (AsyncScheduler._update_request_with_output),
+    and the next step's placeholders, added before that, can lift a wrong count back over 0 (a
+    stale frame's rejections applied to a request resumed whole, vllm#46066: measured so, the
+    engine lived and its tokens stayed equal); so the agent checks after every update."""
+    bad = [r for r in getattr(sched, "running", ()) or () if int(getattr(r, "num_output_placeholders", 0) or 0) < 0]
+    if not bad:
+        return {}
+    r = bad[0]
+    return {"n": len(bad), "first": {"request": str(getattr(r, "request_id", "?"))[:40],
+                                     "placeholders": int(r.num_output_placeholders),
+                                     "num_computed_tokens": int(getattr(r, "num_computed_tokens", 0) or 0),
+                                     "num_tokens": int(getattr(r, "num_tokens", 0) or 0),
+                                     "preemptions": int(getattr(r, "num_preemptions", 0) or 0)}}
 
 
 def _count(sched, so, mro) -> dict:
@@ -103,6 +134,11 @@ def _count(sched, so, mro) -> dict:
             drop = bool(getattr(req, "drop_stale_output", False))
             c["spec_stale_windows"] = c.get("spec_stale_windows", 0) + 1
             c["spec_stale_drop_rejections"] = c.get("spec_stale_drop_rejections", 0) + int(drop and acc < k)
+            # ... met by its request already resumed whole in the schedule after the reset (its new
+            # step's placeholder held): the one shape where applying those rejections shows
+            # (placeholders below 0, vLLM's assertion); resumed in chunks, nothing to roll back shows
+            resumed = drop and acc < k and int(getattr(req, "num_output_placeholders", 0) or 0) > 0
+            c["spec_stale_drop_resumed"] = c.get("spec_stale_drop_resumed", 0) + int(resumed)
     return c
 
 

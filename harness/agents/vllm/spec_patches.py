@@ -10,11 +10,18 @@ placeholders. The placeholders go negative (the `> 0` guard checks the value, no
 subtraction), num_computed_tokens runs behind what was computed. vLLM 0.32.0 discards a drop-mode
 frame before the rollback, and skips the rollback for any stale frame (`if not output_is_stale`).
 The patch puts the discard back after the rollback, for the drop-mode frame only (a deliver-mode
-stale frame, a KV-pressure preemption's, keeps 0.32.0's guard: see UNREACHABLE).
+stale frame, a KV-pressure preemption's, keeps 0.32.0's guard: see DELIVER_MODE_UNREACHABLE).
 
-Reached on any drafter's configuration where the path workload resets the prefix cache while a
-step with drafts is in flight (the `prefix_cache_reset` row, async on); with the cut drafter
-(`spec-draft`) almost every window rejects its drafts, so a stale frame carries rejections.
+Reached by the `spec_reset_in_flight` row (its own run, before the workload: short penalized
+greedy requests under five resets, so a stale frame of rejected drafts returns to a request resumed
+whole in the schedule right after the reset; the agent counts that shape, `spec_stale_drop_resumed`).
+What shows, measured on 0.32.0 here (2026-12-07): the rollback lowers num_computed_tokens and the
+placeholders by the same count, and schedule() uses only their difference, so the schedule and the
+tokens are unchanged; the placeholders are below 0 right after that update (the agent's
+`placeholders_below_zero`, checked after every update: the row's violation), and vLLM's own
+`assert request.num_output_placeholders >= 0` (at a token's delivery) fires only where no later
+step's placeholders were added first: in a probe of 3 requests under 4 resets the shape came twice
+and the engine lived with equal tokens; in the gate's workload it killed the engine once.
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         "spec_reset_rolls_back_stale_rejections",
         "a prefix-cache reset with a speculative frame in flight (drop mode: the request resumes in the next "
         "schedule) applies the stale frame's rejected drafts to the resumed request before discarding the "
-        "frame: its num_computed_tokens runs behind what was computed and its output placeholders go "
-        "negative (vLLM's later placeholder arithmetic asserts, or schedules from a wrong count)",
-        "prefix_cache_reset", PATHS_SUITE, SCHED,
+        "frame: its num_computed_tokens and its output placeholders fall behind what is in flight, the "
+        "placeholders below 0 (vLLM's assertion at the next delivery fires unless a later step's "
+        "placeholders came first)",
+        "spec_reset_in_flight", PATHS_SUITE, SCHED,
         "            # Drop-mode stale output (same-step resume) is discarded entirely.\n"
         "            if output_is_stale and request.drop_stale_output:\n"
         "                continue\n",
@@ -48,20 +56,11 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
 # the configuration each patch needs (harness.targets.vllm.configs): drafts in every step's frame
 CONFIG = {"spec_reset_rolls_back_stale_rejections": "spec-draft"}
 
-# why the gate does not show a patch caught on 0.32.0 here (printed by `check --fault`, listed by `mutants`)
-UNREACHABLE = {
-    "spec_reset_rolls_back_stale_rejections": (
-        "not shown caught by the gate on vLLM 0.32.0 here (spec-draft with it: PASS 21/21, 2026-12-07; read from the "
-        "code, not counted: no counter sees a stale frame's rollback): the path workload's reset (prefix_cache_reset) "
-        "comes when the first run ends, built to find the long requests p0-p7 running (a 93-token prefix and tens of "
-        "tokens each); the scheduler resumes such a request by a chunked prefill over several 64-token steps, so when the stale frame's update runs the resumed request has no "
-        "output placeholder yet (none before its prefill ends) and the rollback only lowers num_computed_tokens of "
-        "a partial prefill: the scheduler recomputes those positions, writing the same KV, and no token, step or "
-        "book changes. The visible form (placeholders below 0, then the engine core's `num_output_placeholders >= "
-        "0` assertion in AsyncScheduler._update_request_with_output) needs a request resumed whole in the step "
-        "after the reset with a frame of rejected drafts in flight: a short request still running at the reset, "
-        "which the workload does not have"),
-}
+# why the gate does not show a patch caught on 0.32.0 here (printed by `check --fault`, listed by
+# `mutants`): none now. spec_reset_rolls_back_stale_rejections was listed until the spec_reset_in_flight
+# row: the workload's one reset found only long requests running, resumed in chunks (no placeholder
+# held when the stale frame returns), so the rollback changed nothing visible there
+UNREACHABLE: dict[str, str] = {}
 
 # the release a patch's text has its shape from (read from every cached wheel): the drop-mode
 # discard, the stale guard and the encoder-free comment together from 0.27.0

@@ -39,7 +39,7 @@ SPEC_HIDES = {**{r: _NO_LP for r in ("logits_processor_cli", "logits_processor_c
               "min_tokens": "the workload's min_tokens requests stop early only where logit_bias forces their stop "
                             "token, which vLLM refuses with drafts: min_tokens changes no output here (docs/vllm-spec.md)"}
 # the rows only a drafter's configuration reaches (harness.targets.vllm.paths, the spec_* rows)
-SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties")
+SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties", "spec_reset_in_flight")
 
 
 @dataclass(frozen=True)
@@ -201,10 +201,11 @@ def drafted(name: str) -> ServerConfig | None:
                         drop=("logits-processors",), spec=(d, k), runner=DRAFTERS[d].runner)
 
 
-def draw_drafted(rng) -> str:
-    """A drafter and its num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
-    from harness.targets.vllm.spec import DRAWN
-    return f"spec-{rng.choice(DRAWN)}-k{rng.choice(SPEC_KS)}"
+def draw_drafted(rng, runner: str = "auto") -> str:
+    """A drafter the servers' runner (`runner`, --vllm-runner's) runs here and its
+    num_speculative_tokens, drawn (`rng`: random.Random): a configuration's name."""
+    from harness.targets.vllm.spec import drawn
+    return f"spec-{rng.choice(drawn(runner))}-k{rng.choice(SPEC_KS)}"
 
 
 def known(name: str | None) -> bool:

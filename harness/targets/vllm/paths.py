@@ -212,6 +212,16 @@ PATHS = [
             ("pauses", "resumes")),
     PathRow("prefix_cache_reset", "POST /reset_prefix_cache?reset_running_requests=true while requests "
             "run (preempts them all)", ("prefix_cache_resets",)),
+    # a reset or preemption with a frame in flight (vllm#46066's class, issue 43): a run of its own
+    # (harness.targets.vllm.workload.run_resets), so a death there is this row's
+    PathRow("spec_reset_in_flight", "resets while only short requests decode with drafts: a request is resumed "
+            "whole in the schedule right after the reset, its frame of rejected drafts still in flight, so "
+            "that stale frame returns to a request holding its new step's placeholder (counted async on: "
+            "spec_stale_drop_resumed); its tokens, its books at idle, the engine's life and the placeholders "
+            "(never below 0 after a step's update) are judged",
+            ("spec_stale_drop_resumed",), arm="on",
+            violations=("placeholders_below_zero", "running request(s) whose output placeholders (tokens in "
+                        "flight) went below 0 after a step's update")),
     PathRow("abort", "clients that disconnect after 3-5 tokens; a twin of each is not aborted",
             ("aborted_requests",)),
     # the pair without a CLI processor: vLLM repairs the placeholders only for batches with

@@ -294,6 +294,7 @@ ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "bad_words": ("completions_bad_words",),
     "bad_words_bare": ("completions_bad_words",),
     "prefix_cache_reset": ("reset_running_requests",),
+    "spec_reset_in_flight": ("reset_running_requests",),
     "seeded_partial_prefill": ("point:bookkeeping",),
     "logits_processor_cli": ("cli_logits_processors",),
     "logits_processor_entry_point": ("entry_point_logits_processors",),

@@ -234,3 +234,59 @@ def run_with_controls(target, reqs, overlap: bool):
     merged.logprobs = {**runs["first"].logprobs, **run.logprobs, **last.logprobs}
     merged.surface = {k: v for x in (runs["first"], run, last) for k, v in (getattr(x, "surface", {}) or {}).items()}
     return merged, got
+
+
+# -- resets with a frame in flight, met by a request resumed whole (the spec_reset_in_flight row) --
+# The main run's reset finds the long requests running: each resumes by a chunked prefill over
+# several steps, so a stale frame returns to a request still in its prefill (no placeholder held)
+# and a wrong rollback there only makes vLLM recompute positions with the same KV. The class shows
+# where the stale frame returns to a request resumed whole in the schedule right after the reset
+# (vllm#46066: its placeholders went below 0): short requests, all of them inside one step's
+# budget, decoding with drafts, reset several times over their life (timing decides which reset
+# meets a frame of rejected drafts in flight; the agent counts the ones that did).
+RESET_ROW = "spec_reset_in_flight"
+RESETS_AT = (0.4, 0.9, 1.5, 2.2, 3.0)  # seconds after the run starts
+RESET_REQUESTS, RESET_TOKENS = 3, 18  # each request's prompt and output together stay under 26 tokens
+# greedy, on prompts whose greedy continuation repeats, under a repetition and a frequency penalty:
+# a drafter that proposes from unpenalized logits (the target as its own drafter, spec-same; the
+# n-gram drafter, which drafts the repeats) sees its drafts rejected where the penalty bites, so a
+# frame in flight carries rejections with every drafter (measured: plain greedy requests on
+# spec-same met the shape 0 times in two runs, its greedy windows accepted whole)
+RESET_PENALTIES = {"repetition_penalty": 1.4, "frequency_penalty": 0.6}
+
+
+def build_resets(tok, label: int = 0) -> list[Request]:
+    """The row's requests: greedy (their tokens compared on vs off), short repeating prompts under
+    penalties, ignore_eos; `label` gives a run again its own prompts."""
+    out = []
+    for i, text in enumerate((COUNT, COLOURS, ECHO[0])[:RESET_REQUESTS]):
+        prompt = token_ids(tok, f"{label + i} {text}")[:7]
+        out.append(path_request(f"rs{label}x{i}" if label else f"rs{i}", prompt, RESET_TOKENS, [RESET_ROW],
+                                ignore_eos=True, **RESET_PENALTIES))
+    return out
+
+
+def run_resets(target, reqs, overlap: bool, at=RESETS_AT):
+    """The requests on one server while a second client resets the prefix cache (running requests
+    preempted) at each of `at`; returns (the run, the control responses)."""
+    from harness.targets.served import openai_wire
+    base, got = target.url(overlap), []
+    t0 = time.monotonic()
+
+    def resets():
+        with openai_wire.client(30.0) as c:
+            for s in at:
+                time.sleep(max(0.0, t0 + s - time.monotonic()))
+                try:
+                    resp = c.post(base + RESET)
+                    got.append((RESET, resp.status_code, resp.text[:200]))
+                except Exception as e:  # the server died under the run: the run says so (a CRASH)
+                    got.append((RESET, 0, f"{type(e).__name__}: {e}"[:200]))
+                    return
+    ctl = threading.Thread(target=resets, daemon=True)
+    ctl.start()
+    try:
+        run = target.run(reqs, overlap=overlap)
+    finally:
+        ctl.join(max(at) + 30.0)
+    return run, got
