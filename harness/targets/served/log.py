@@ -64,10 +64,17 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
             if body and not body.startswith((" ", "\t")):
                 complete = bool(_EXC_LINE.match(body)) and not _LOG_PREFIX.match(body)
                 break  # the exception line (or whatever cut the traceback) closes it
-        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid"))))
+        # a worker's traceback from inside its shutdown follows the engine core's death, it is not
+        # its cause (0.20.2 with a CUDA torch: the worker's cleanup asks for an NVIDIA driver after the
+        # engine core's assertion, and the CRASH was read as "Found no NVIDIA driver")
+        down = any(_IN_SHUTDOWN.search(_RECORD.sub("", log_body(ln))) for ln in block)
+        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid")), down))
     whole = [b for b in blocks if b[1]]
-    pick = ([b for b in whole if b[2]] or whole or blocks)[-1][0]
+    pick = ([b for b in whole if b[2] and not b[3]] or [b for b in whole if b[2]] or whole or blocks)[-1][0]
     return "\n".join(pick[-limit:])
+
+
+_IN_SHUTDOWN = re.compile(r'^\s*File "[^"]*", line \d+, in shutdown$')
 
 
 def untagged_line_before(lines: list[str], end: int, look: int = 5) -> str:

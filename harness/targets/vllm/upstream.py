@@ -190,6 +190,10 @@ _26467 = dict(
     cause=Trigger(fields=(("vllm_xargs", None), ("repetition_penalty", 1.0), ("frequency_penalty", None),
                           ("presence_penalty", None))))
 KNOWN_UPSTREAM += [
+    # its engine death, where stress meets it (the 0.11.0 sweep's stress filed the CRASH the pair had
+    # named "KNOWN UPSTREAM vllm#26467" as new: no entry of a main-pair row claimed a crash)
+    KnownUpstream("vllm#26467", "stress", **_26467, codes=("crash",), exception=_26467["crash_on"],
+                  engine_exception=True, report_gone=False),
     KnownUpstream("vllm#26467", "logits_processor_entry_point_bare", **_26467, evidence="lp_no_repeat_placeholder_reads"),
     KnownUpstream("vllm#26467", "logits_processor_batch_entry_point_bare", **_26467,
                   evidence="lp_batch_placeholder_reads"),
@@ -315,7 +319,7 @@ KNOWN_UPSTREAM.append(KnownUpstream(
 # 0.12.0-0.26.0 (as discard_latest_async_tokens, then async_tokens_to_discard from 0.22.0); 0.27.0 drops
 # stale output whole (vllm-project/vllm#48245) and the logprobs are lost instead. No upstream report found.
 # Its reproducer pins the timing (the reset taken with the last chunk in flight): 0.13.0 died 3 of 3,
-# 0.32.0 quiet 2 of 2. Before 0.22.0 stock vLLM also dies on a reset earlier in the prefill (vllm#42043's
+# 0.20.2 2 of 2, 0.32.0 quiet 2 of 2. Before 0.22.0 stock vLLM also dies on a reset earlier in the prefill (vllm#42043's
 # mark on a request with no step in flight lasts until the last chunk's output); the agent's workaround
 # of vllm#42043 removes that mark, so what the harness meets is this entry's window only.
 KNOWN_UPSTREAM.append(KnownUpstream(
