@@ -16,7 +16,7 @@ import pytest
 from harness.agents.vllm import points as vllm_points
 from harness.cli import main
 from harness.targets.vllm import releases as vr
-from harness.targets.vllm.target import row_absent
+from harness.targets.vllm.releases import row_absent
 
 # the vLLM venv or the cached release wheels, no server: make test runs these once the setup is done
 pytestmark = pytest.mark.vllm_source

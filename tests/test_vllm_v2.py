@@ -124,7 +124,7 @@ def test_runner_decision():
 
 def test_rows_on_v2():
     """A row whose path V2 does not have is n/a there with the reason; the others are counted by V2's points."""
-    from harness.targets.vllm.target import row_absent
+    from harness.targets.vllm.releases import row_absent
     from harness.targets.vllm.paths import PATHS
     assert row_absent("seeded_reorder", "0.32.0", "v2").startswith("n/a on the V2 runner")
     assert row_absent("seeded_reorder", "0.32.0", "v1") == ""

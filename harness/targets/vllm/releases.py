@@ -282,7 +282,7 @@ def remove(version: str, root: Path | None = None) -> int:
 # The path rows (harness.targets.vllm.paths.PATHS) that need a point or a feature some releases
 # lack: in a release without it the row is "n/a in V", never a pass and never "not exercised".
 # "point:X" is a patch point of harness.agents.vllm.points (its `since`); anything else a FACTS name.
-# (harness.targets.vllm.target.row_absent reads it: the points import this module, not the reverse)
+# (row_absent below reads it: the points import this module, not the reverse, so it imports them late)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {
     "preemption": ("point:preempt",),
     "preemption_in_flight": ("point:preempt",),
@@ -369,4 +369,30 @@ def patch_absent(name: str, version: str) -> str:
     since = PATCH_SINCE.get(name, "")
     if since and release_key(version) < release_key(since):
         return f"n/a in {version}: vLLM patch {name} changes code that has its shape from {since}"
+    return ""
+
+
+def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
+    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it. On
+    V2's runner its own table says for the worker's points (harness.agents.vllm.v2.rows)."""
+    if runner == "v2":
+        from harness.agents.vllm.v2.rows import row_absent as v2_absent
+        why = v2_absent(row, version, ROW_NEEDS.get(row, ()))
+        if why:
+            return why
+    if version is None:
+        return ""
+    from harness.agents.vllm.points import POINTS_BY_NAME
+    rel = release(version, newer_by_range=True)
+    for need in ROW_NEEDS.get(row, ()):
+        if need.startswith("point:"):
+            p = POINTS_BY_NAME[need[6:]]
+            if p.runner and p.runner != runner:
+                continue  # another runner's point: that runner's table says
+            if not p.exists_in(version):
+                return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
+                        f"{p.since}")
+        elif not rel.has(need):
+            f = FACTS[need]
+            return f"n/a in {version}: {row}: {f.why}, from {f.since}"
     return ""

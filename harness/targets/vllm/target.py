@@ -53,32 +53,6 @@ def parse_entry_points(specs, exc=ValueError) -> dict[str, str]:
     return out
 
 
-def row_absent(row: str, version: str | None, runner: str = "v1") -> str:
-    """"n/a in V: why" when release V lacks what the row attacks or counts; "" when it has it. On
-    V2's runner its own table says for the worker's points (harness.agents.vllm.v2.rows)."""
-    if runner == "v2":
-        from harness.agents.vllm.v2.rows import row_absent as v2_absent
-        why = v2_absent(row, version, vllm_releases.ROW_NEEDS.get(row, ()))
-        if why:
-            return why
-    if version is None:
-        return ""
-    from harness.agents.vllm.points import POINTS_BY_NAME
-    rel = vllm_releases.release(version, newer_by_range=True)
-    for need in vllm_releases.ROW_NEEDS.get(row, ()):
-        if need.startswith("point:"):
-            p = POINTS_BY_NAME[need[6:]]
-            if p.runner and p.runner != runner:
-                continue  # another runner's point: that runner's table says
-            if not p.exists_in(version):
-                return (f"n/a in {version}: {row}: {p.module}.{p.qualname} (what it counts) is there from "
-                        f"{p.since}")
-        elif not rel.has(need):
-            f = vllm_releases.FACTS[need]
-            return f"n/a in {version}: {row}: {f.why}, from {f.since}"
-    return ""
-
-
 class VllmTarget(EnginePair):
     name = "vllm"
     config = vllm_configs.CONFIGS[vllm_configs.DEFAULT]  # the server configuration (harness.targets.vllm.configs)
@@ -221,7 +195,7 @@ class VllmTarget(EnginePair):
 
     def row_absent(self, row: str) -> str:
         """"n/a in V: why" when the release in force lacks what the path row attacks or counts."""
-        return row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
+        return vllm_releases.row_absent(row, self.version, self.runner) or vllm_configs.row_absent(row, self.config)
 
     def pause_path(self, mode: str) -> str | None:
         """POST /pause in `mode` (abort, wait, keep) here; None where the release has no such mode
