@@ -39,3 +39,22 @@ def test_a_mismatch_accepted_breaks_the_verify_rule():
     found, _ = spec_steps.verify_findings({"a": ["ka", [[[11, 12], [11, 12]]]]}, ["ka"], "on")
     assert found  # 12 kept after 11 as the correction, though it is the next draft
 
+
+
+def test_drafts_the_grammar_let_through_are_the_only_ones_verified():
+    """Async, V2's drafts reach the grammar after the forward: the rejection sampler rejects those past
+    the grammar's num_acceptable_drafts whatever the target says (vLLM's grammar_invalid_drafts). The
+    first 10-minute drafter stress (seed 36, spec-ngram-k1, 2026-12-07) found "drafts [2] verified as
+    [2]": a terminated regex (ignore_eos) invalidated the drafted EOS, then EOS was sampled. Recorded
+    as -1 there, the verify rule holds; a grammar that lets every draft through changes nothing."""
+    prefill = np.zeros(8, dtype=np.int64)
+    sampled = [[11, 30, -1], [8, -1, -1], [50, -1, -1, -1]]
+    out = SimpleNamespace(structured_output_request_ids=["a"], num_acceptable_drafts=[0])
+    acc = spec.acceptable_drafts(out)
+    assert acc == {"a": 0} and spec.acceptable_drafts(None) == {}
+    assert spec.acceptable_drafts(SimpleNamespace(structured_output_request_ids=["a"], num_acceptable_drafts=None)) == {"a": 0}
+    got = spec.windows(_batch(), [[11, -1, -1], *sampled[1:]], [1, 1, 1], lambda rid: True, prefill, acc)
+    assert got[0] == ("a", [-1, -1], [11])  # 11 sampled where the grammar refused the draft 11
+    assert not spec_steps.verify_findings({"a": ["ka", [got[0][1:]]]}, ["ka"], "on")[0]
+    assert spec_steps.verify_findings({"a": ["ka", [[[11, 12], [11]]]]}, ["ka"], "on")[0]  # unmarked: the finding
+    assert spec.windows(_batch(), sampled, [2, 1, 1], lambda rid: True, prefill, {"a": 2})[0] == ("a", [11, 12], [11, 30])

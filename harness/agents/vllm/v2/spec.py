@@ -44,19 +44,33 @@ def sample(orig):
         out = orig(self, hidden_states, input_batch, *a, **kw)
         if getattr(self, "speculator", None) is not None:
             try:
-                _record(self, input_batch, out[0])
+                _record(self, input_batch, out[0], acceptable_drafts(a[0] if a else kw.get("grammar_output")))
             except Exception as e:  # a counter must never break the engine
                 shared.facts(VERIFY_ROLE).set(counter_error=f"v2 spec_sample: {e}")
         return out
     return _sample
 
 
-def windows(batch, sampled, num_sampled, sampled_before, prefill_len) -> list[tuple[str, list, list]]:
+def acceptable_drafts(grammar_output) -> dict:
+    """request id -> how many of its drafts its grammar let through (GrammarOutput's
+    num_acceptable_drafts): with async scheduling the drafts reach the grammar after the forward,
+    and the rejection sampler rejects the rest whatever the target says (vLLM's
+    grammar_invalid_drafts; measured: a terminated regex's draft EOS rejected, then EOS sampled)."""
+    ids = getattr(grammar_output, "structured_output_request_ids", None) or []
+    n = getattr(grammar_output, "num_acceptable_drafts", None)
+    if not ids:
+        return {}
+    return {rid: (int(n[i]) if n is not None else 0) for i, rid in enumerate(ids)}
+
+
+def windows(batch, sampled, num_sampled, sampled_before, prefill_len, acceptable=None) -> list[tuple[str, list, list]]:
     """(request id, drafts as verified, ids kept) for each request of the batch that has a window
     this step: drafts at its logits rows after the first, as V2's rejection sampler gathers them
     (the input ids there; -1 for a slot of a step that starts inside the prefill, a placeholder it
-    rejects); `sampled_before(rid)`: it sampled a token before this step; `prefill_len`: per
-    request-state row."""
+    rejects, and for a draft past what its grammar let through (`acceptable`: request id -> that
+    count), which it rejects too); `sampled_before(rid)`: it sampled a token before this step;
+    `prefill_len`: per request-state row."""
+    acceptable = acceptable or {}
     cu = [int(x) for x in batch.cu_num_logits_np[:batch.num_reqs + 1]]
     ids = []
     if batch.num_draft_tokens:
@@ -75,15 +89,18 @@ def windows(batch, sampled, num_sampled, sampled_before, prefill_len) -> list[tu
         n = cu[i + 1] - cu[i] - 1
         if n <= 0 and not sampled_before(rid):
             continue  # the request's first token: no window
-        out.append((rid, [int(t) for t in ids[cu[i] + 1:cu[i + 1]]] if n > 0 else [], got))
+        drafts = [int(t) for t in ids[cu[i] + 1:cu[i + 1]]] if n > 0 else []
+        if rid in acceptable:
+            drafts = [t if k < acceptable[rid] else -1 for k, t in enumerate(drafts)]
+        out.append((rid, drafts, got))
     return out
 
 
-def _record(runner, batch, so) -> None:
+def _record(runner, batch, so, acceptable=None) -> None:
     import numpy as np
     sampled = so.sampled_token_ids.tolist()
     ns = so.num_sampled.tolist()
-    wins = windows(batch, sampled, ns, lambda rid: rid in _SAMPLED, runner.req_states.prefill_len.np)
+    wins = windows(batch, sampled, ns, lambda rid: rid in _SAMPLED, runner.req_states.prefill_len.np, acceptable)
     for rid, drafts, got in wins:
         add_window(rid, lambda: _KEYS.get(rid, f"?:{rid}"), drafts, got)
     for i, rid in enumerate(batch.req_ids[:batch.num_reqs]):
