@@ -42,3 +42,17 @@ def make_engine():
     def make(**kw):
         return build_engine(EngineConfig(**kw))
     return make
+
+
+@pytest.fixture
+def fresh_agent(tmp_path, monkeypatch):
+    """The vLLM agent's worker state made fresh for one test: a plan (release 0.32.0, facts into
+    tmp_path), no facts yet, no copy engine."""
+    import json
+    from harness.agents import plan as planmod
+    from harness.agents.vllm import copy_engine, state
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
+    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
+    monkeypatch.setattr(state, "FACTS", {})
+    monkeypatch.setattr(copy_engine, "COPY", None)

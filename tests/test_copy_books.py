@@ -4,11 +4,9 @@ the output thread reads that step's ids and frees its buffer; after a run's last
 rewrote them, so 0.11.0's gate read one buffer held at idle (a false finding of ours). The reader
 now updates the books when it frees the buffer. Driven here without vLLM: the output object's
 constructor and reader are stand-ins wrapped as the agent wraps vLLM's."""
-import json
 
 import torch
 
-from harness.agents import plan as planmod
 from harness.agents.vllm import copy_engine, state
 
 
@@ -17,18 +15,13 @@ class _Output:
         self._sampled_token_ids = ids
 
 
-def _wrapped_output_init(tmp_path, monkeypatch):
-    """A fresh agent state (plan, facts, no copy engine) and the output's __init__ wrapped by it."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
-    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
-    monkeypatch.setattr(state, "FACTS", {})
-    monkeypatch.setattr(copy_engine, "COPY", None)
+def _wrapped_output_init():
+    """The output's __init__ wrapped by the agent (its state made fresh by the fresh_agent fixture)."""
     return copy_engine.output_copy(lambda self, ids: _Output.__init__(self, ids))
 
 
-def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, monkeypatch):
-    init = _wrapped_output_init(tmp_path, monkeypatch)
+def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(fresh_agent):
+    init = _wrapped_output_init()
     def get_output(self):  # vLLM's reader: it waits on the copy's event, then reads the host ids
         self.async_copy_ready_event.synchronize()
         return self.sampled_token_ids_cpu.flatten().tolist()
@@ -44,12 +37,12 @@ def test_the_books_say_a_host_buffer_is_free_once_its_reader_freed_it(tmp_path, 
     assert f.data["books"]["step"] == 1  # the rest of the books as the step wrote them
 
 
-def test_a_rank_whose_outputs_nobody_reads_does_not_block_its_third_step(tmp_path, monkeypatch):
+def test_a_rank_whose_outputs_nobody_reads_does_not_block_its_third_step(fresh_agent):
     """TP (issue 45): only the output rank's step results go back to the engine core; vLLM drops the
     other ranks' unread (multiproc_executor._execute_worker_rpc). Without the buffer going back when
     its output dies, rank 1 blocked on its third step (two buffers) and rank 0 in the all-reduce."""
     import threading
-    init = _wrapped_output_init(tmp_path, monkeypatch)
+    init = _wrapped_output_init()
 
     def steps():
         for i in range(5):  # each step's output made and dropped unread

@@ -43,12 +43,7 @@ class _AsyncOutput:
 
 
 @pytest.fixture
-def wrapped(tmp_path, monkeypatch):
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"facts_dir": str(tmp_path), "release": "0.32.0"}))
-    monkeypatch.setattr(state, "PLAN", planmod.Plan(str(plan)))
-    monkeypatch.setattr(state, "FACTS", {})
-    monkeypatch.setattr(copy_engine, "COPY", None)
+def wrapped(fresh_agent, monkeypatch):
     for name, fresh in (("_FWD", {}), ("LAST_COPY", [None]), ("_FWD_COUNTS", {"judged": 0, "after_copy": 0})):
         monkeypatch.setattr(timing, name, fresh)  # the worker's overlap watch: this test's own
     init = v2agent._output_copy(_AsyncOutput.__init__)
