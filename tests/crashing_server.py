@@ -4,7 +4,8 @@ STAND_IN_CRASH=1 the first completion kills the process the way an engine core's
 does: its traceback on stderr, then exit code 7. With STAND_IN_CRASH=dead-engine the process
 lives on, as vLLM's API server does when its engine core died: the traceback, then 500 to every
 completion and to /health. With STAND_IN_POISON=crash (or hang) only a completion whose prompt
-holds id 13 kills the process (or never answers, its progress counter still): one case dies,
+holds id 13 kills the process (or never answers, its progress counter still; rank-hang: after a
+pipeline stage's tagged traceback in the log): one case dies,
 the others are served; with STAND_IN_POISON=penalty, a completion with a repetition penalty
 kills it (a live known bug's trigger). STAND_IN_DELAY_S=X makes every completion take X seconds.
 
@@ -25,6 +26,12 @@ def schedule_step(batch):
 
 def apply_penalties(batch):
     raise RuntimeError("index -1 is out of bounds for dimension 1 with size 49153")
+
+
+def embed(ids):
+    for i in ids:
+        if i < 0:
+            raise IndexError("index out of range in self")
 
 
 POISON = 13  # a prompt holding this id is the case that kills the engine (STAND_IN_POISON=crash|hang)
@@ -79,7 +86,14 @@ class Handler(BaseHTTPRequestHandler):
                 Handler.dead = True
                 return self._500()
         poison = POISON in body["prompt"]
-        if poison and os.environ.get("STAND_IN_POISON") == "hang":
+        if poison and os.environ.get("STAND_IN_POISON") in ("hang", "rank-hang"):
+            if os.environ.get("STAND_IN_POISON") == "rank-hang":  # a pipeline stage raised, nobody reads its reply
+                try:
+                    embed([-1])
+                except IndexError:
+                    tag = f"(Worker_PP0 pid={os.getpid()}) ERROR 12-07 18:43:15 [multiproc_executor.py:1063] "
+                    sys.stderr.write("".join(tag + ln + "\n" for ln in traceback.format_exc().splitlines()))
+                    sys.stderr.flush()
             _facts(0)
             time.sleep(3600)  # the engine stops delivering tokens: the watchdog's HANG
         if os.environ.get("STAND_IN_POISON") == "penalty" and body.get("repetition_penalty", 1.0) != 1.0:

@@ -11,7 +11,7 @@ import pytest
 from harness.engine.request import Request
 from harness.targets.base import TargetCrash
 from harness.targets.served.pair import ServedTarget
-from harness.targets.served.log import engine_traceback, exception_line
+from harness.targets.served.log import engine_traceback, exception_line, process_raised
 
 STAND_IN = Path(__file__).with_name("crashing_server.py")
 
@@ -258,7 +258,7 @@ def _poison():
     return [Request(rid="p0", prompt_ids=[5, 13, 7, 8], max_new_tokens=3)]
 
 
-@pytest.mark.parametrize("death", ["crash", "hang"])
+@pytest.mark.parametrize("death", ["crash", "hang", "rank-hang"])
 def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypatch, death):
     """Issue 36: one death must not blind the rest of the gate. The case that kills the async-on
     engine is one finding (its case, exit code and traceback; a HANG: its report); the next run
@@ -271,7 +271,7 @@ def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypat
         assert len(t.run(_reqs(), overlap=False).outputs) == 3
         assert len(t.run(_reqs(), overlap=True).outputs) == 3
         pids = {o: s.proc.pid for o, s in t.servers.items()}
-        with pytest.raises(TargetHang if death == "hang" else TargetCrash) as e:
+        with pytest.raises(TargetCrash if death == "crash" else TargetHang) as e:
             t.run(_poison(), overlap=True, faults=["a_per_run_fault"], delays={"engine_step": 0.001})
         # the run's own plan ends with it, death or not: the restarted server must not inherit it
         import json
@@ -285,6 +285,9 @@ def test_after_a_death_the_pair_restarts_and_the_run_goes_on(tmp_path, monkeypat
         else:
             [h] = t.hangs
             assert h["line"].startswith("HANG: stand-in (overlap on): no new token") and "the_run_goes_on" in h["case"]
+            # a rank that raised while the rest waited for it is named; a plain stall names nobody
+            raised = "a process of the server raised while it stalled: Worker_PP0: IndexError: index out of range in self"
+            assert (raised in h["line"]) == (death == "rank-hang"), h["line"]
         # the next case: both arms answer, from new processes
         for overlap in (False, True):
             assert [o[1] for o in t.run(_reqs(), overlap=overlap).outputs] == [[5, 6, 7]] * 3
@@ -378,3 +381,22 @@ def test_engine_traceback_keeps_to_its_own_process_when_two_interleave(tmp_path)
     tb = engine_traceback(log)
     assert "APIServer" not in tb, tb
     assert exception_line(tb) == "AssertionError: assert not prompt_logprobs_tensors (scheduler.py:1414)"
+
+
+def test_process_raised_names_a_rank_past_the_watch_and_not_the_api_server(tmp_path):
+    """A HANG's cause when one rank raised and the others wait for it (vLLM's executor reads the output
+    rank's reply only): the first complete engine-core or worker traceback past the watch's start, with
+    its process; not one from before, not the API server's, not one from inside a shutdown."""
+    rec = "ERROR 12-07 18:43:15 [multiproc_executor.py:1063] "
+
+    def tb(tag, exc, frame="execute_model"):
+        return "".join(f"{tag}{rec}{ln}\n" for ln in ["Traceback (most recent call last):",
+                       f'  File "/v/gpu_worker.py", line 1, in {frame}', "    x()", exc])
+    old = tb("(Worker_TP1 pid=4) ", "RuntimeError: an earlier case's")
+    log = tmp_path / "server.log"
+    log.write_text(old + "Traceback (most recent call last):\n  File \"/v/api.py\", line 2, in serve\n"
+                   "    y()\nKeyError: 284\n" + tb("(Worker_PP1 pid=5) ", "RuntimeError: stopping", "shutdown")
+                   + tb("(Worker_PP0 pid=6) ", "IndexError: index out of range in self"))
+    assert process_raised(log, len(old)) == "Worker_PP0: IndexError: index out of range in self"
+    assert process_raised(log) == "Worker_TP1: RuntimeError: an earlier case's"
+    assert process_raised(log, log.stat().st_size) == "" and process_raised(tmp_path / "none.log") == ""

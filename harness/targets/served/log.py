@@ -33,22 +33,12 @@ _LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
 
 
-def engine_traceback(log_path: Path, limit: int = 40) -> str:
-    """The engine core's traceback in a server's log, at most `limit` lines, ending with its
-    exception line; else the log's last error line. A complete traceback (one that ends on an
-    exception line, not cut by a log line or by the process's exit) is preferred, and of those
-    the last one a vLLM engine-core or worker process wrote (the API server's own traceback,
-    which follows it, only says the engine died); else the last complete one; else the last one."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
-    if not starts:
-        errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
-        return errs[-1].strip() if errs else ""
-    blocks = []
-    for st in starts:
+def _tracebacks(lines: list[str]) -> list[tuple[list[str], bool, str, bool]]:
+    """Each traceback in a log's lines: (its lines, complete, the engine core's or worker's process
+    tag or "" (another process: the API server), written inside a shutdown). A complete one ends on
+    an exception line, not cut by a log line or by the process's exit."""
+    out = []
+    for st in (i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln):
         block, complete = [lines[st]], False
         rec = _RECORD.match(log_body(lines[st]))
         tag = _tag(lines[st])
@@ -68,10 +58,49 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
         # its cause (0.20.2 with a CUDA torch: the worker's cleanup asks for an NVIDIA driver after the
         # engine core's assertion, and the CRASH was read as "Found no NVIDIA driver")
         down = any(_IN_SHUTDOWN.search(_RECORD.sub("", log_body(ln))) for ln in block)
-        blocks.append((block, complete, any(p in lines[st] for p in ("EngineCore", "Worker pid")), down))
+        # the engine core's or a worker's: "(EngineCore_DP0 pid=9)", "(Worker pid=9)", and a rank's
+        # own under TP or PP, "(Worker_PP0 pid=9)", "(Worker_TP1 pid=9)"
+        engine = _ENGINE_TAG.match(_tag(lines[st]))
+        out.append((block, complete, engine.group(1) if engine else "", down))
+    return out
+
+
+_ENGINE_TAG = re.compile(r"^\((EngineCore\w*|Worker\w*) pid=\d+\)")
+
+
+def engine_traceback(log_path: Path, limit: int = 40) -> str:
+    """The engine core's traceback in a server's log, at most `limit` lines, ending with its
+    exception line; else the log's last error line. A complete traceback is preferred, and of those
+    the last one a vLLM engine-core or worker process wrote (the API server's own traceback,
+    which follows it, only says the engine died); else the last complete one; else the last one."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    blocks = _tracebacks(lines)
+    if not blocks:
+        errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
+        return errs[-1].strip() if errs else ""
     whole = [b for b in blocks if b[1]]
     pick = ([b for b in whole if b[2] and not b[3]] or [b for b in whole if b[2]] or whole or blocks)[-1][0]
     return "\n".join(pick[-limit:])
+
+
+def process_raised(log_path: Path, since: int = 0) -> str:
+    """"<process>: <exception line>" of the first complete traceback an engine core or worker process
+    wrote past byte `since` of a server's log, outside a shutdown; "" when none did. For a HANG: vLLM's
+    executor reads the replies of the output rank only, so a rank that raised (pipeline stage 0) leaves
+    the engine waiting, with its traceback in the log as the only trace."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for block, complete, proc, down in _tracebacks(lines):
+        if complete and proc and not down:
+            return f"{proc}: {exception_line(chr(10).join(block))[:300]}"
+    return ""
 
 
 _IN_SHUTDOWN = re.compile(r'^\s*File "[^"]*", line \d+, in shutdown$')

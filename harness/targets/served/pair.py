@@ -29,7 +29,7 @@ from harness.targets.served.openai_wire import TOP_LOGPROBS
 from harness.targets.served.openai_wire import error_message as _error_message
 from harness.targets.served.openai_wire import ids_and_logprobs as _ids_and_logprobs
 from harness.targets.served.openai_wire import stream_error
-from harness.targets.served.log import engine_traceback, exception_line
+from harness.targets.served.log import engine_traceback, exception_line, process_raised
 from harness.targets.served.process import ServerProcess, free_port, install_sigterm_handler, stop_each
 
 ARRIVAL_MS = 30  # a Request's `arrival` (in engine steps) becomes a send delay of this many ms
@@ -50,6 +50,14 @@ WATCH_POLL_S = 0.5
 # restart (most of a minute for vLLM) per case; later runs then fail at once, saying so.
 SAME_DEATH_RESTARTS = 3
 SETTLE_S = 1.0  # after a run, how long its last counts may take to reach the facts folder
+
+
+def _log_size(server) -> int:
+    """How many bytes a server's log holds now (0 without a server or a log)."""
+    try:
+        return server.log_path.stat().st_size if server is not None else 0
+    except OSError:
+        return 0
 
 
 def hang_bound(period_s: float | None) -> float:
@@ -107,6 +115,7 @@ class ServedTarget(Target):
         self._tok = None
         self.hung: dict[bool, str] = {}  # a server the watchdog stopped: later runs on it fail at once
         self.hangs: list[dict] = []  # every HANG of this target: {"line", "report"} for the gate
+        self._watched_from = 0  # the server log's size when the watchdog began: a HANG names a traceback past it
         self.crashed: dict[bool, str] = {}  # a server that died under a run: later runs say so at once
         self.crashes: list[dict] = []  # every CRASH: {"line", "traceback", "log"} for the gate
         self.deaths: dict[str, int] = {}  # each death's cause -> how often (the restart limit)
@@ -390,6 +399,7 @@ class ServedTarget(Target):
         tokens, period, steps = progress_of(planmod.read_facts(str(self.facts_dir(overlap))))
         last = (tokens, self._sent, 0)
         since, steps_then = time.monotonic(), steps
+        self._watched_from = _log_size(self.servers.get(overlap))  # a HANG names a traceback past here
         while True:
             done, pending = wait(futs, timeout=WATCH_POLL_S)
             if not pending:
@@ -451,6 +461,10 @@ class ServedTarget(Target):
                 "the engine made no step (blocked)")
         line = (f"HANG: {self.name} (overlap {mode}): no new token for {stalled:.1f} s with {pending} request(s) "
                 f"outstanding (bound {bound:.1f} s: {how}); {kind}")
+        s = self.servers.get(overlap)
+        raised = process_raised(s.log_path, self._watched_from) if s is not None else ""
+        if raised:  # a rank whose reply nobody reads (vLLM's executor waits on the output rank's only)
+            line += f"; a process of the server raised while it stalled: {raised}"
         stacks = self.stacks(overlap)
         facts = planmod.read_facts(str(self.facts_dir(overlap)))
         report = self.workdir / f"hang-{mode}-{len(self.hangs) + 1}.txt"
@@ -461,7 +475,7 @@ class ServedTarget(Target):
         if not stacks:
             parts.append("no stacks: no process of the server answered SIGUSR1")
         report.write_text("\n".join(parts))
-        s = self.servers.pop(overlap, None)
+        self.servers.pop(overlap, None)
         if s is not None:
             s.stop(grace=3.0)  # ends the abandoned requests: their connections close
             self.keep(s.log_path)  # the server's log beside the report
