@@ -18,6 +18,17 @@ from harness.targets.vllm import upstream as vllm_upstream
 from harness.verdict import Finding, code_of, outcome
 
 
+def _failed(pr: vp.PathRun, rid: str) -> str:
+    """"; async on: server error ..." when an arm's answer to `rid` was the server's error (its
+    tokens end there: the divergence is the error's, and the error says why), else ""."""
+    said = []
+    for lab, run in (("on", pr.on), ("off", pr.off)):
+        for o in run.outputs:
+            if o[0] == rid and str(o[2] or "").startswith("server error"):
+                said.append(f"; async {lab}: {str(o[2])[:240]}")
+    return "".join(said)
+
+
 def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[str]:
     """What is wrong on this row's requests, async on vs off (and the row's own promises)."""
     rids = {r.rid for r in pr.reqs if row.name in r.paths}
@@ -29,7 +40,8 @@ def row_findings(row: vp.PathRow, pr: vp.PathRun, record_property=None) -> list[
                 continue  # a sampled request the arms drafted for differently: its draws follow its windows
             if d.rid.split("#")[0] in rids and not d.near_tie:
                 out.append(Finding(f"request {d.rid} diverges at token {d.position} ({d.verdict}): off "
-                                   f"{d.expected[:6]} vs on {d.got[:6]}", "divergence", d.rid.split("#")[0]))
+                                   f"{d.expected[:6]} vs on {d.got[:6]}" + _failed(pr, d.rid), "divergence",
+                                   d.rid.split("#")[0]))
                 _explain_spec_divergence(pr, d.rid, record_property)
     for lab, run in (("on", pr.on), ("off", pr.off)):  # a record that is not its token's: a race
         mine = [o for o in run.outputs if o[0].split("#")[0] in rids]

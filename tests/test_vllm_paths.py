@@ -48,6 +48,15 @@ def test_a_divergence_on_the_rows_request_fails():
         judge(ROW, _path_run([5, 9, 7, 8], {"penalty_steps": 9}), known=[])
 
 
+def test_a_divergence_that_is_a_server_error_says_the_error():
+    """An arm whose answer was the server's error (vLLM's 500 after the grammar refused a token, as with
+    V1 PP + async: vllm#45014) diverges where its tokens end; the row says the error, not only `on []`."""
+    pr = _path_run([5], {"penalty_steps": 9})
+    pr.on.outputs[0] = ("pen0", [5], "server error 500: internal error during generation")
+    with pytest.raises(pytest.fail.Exception, match=r"vs on \[\]; async on: server error 500: internal error"):
+        judge(ROW, pr, known=[])
+
+
 def test_a_known_upstream_divergence_is_reported_never_passed():
     with pytest.raises(pytest.xfail.Exception, match="KNOWN UPSTREAM injected-1"):
         judge(ROW, _path_run([5, 6, 9, 8], {"penalty_steps": 9, "injected_mechanism": 1}), known=KNOWN)
