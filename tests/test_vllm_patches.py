@@ -108,14 +108,6 @@ UNREACHABLE_FROM = {"preempt_stales_one_frame": (
     ("config/vllm.py", "            if pp_size <= 1:\n                return 2\n        return pp_size\n"),  # V1's
     ("v1/engine/core.py", "                if len(batch_queue) < self.batch_queue_size and ("),  # full: it blocks
     ("v1/core/sched/scheduler.py", "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"),
-), "v1_pp_async_allowed": (
-    # pp3-v1's deadlock on CPU: the middle stage receives the first stage's hidden states before its
-    # runner joins the last stage's broadcast of sampled ids, which the first stage waits on
-    ("v1/worker/gpu_worker.py", "        if forward_pass and not get_pp_group().is_first_rank:\n"
-                                "            tensor_dict, comm_handles, comm_postprocess = (\n"
-                                "                get_pp_group().irecv_tensor_dict(\n"),
-    ("v1/worker/gpu_model_runner.py", "                self._pp_receive_prev_sampled_token_ids_to_input_batch()\n"),
-    ("v1/worker/gpu_model_runner.py", "            self._pp_recv_work.wait()\n"),
 )}
 
 

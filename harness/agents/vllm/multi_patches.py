@@ -44,7 +44,9 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         "fix for vllm#45014 was to refuse it): a structured-output request is scheduled again while its "
         "token is in flight; the engine core defers its grammar mask and processes the oldest batch in "
         "flight first, which with three stages may be another: the mask is built from a grammar a token "
-        "behind and the grammar rejects the token sampled under it (\"Failed to advance FSM\")",
+        "behind and the grammar rejects the token sampled under it (\"Failed to advance FSM\"); the stages "
+        "also disagree on a request's token count (the non-last stages' own bookkeeping), so they skip "
+        "different sampled-id broadcasts and the first stage can embed a placeholder id (-1)",
         "structured_output", PATHS_SUITE, CONFIG_PY,
         "        if (\n"
         "            self.parallel_config.pipeline_parallel_size > 1\n"
@@ -93,20 +95,9 @@ UNREACHABLE = {
         "lifted its batch queue holds pipeline size steps (VllmConfig.max_concurrent_batches), one in "
         "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
         "counts the preemptions that met two frames. V1 with PP=3 (pp3-v1, a queue of 3, the refusal lifted) "
-        "does reach it: with this patch and v1_pp_async_allowed the engine core died on the first case with "
-        "`assert request.num_output_placeholders >= 0` (async_scheduler.py:71, vllm#48245's symptom; measured "
-        "once, 2026-12-07), but pp3-v1 without it hangs on CPU (v1_pp_async_allowed's reason), so no quiet arm "
-        "judges it here"),
-    "v1_pp_async_allowed": (
-        "not judged on vLLM 0.32.0's CPU build: V1's engine core defers a structured request's grammar mask while "
-        "its token is in flight and computes it once it has processed the OLDEST batch in flight "
-        "(EngineCore.step_with_batch_queue); V1's queue under PP holds pipeline-size batches and schedules only "
-        "with fewer in flight, so with PP=2 that batch is the request's own and the mask is right (pp2-v1 with "
-        "the refusal lifted: PASS 25/25, structured output 8/8, measured 2026-12-07). Two batches in flight at a "
-        "schedule need PP=3 (pp3-v1), which deadlocks on CPU before any row is judged: a middle stage blocks in "
-        "the CPU communicator's recv_tensor_dict for the first stage's hidden states (gpu_worker.execute_model, "
-        "before its runner runs) while the first stage waits, before its forward, on the sampled-token "
-        "broadcast from the last stage that the middle stage has not joined (GPUModelRunner._prepare_input_ids: "
-        "_pp_recv_work.wait()): HANG 0/26 in 67 s (measured). On GPUs irecv does not block: pp3-v1 on three "
-        "GPUs (ci/gpu-check.sh) is where it can be judged"),
+        "reaches it, but only beside v1_pp_async_allowed, which fails there by itself, so no quiet arm is left "
+        "to judge this patch by. Measured 2026-12-07 (docs/results/2026-12-07-pp3-v1.md): with both patches "
+        "the engine core died in the first case with `assert request.num_output_placeholders >= 0` "
+        "(async_scheduler.py:71, vllm#48245's own symptom) 3 of 3 times; with v1_pp_async_allowed alone that "
+        "assertion never came (0 of the 11 runs whose server logs were kept: the grammar refused a token, or stage 0 raised IndexError)"),
 }
