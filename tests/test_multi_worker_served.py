@@ -8,6 +8,9 @@ on two cores shared by eight processes. The fast representative in .ci/run is te
 - `rank_keeps_finished_state` (only ranks other than 0 keep finished requests' states) fails the
   books at idle in tp2, naming rank 1, and passes the default configuration's (one worker: rank 0);
 - vLLM V1 with PP=2 (pp2-v1, its refusal lifted) runs with the agent's receive-buffer workaround;
+- V1 with PP=3 (pp3-v1): stock refuses it in one line; with the refusal lifted (vllm#45014) it never
+  passes: the structured_output row fails (the grammar refused a token) or the HANG names stage 0's
+  exception (docs/results/2026-12-07-pp3-v1.md);
 - SGLang 0.5.23 `--tp 2` passes its path suite, each rank's scheduler books judged.
 
 Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
@@ -62,11 +65,25 @@ def test_v1_with_pipeline_parallelism_runs_with_the_receive_buffer_workaround(ca
     """pp2-v1 (V1, PP=2; the refusal of PP + async lifted by v1_pp_async_allowed): stock vLLM's
     later stage dies on its first step under --enforce-eager (KNOWN UPSTREAM cpu-v1-pp-eager-no-
     intermediate); with the agent's buffer both arms run, the adaptation named. The patch itself
-    passes here (V1 builds a deferred grammar mask after the request's own batch with a queue of 2:
-    multi_patches.UNREACHABLE); a CRASH here is the workaround gone."""
+    passes here (V1 builds a deferred grammar mask after the request's own batch with a queue of 2;
+    pp3-v1 is where it is caught); a CRASH here is the workaround gone."""
     code, rows, out = _matrix(capsys, tmp_path, "--configs", "pp2-v1", "--fault", "v1_pp_async_allowed")
     assert rows["pp2-v1"].startswith("PASS") and code == 0, out[-4000:]
     assert "KNOWN UPSTREAM cpu-v1-pp-eager-no-intermediate" in out and "rank 1 (pp stage 1 of 2)" in out, out[-4000:]
+
+
+@pytest.mark.vllm
+def test_v1_pp3_refused_by_stock_and_caught_with_the_refusal_lifted(capsys, tmp_path):
+    code, rows, out = _matrix(capsys, tmp_path / "stock", "--configs", "pp3-v1", "--suite", "test_paths")
+    assert code == 1 and rows["pp3-v1"].startswith("CANNOT START") and "vllm#45014" in rows["pp3-v1"], out[-4000:]
+    code, rows, out = _matrix(capsys, tmp_path / "lifted", "--configs", "pp3-v1", "--fault", "v1_pp_async_allowed",
+                              "--suite", "test_paths", "--json", str(tmp_path / "v.json"))
+    import json
+    cases = json.loads((tmp_path / "v-pp3-v1.json").read_text())["cases"]
+    grammar = rows["pp3-v1"].startswith("FAIL") and any(
+        c["status"] == "FAIL" and c["id"].endswith("[structured_output]") for c in cases)
+    stage0 = rows["pp3-v1"].startswith("HANG") and "raised while it stalled: Worker_PP0: IndexError" in out
+    assert code == 1 and (grammar or stage0), out[-4000:]
 
 
 @pytest.mark.sglang
