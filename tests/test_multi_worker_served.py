@@ -11,6 +11,7 @@ on two cores shared by eight processes. The fast representative in .ci/run is te
 - V1 with PP=3 (pp3-v1): stock refuses it in one line; with the refusal lifted (vllm#45014) it never
   passes: the structured_output row fails (the grammar refused a token) or the HANG names stage 0's
   exception (docs/results/2026-12-07-pp3-v1.md);
+- preempt_stales_one_frame (vllm#48245's miscount) kills the engine of spec-draft's gate;
 - SGLang 0.5.23 `--tp 2` passes its path suite, each rank's scheduler books judged.
 
 Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
@@ -84,6 +85,17 @@ def test_v1_pp3_refused_by_stock_and_caught_with_the_refusal_lifted(capsys, tmp_
         c["status"] == "FAIL" and c["id"].endswith("[structured_output]") for c in cases)
     stage0 = rows["pp3-v1"].startswith("HANG") and "raised while it stalled: Worker_PP0: IndexError" in out
     assert code == 1 and (grammar or stage0), out[-4000:]
+
+
+@pytest.mark.vllm
+def test_the_one_frame_preemption_miscount_fails_the_speculative_gate(capsys, tmp_path):
+    """preempt_stales_one_frame (vllm#48245's miscount: a preemption marks only one token in flight stale) on
+    the stock configuration that has several tokens of a request in flight at a preemption, a speculative
+    frame (spec-draft, whose stock gate passes): the engine core dies on its stale-output count."""
+    code, rows, out = _matrix(capsys, tmp_path, "--configs", "spec-draft", "--fault", "preempt_stales_one_frame",
+                              "--suite", "test_paths")
+    assert code == 1 and rows["spec-draft"].startswith("CRASH"), out[-4000:]
+    assert "assert request.num_stale_output_tokens >= 0" in out, out[-4000:]
 
 
 @pytest.mark.sglang

@@ -99,25 +99,26 @@ def test_faults_lists_every_patch_with_its_upstream_issue(capsys):
         assert ", ".join(p.upstream) in out
 
 
-# the code a patch's "unreachable" reason is read from (harness.agents.vllm.multi_patches.UNREACHABLE):
-# where the installed vLLM no longer has it, the reason is stale and must be read again
-UNREACHABLE_FROM = {"preempt_stales_one_frame": (
+# the code multi_patches.TWO_FRAMES (why vllm#48245's own form, two decode frames in flight at a preemption,
+# is reached by no stock configuration) is read from: where the installed vLLM no longer has it, the reason
+# is stale and must be read again
+TWO_FRAMES_FROM = (
     ("v1/core/sched/async_scheduler.py", "self.decode_stagger = self.pp_size\n"),  # pp_size steps between decodes
     ("v1/core/sched/async_scheduler.py", "self.current_step + self.decode_stagger"),
     ("config/vllm.py", "            if self.use_v2_model_runner:\n                return pp_size + 1\n"),  # V2 queue
     ("config/vllm.py", "            if pp_size <= 1:\n                return 2\n        return pp_size\n"),  # V1's
     ("v1/engine/core.py", "                if len(batch_queue) < self.batch_queue_size and ("),  # full: it blocks
     ("v1/core/sched/scheduler.py", "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"),
-)}
+)
 
 
-def test_each_unreachable_reason_still_holds_in_the_installed_source(pkg):
-    from harness.agents.vllm.multi_patches import UNREACHABLE
+def test_the_two_frames_reason_still_holds_in_the_installed_source(pkg):
+    from harness.agents.vllm.multi_patches import CONFIG, TWO_FRAMES, UNREACHABLE
     assert set(UNREACHABLE) <= set(PATCHES) and all(PATCHES[n].unreachable == why for n, why in UNREACHABLE.items())
-    for name, facts in UNREACHABLE_FROM.items():
-        assert name in UNREACHABLE
-        for rel, text in facts:
-            assert text in (pkg / rel).read_text(), f"{name}: {rel} no longer has {text.strip()!r}"
+    # the patch is judged where a stock configuration has a request's tokens in flight at a preemption
+    assert CONFIG["preempt_stales_one_frame"] == "spec-draft" and "decode_stagger" in TWO_FRAMES
+    for rel, text in TWO_FRAMES_FROM:
+        assert text in (pkg / rel).read_text(), f"{rel} no longer has {text.strip()!r}: read TWO_FRAMES again"
 
 
 # the code the speculative frame patches' reasons are read from (harness.agents.vllm.spec_patches)

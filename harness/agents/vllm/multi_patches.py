@@ -61,7 +61,9 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         "a preemption marks one decode frame of what is in flight stale (right with one step in "
         "flight, as #47900 assumed: every token in flight is then that frame's); with two decode "
         "frames in flight (pipeline parallelism's batch queue of 3) the older frame's token drains "
-        "against the reset request: its output placeholders underflow (the engine core's assertion)",
+        "against the reset request: its output placeholders underflow (the engine core's assertion). "
+        "The same miscount meets a speculative frame (1 + k placeholders in flight, spec-draft), which "
+        "stock configurations reach",
         "preemption_in_flight", PATHS_SUITE, SCHED,
         "        request.num_stale_output_tokens = request.num_in_flight_tokens\n"
         "        request.num_output_placeholders = 0\n"
@@ -76,28 +78,34 @@ SPECS: list[dict] = [dict(zip(("name", "description", "path", "suite", "file", "
         ("vllm-project/vllm#48245", "vllm-project/vllm#47900")),
 ]]
 
-# the configuration each patch needs (harness.targets.vllm.configs): the bug exists only there
+# the configuration each patch needs (harness.targets.vllm.configs): the bug exists only there.
+# preempt_stales_one_frame's namesake, two decode frames in flight at a preemption, exists only on
+# pp3-v1 beside v1_pp_async_allowed, which fails there by itself (TWO_FRAMES): it is judged where a
+# stock configuration puts more than one token of a request in flight at a preemption, a speculative
+# frame (spec-draft: stock quiet, the patch's engine core dies on `num_stale_output_tokens >= 0`)
 CONFIG = {"rank_keeps_finished_state": "tp2", "pp_decode_no_stagger": "pp2", "v1_pp_async_allowed": "pp3-v1",
-          "preempt_stales_one_frame": "pp2"}
+          "preempt_stales_one_frame": "spec-draft"}
 
-# why a patch cannot be shown on the release its text was copied from (0.32.0), read from that
-# release's code (issue 45, item 4): `mutants` lists it with the reason, `check --fault` prints it
-UNREACHABLE = {
-    "preempt_stales_one_frame": (
-        "not reachable on vLLM 0.32.0: the patched count differs from stock only for a request with two "
-        "or more output placeholders when it is preempted; with V2 + PP + async the scheduler lets a "
-        "request decode again only pipeline-size steps later (AsyncScheduler.decode_stagger = pp_size, "
-        "next_decode_eligible_step: vllm#32359's constraint) and the batch queue holds pipeline size + 1 "
-        "steps, so the queue is full from the moment a request's second decode is scheduled until its "
-        "first is processed (EngineCore.step_with_batch_queue blocks there): schedule(), the only place a "
-        "request is preempted for KV, and reset_prefix_cache, run between steps, never see two of its "
-        "frames in flight. V1 has no stagger but refuses PP with async (vllm#45014), and with the refusal "
-        "lifted its batch queue holds pipeline size steps (VllmConfig.max_concurrent_batches), one in "
-        "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
-        "counts the preemptions that met two frames. V1 with PP=3 (pp3-v1, a queue of 3, the refusal lifted) "
-        "reaches it, but only beside v1_pp_async_allowed, which fails there by itself, so no quiet arm is left "
-        "to judge this patch by. Measured 2026-12-07 (docs/results/2026-12-07-pp3-v1.md): with both patches "
-        "the engine core died in the first case with `assert request.num_output_placeholders >= 0` "
-        "(async_scheduler.py:71, vllm#48245's own symptom) 3 of 3 times; with v1_pp_async_allowed alone that "
-        "assertion never came (0 of the 11 runs whose server logs were kept: the grammar refused a token, or stage 0 raised IndexError)"),
-}
+# why a patch cannot be shown on the release its text was copied from (0.32.0): none left
+UNREACHABLE: dict[str, str] = {}
+
+# why two frames in flight at a preemption (vllm#48245's own form) are not judged on 0.32.0, read from
+# its code (the facts: tests/test_vllm_patches.py) and measured (docs/results/2026-12-07-pp3-v1.md)
+TWO_FRAMES = (
+    "two decode frames in flight at a preemption are reached by no stock configuration of vLLM 0.32.0 (the "
+    "patched count differs from stock only for a request preempted with two or more output placeholders: a "
+    "speculative frame's, or two frames'); with V2 + PP + async the scheduler lets a "
+    "request decode again only pipeline-size steps later (AsyncScheduler.decode_stagger = pp_size, "
+    "next_decode_eligible_step: vllm#32359's constraint) and the batch queue holds pipeline size + 1 "
+    "steps, so the queue is full from the moment a request's second decode is scheduled until its "
+    "first is processed (EngineCore.step_with_batch_queue blocks there): schedule(), the only place a "
+    "request is preempted for KV, and reset_prefix_cache, run between steps, never see two of its "
+    "frames in flight. V1 has no stagger but refuses PP with async (vllm#45014), and with the refusal "
+    "lifted its batch queue holds pipeline size steps (VllmConfig.max_concurrent_batches), one in "
+    "flight at each schedule; the synchronous scheduler keeps no placeholders. The overlap line "
+    "counts the preemptions that met two frames. V1 with PP=3 (pp3-v1, a queue of 3, the refusal lifted) "
+    "reaches it, but only beside v1_pp_async_allowed, which fails there by itself, so no quiet arm "
+    "judges the two-frame form. Measured 2026-12-07 (docs/results/2026-12-07-pp3-v1.md): with both patches "
+    "the engine core died in the first case with `assert request.num_output_placeholders >= 0` "
+    "(async_scheduler.py:71, vllm#48245's own symptom) 3 of 3 times; with v1_pp_async_allowed alone that "
+    "assertion never came (0 of the 11 runs whose server logs were kept: the grammar refused a token, or stage 0 raised IndexError)")
