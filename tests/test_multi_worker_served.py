@@ -16,31 +16,17 @@ on two cores shared by eight processes. The fast representative in .ci/run is te
 
 Needs `overlap-harness setup vllm` (and `setup sglang`), which write the split model."""
 import re
-import subprocess
-import sys
 
 import pytest
 
-from harness.targets.vllm import configs as vc
+from tests import check_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.scheduled]
 LEAK = "rank_keeps_finished_state"
 
 
 def _matrix(capsys, tmp_path, *argv, target="vllm"):
-    """`check` as a user runs it, in a process of its own: in one pytest process every `main()`
-    after the first ended ERROR ("the suites could not run") at its first configuration on the
-    first scheduled run (2026-12-07), the pytest error on stderr, which the test did not keep; a
-    process a check also keeps each gate's servers and state apart. Its stderr comes back too."""
-    p = subprocess.run([sys.executable, "-m", "harness.cli", "check", "--target", target, "--out", str(tmp_path),
-                        *argv], capture_output=True, text=True, timeout=900)
-    code, out = p.returncode, p.stdout + "\n-- stderr --\n" + p.stderr[-3000:]
-    rows = {}
-    for line in p.stdout.split("server configuration matrix", 1)[-1].splitlines():
-        parts = line.split()
-        if len(parts) > 1 and (parts[0] in vc.CONFIGS or parts[0] == "tp2"):
-            rows[parts[0]] = " ".join(parts[1:])
-    return code, rows, out
+    return check_cli.check(tmp_path, *argv, target=target)
 
 
 @pytest.mark.vllm

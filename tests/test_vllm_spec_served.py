@@ -17,6 +17,8 @@ workaround, the drawn drafter configurations, without a server).
 Needs `overlap-harness setup vllm` (which writes the cut draft model)."""
 import pytest
 
+from tests import check_cli
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.scheduled]
 SPEC_ROWS = ("spec_windows", "spec_rejection", "spec_in_flight", "spec_penalties", "spec_reset_in_flight")
 ON_ONLY = ("spec_in_flight", "spec_reset_in_flight")  # counted async on only, by definition
@@ -29,9 +31,8 @@ CAUGHT = {"spec_max_tokens_guard_ignores_drafts": ("spec-draft", "with budget fr
 
 
 def _gate(capsys, tmp_path, *argv):
-    from harness.cli import main
-    code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])  # its own pairs, closed at its end
-    return code, capsys.readouterr().out
+    code, _, out = check_cli.check(tmp_path, *argv)  # a process of its own: its own pairs, closed at its end
+    return code, out
 
 
 # what each drafter configuration's verdict names as its CPU adaptation
