@@ -1,8 +1,8 @@
 """`check` as a user runs it, in a process of its own, for the scheduled tier's gates against real
-engines: in one pytest process every `main()` after the first ended ERROR ("the suites could not
-run") at its first configuration (2026-12-07, tests/test_multi_worker_served.py; again in
-tests/test_vllm_spec_served.py, 5 of 6), and a process of its own keeps each gate's servers and
-state apart. Its stderr's tail comes back in the text too."""
+engines. In one pytest process every `main()` after the first ended ERROR ("the suites could not
+run") at its first configuration (2026-12-07: tests/test_multi_worker_served.py, then
+tests/test_vllm_spec_served.py, 5 of 6; tests/test_vllm_configs_served.py runs two as well), and a
+process of its own keeps each gate's servers and state apart. Its stderr's tail comes back too."""
 import subprocess
 import sys
 

@@ -11,21 +11,14 @@ Needs `overlap-harness setup vllm`."""
 import pytest
 
 from harness.targets.vllm import configs as vc
+from tests import check_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.scheduled]
 PATCH = "priority_victim_keeps_placeholders"
 
 
 def _matrix(capsys, tmp_path, *argv):
-    from harness.cli import main
-    code = main(["check", "--target", "vllm", "--out", str(tmp_path), *argv])  # each gate closes its pairs
-    out = capsys.readouterr().out
-    rows = {}
-    for line in out.split("server configuration matrix", 1)[-1].splitlines():
-        parts = line.split()
-        if len(parts) > 1 and parts[0] in vc.CONFIGS:
-            rows[parts[0]] = " ".join(parts[1:])
-    return code, rows, out
+    return check_cli.check(tmp_path, *argv, timeout=2400)  # a process of its own (tests/check_cli.py)
 
 
 def test_stock_is_quiet_in_every_configuration(capsys, tmp_path):
