@@ -133,3 +133,21 @@ def test_a_run_the_agent_spoiled_is_refused_by_the_search_never_a_finding():
     v = judge(_Pair(), ServedCase([], {}, [], 1), agent=False, claims=False)
     assert v.refused.startswith("the harness's own error: vllm (async on): rank 1")
     assert not v.new
+
+
+def test_the_copy_engine_has_one_buffer_more_than_the_pipeline_stages(monkeypatch):
+    """pipeline_buffers(): PP=2 keeps three steps in flight on V2, so three buffers; PP=3, four; one stage
+    (or no pipeline group in the process), two."""
+    import sys
+    import types
+
+    from harness.agents.vllm import copy_engine
+    for pp, want in ((1, 2), (2, 3), (3, 4)):
+        mod = types.ModuleType("vllm.distributed.parallel_state")
+        mod.get_pp_group = lambda pp=pp: types.SimpleNamespace(world_size=pp)
+        monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", mod)
+        assert copy_engine.pipeline_buffers() == want, pp
+    mod = types.ModuleType("vllm.distributed.parallel_state")
+    mod.get_pp_group = lambda: (_ for _ in ()).throw(AssertionError("pipeline model parallel group is not initialized"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", mod)
+    assert copy_engine.pipeline_buffers() == 2

@@ -1,6 +1,6 @@
 """What the V2 agent shares with the rest of the vLLM agent in one process: the plan and the facts
 (harness.agents.vllm.state), the copy engine (harness.agents.vllm.copy_engine: one copy thread and
-two host buffers per worker, whichever runner made them), the worker's step clock (delays given in
+its host buffers per worker, whichever runner made them), the worker's step clock (delays given in
 steps), the forwards it timed and the engine core's thread (harness.agents.vllm.timing). One place,
 so the V2 agent reads that state the same way wherever it lives."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ def register_stack_dump() -> None:
 def copy_engine_():
     """The worker's copy engine, made on its first asynchronous output."""
     if copy_engine.COPY is None:
-        copy_engine.COPY = copy_engine.CopyEngine()
+        copy_engine.COPY = copy_engine.CopyEngine(copy_engine.pipeline_buffers())
     return copy_engine.COPY
 
 
