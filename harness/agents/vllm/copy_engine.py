@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 
 from harness.agents.vllm import cuda_stubs, state
@@ -104,7 +105,6 @@ class CopyEngine:
             waited = not buf.free.is_set()
             if waited:  # its output may be dead but not yet collected (a reference cycle)
                 import gc
-                import time
                 gc.collect()
                 t0 = time.monotonic()
             while True:

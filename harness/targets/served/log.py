@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 
 def log_body(line: str) -> str:
@@ -33,10 +34,15 @@ _LOG_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
 
 
-def _tracebacks(lines: list[str]) -> list[tuple[list[str], bool, str, bool]]:
-    """Each traceback in a log's lines: (its lines, complete, the engine core's or worker's process
-    tag or "" (another process: the API server), written inside a shutdown). A complete one ends on
-    an exception line, not cut by a log line or by the process's exit."""
+class _Traceback(NamedTuple):
+    lines: list[str]
+    complete: bool  # ends on an exception line, not cut by a log line or by the process's exit
+    proc: str  # the engine core's or worker's process tag, or "" (another process: the API server)
+    down: bool  # written inside a shutdown
+
+
+def _tracebacks(lines: list[str]) -> list[_Traceback]:
+    """Each traceback in a log's lines, in order."""
     out = []
     for st in (i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln):
         block, complete = [lines[st]], False
@@ -61,7 +67,7 @@ def _tracebacks(lines: list[str]) -> list[tuple[list[str], bool, str, bool]]:
         # the engine core's or a worker's: "(EngineCore_DP0 pid=9)", "(Worker pid=9)", and a rank's
         # own under TP or PP, "(Worker_PP0 pid=9)", "(Worker_TP1 pid=9)"
         engine = _ENGINE_TAG.match(_tag(lines[st]))
-        out.append((block, complete, engine.group(1) if engine else "", down))
+        out.append(_Traceback(block, complete, engine.group(1) if engine else "", down))
     return out
 
 
@@ -81,8 +87,8 @@ def engine_traceback(log_path: Path, limit: int = 40) -> str:
     if not blocks:
         errs = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
         return errs[-1].strip() if errs else ""
-    whole = [b for b in blocks if b[1]]
-    pick = ([b for b in whole if b[2] and not b[3]] or [b for b in whole if b[2]] or whole or blocks)[-1][0]
+    whole = [b for b in blocks if b.complete]
+    pick = ([b for b in whole if b.proc and not b.down] or [b for b in whole if b.proc] or whole or blocks)[-1].lines
     return "\n".join(pick[-limit:])
 
 
@@ -97,9 +103,9 @@ def process_raised(log_path: Path, since: int = 0) -> str:
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
-    for block, complete, proc, down in _tracebacks(lines):
-        if complete and proc and not down:
-            return f"{proc}: {exception_line(chr(10).join(block))[:300]}"
+    for b in _tracebacks(lines):
+        if b.complete and b.proc and not b.down:
+            return f"{b.proc}: {exception_line(chr(10).join(b.lines))[:300]}"
     return ""
 
 
